@@ -1,0 +1,1 @@
+"""hybrid-cache experiments: absl/gin entry points, benchmarks, notebooks."""

@@ -1,0 +1,289 @@
+"""Static cache configuration: groups, pool size, budgets and policy switches.
+
+`CacheConfig` is frozen and hashable so that it can be a static argument of jitted
+functions. Every field is validated at construction; a bad value raises `ValueError`
+naming the field, the value and the allowed range. Nothing here imports JAX.
+
+Example (the scenario format's three-group config)::
+
+  cfg = CacheConfig(
+      groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+      block_size=4, num_blocks=64)
+  cfg.scheduler_block_size  # 4 = lcm of the group block sizes
+  cfg.hash_block_size       # 4 = gcd of the group block sizes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+GROUP_KINDS = ("full", "swa", "mamba")
+_KIND_ALIASES = {
+  "full": "full",
+  "full_attention": "full",
+  "attention": "full",
+  "swa": "swa",
+  "sliding_window": "swa",
+  "mamba": "mamba",
+  "recurrent": "mamba",
+  "gdn": "mamba",
+  "mamba2": "mamba",
+}
+RECURRENT_MODES = ("none", "align", "all")
+EVICTION_POLICIES = ("lru", "flop_aware")
+PROFILES = ("vllm", "pinned")
+
+
+def _check_int(field: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
+  """Returns `value` as int, or raises ValueError naming `field` and the range."""
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+  if value < minimum or (maximum is not None and value > maximum):
+    rng = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+    raise ValueError(f"{field} must be {rng}, got {value}")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+  """One KV-cache group (layers sharing a spec).
+
+  Attributes:
+    kind: "full" (full attention), "swa" (sliding window) or "mamba" (any recurrent
+      layer: Mamba2, GDN, linear attention).
+    block_size: tokens per block; None = the config's default `block_size`.
+    window: sliding window in tokens (swa only, >= 1).
+    mode: recurrent caching mode (mamba only): "none", "align" or "all".
+    eagle: this group holds EAGLE/MTP draft layers (lookup drops one unit).
+  """
+
+  kind: str
+  block_size: int | None = None
+  window: int | None = None
+  mode: str = "align"
+  eagle: bool = False
+
+  def __post_init__(self):
+    kind = _KIND_ALIASES.get(self.kind) if isinstance(self.kind, str) else None
+    if kind is None:
+      raise ValueError(f"groups[].type must be one of {GROUP_KINDS}, got {self.kind!r}")
+    object.__setattr__(self, "kind", kind)
+    if self.block_size is not None:
+      _check_int("groups[].block_size", self.block_size, minimum=1)
+    if kind == "swa":
+      if self.window is None:
+        raise ValueError("groups[].window is required for a swa group (tokens, >= 1)")
+      _check_int("groups[].window", self.window, minimum=1)
+    elif self.window is not None:
+      raise ValueError(f"groups[].window is only valid for swa groups, got {self.window!r}")
+    if self.mode not in RECURRENT_MODES:
+      raise ValueError(f"groups[].mode must be one of {RECURRENT_MODES}, got {self.mode!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedGroup:
+  """A group with its block size resolved (what the core computes with)."""
+
+  kind: str
+  block_size: int
+  window: int | None
+  mode: str
+  eagle: bool
+
+  @property
+  def swa_need(self) -> int:
+    """Contiguous blocks an SWA hit needs before the resume point: ceil((W-1)/B) (+1 EAGLE)."""
+    assert self.window is not None
+    return -(-(self.window - 1) // self.block_size) + (1 if self.eagle else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+  """Frozen, hashable configuration of the cache core.
+
+  Attributes:
+    groups: the KV-cache groups, in model order.
+    num_blocks: physical blocks in the shared pool, including the null block 0.
+    block_size: default tokens per block for groups that do not set their own.
+    hash_block_size: hashing granularity; None = gcd of the group block sizes.
+    retention_interval: None = dense, 0 = replay boundaries and junctions only,
+      k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens.
+    max_num_batched_tokens: token budget per scheduler step.
+    max_model_len: longest sequence (prompt + generated) a request may reach.
+    full_sequence_must_fit: admission reserves blocks for the whole prompt.
+    watermark_blocks: blocks kept free when admitting waiting requests.
+    enable_prefix_caching: False = never look up or register hashes.
+    marconi_junction: record the shared-prefix boundary and cut chunks there (vLLM 0.33).
+    num_speculative_tokens: S (EAGLE/MTP); S > 0 with `use_eagle` enables the EAGLE rules.
+    use_eagle: EAGLE lookups (drop one unit); all groups are EAGLE groups if none is flagged.
+    pinning: the pinned tier of SPEC B1 (off in the `vllm` profile).
+    pin_min_drop_size: an SWA window drop smaller than this many blocks pins nothing.
+    eviction: "lru" (vLLM free-queue order) or "flop_aware".
+    max_requests: request slots in the jitted state (static).
+  """
+
+  groups: tuple[GroupSpec, ...]
+  num_blocks: int
+  block_size: int = 16
+  hash_block_size: int | None = None
+  retention_interval: int | None = None
+  max_num_batched_tokens: int = 8192
+  max_model_len: int = 8192
+  full_sequence_must_fit: bool = True
+  watermark_blocks: int = 0
+  enable_prefix_caching: bool = True
+  marconi_junction: bool = True
+  num_speculative_tokens: int = 0
+  use_eagle: bool = False
+  pinning: bool = False
+  pin_min_drop_size: int = 1
+  eviction: str = "lru"
+  max_requests: int = 64
+
+  def __post_init__(self):
+    if not isinstance(self.groups, tuple):
+      object.__setattr__(self, "groups", tuple(self.groups))
+    if not 1 <= len(self.groups) <= 16:
+      raise ValueError(f"groups must have 1..16 entries, got {len(self.groups)}")
+    for g in self.groups:
+      if not isinstance(g, GroupSpec):
+        raise ValueError(f"groups[] entries must be GroupSpec, got {g!r}")
+    _check_int("num_blocks", self.num_blocks, minimum=2)
+    _check_int("block_size", self.block_size, minimum=1)
+    _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+    _check_int("max_model_len", self.max_model_len, minimum=1)
+    _check_int("watermark_blocks", self.watermark_blocks, minimum=0)
+    _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
+    _check_int("pin_min_drop_size", self.pin_min_drop_size, minimum=1)
+    _check_int("max_requests", self.max_requests, minimum=1)
+    if self.eviction not in EVICTION_POLICIES:
+      raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
+    sizes = [g.block_size or self.block_size for g in self.groups]
+    hbs = self.hash_block_size
+    if hbs is None:
+      hbs = math.gcd(*sizes)
+    else:
+      _check_int("hash_block_size", hbs, minimum=1)
+    for i, b in enumerate(sizes):
+      if b % hbs:
+        raise ValueError(
+          f"groups[{i}].block_size must be a multiple of hash_block_size={hbs}, got {b}"
+        )
+    sbs = math.lcm(*sizes)
+    for i, g in enumerate(self.groups):
+      if g.kind == "mamba" and g.mode == "align" and self.enable_prefix_caching:
+        if sizes[i] > self.max_num_batched_tokens:
+          raise ValueError(
+            f"max_num_batched_tokens must be >= the block size {sizes[i]} of recurrent group "
+            f"{i} in align mode, got {self.max_num_batched_tokens}"
+          )
+    r = self.retention_interval
+    if r is not None:
+      _check_int("retention_interval", r, minimum=0)
+      if r % sbs:
+        raise ValueError(
+          f"retention_interval must be a multiple of scheduler_block_size={sbs}, got {r}"
+        )
+      if not any(g.kind in ("swa", "mamba") for g in self.groups):
+        raise ValueError("retention_interval needs at least one swa or mamba group")
+
+  # ---- derived, static ----
+  @property
+  def resolved_groups(self) -> tuple[ResolvedGroup, ...]:
+    any_eagle = any(g.eagle for g in self.groups)
+    out = []
+    for g in self.groups:
+      eagle = self.use_eagle and (g.eagle or not any_eagle)
+      out.append(ResolvedGroup(g.kind, g.block_size or self.block_size, g.window, g.mode, eagle))
+    return tuple(out)
+
+  @property
+  def num_groups(self) -> int:
+    return len(self.groups)
+
+  @property
+  def group_block_sizes(self) -> tuple[int, ...]:
+    return tuple(g.block_size for g in self.resolved_groups)
+
+  @property
+  def scheduler_block_size(self) -> int:
+    return math.lcm(*self.group_block_sizes)
+
+  @property
+  def resolved_hash_block_size(self) -> int:
+    if self.hash_block_size is not None:
+      return self.hash_block_size
+    return math.gcd(*self.group_block_sizes)
+
+  @property
+  def usable_blocks(self) -> int:
+    return self.num_blocks - 1
+
+  @property
+  def num_speculative_blocks(self) -> int:
+    return self.num_speculative_tokens if self.use_eagle else 0
+
+  @property
+  def max_blocks_per_request(self) -> int:
+    """Block-table width per group: enough for max_model_len at the smallest block size."""
+    return -(-self.max_model_len // min(self.group_block_sizes)) + self.num_speculative_blocks
+
+  @property
+  def max_hash_blocks(self) -> int:
+    return -(-self.max_model_len // self.resolved_hash_block_size)
+
+  def replace(self, **changes) -> CacheConfig:
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> CacheConfig:
+    """Builds a config from the scenario format's `config` object (unknown keys rejected)."""
+    d = dict(d)
+    groups = d.pop("groups", None)
+    if not groups:
+      raise ValueError("config.groups must be a non-empty list")
+    specs = []
+    for i, g in enumerate(groups):
+      if not isinstance(g, Mapping):
+        raise ValueError(f"config.groups[{i}] must be an object, got {g!r}")
+      g = dict(g)
+      kind = g.pop("type", g.pop("kind", None))
+      specs.append(
+        GroupSpec(
+          kind=kind,
+          block_size=g.pop("block_size", None),
+          window=g.pop("window", None),
+          mode=g.pop("mode", "align"),
+          eagle=bool(g.pop("eagle", False)),
+        )
+      )
+      if g:
+        raise ValueError(f"config.groups[{i}] has unknown keys {sorted(g)}")
+    if "watermark" in d:
+      d["watermark_blocks"] = d.pop("watermark")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"config has unknown keys {unknown}; allowed: {sorted(names)}")
+    d.setdefault("block_size", 16)
+    if "max_model_len" not in d:
+      d["max_model_len"] = max(8192, d.get("max_num_batched_tokens", 8192))
+    return cls(groups=tuple(specs), **d)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config as the replay prints it (groups with resolved block sizes)."""
+    return {
+      "block_size": self.block_size,
+      "num_blocks": self.num_blocks,
+      "groups": [
+        {"type": g.kind, "block_size": g.block_size, "window": g.window}
+        | ({"mode": g.mode} if g.kind == "mamba" else {})
+        for g in self.resolved_groups
+      ],
+      "retention_interval": self.retention_interval,
+      "max_num_batched_tokens": self.max_num_batched_tokens,
+      "full_sequence_must_fit": self.full_sequence_must_fit,
+    }

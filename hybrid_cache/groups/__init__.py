@@ -1,0 +1,1 @@
+"""hybrid_cache/groups package."""

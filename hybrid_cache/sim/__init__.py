@@ -1,0 +1,1 @@
+"""hybrid_cache/sim package."""

@@ -1,0 +1,1 @@
+"""hybrid-cache kernels: pure-JAX references and Pallas kernels, one folder per op."""

@@ -1,0 +1,1 @@
+"""hybrid-cache models: small Flax NNX hybrid decoders with explicit paged caches."""

@@ -1,0 +1,35 @@
+"""Test setup: 8 virtual CPU devices, markers, hypothesis profile."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+_cache_dir = os.environ.get(
+  "HYBRID_CACHE_JAX_CACHE", os.path.expanduser("~/.cache/hybrid_cache_jax")
+)
+jax.config.update("jax_compilation_cache_dir", _cache_dir)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+settings.register_profile(
+  "ci",
+  deadline=None,
+  max_examples=25,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  if jax.default_backend() in ("gpu", "cuda", "rocm", "tpu"):
+    return
+  skip_gpu = pytest.mark.skip(reason="needs a GPU/TPU backend (running on CPU)")
+  for item in items:
+    if "gpu" in item.keywords:
+      item.add_marker(skip_gpu)
