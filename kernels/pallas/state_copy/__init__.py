@@ -1,0 +1,1 @@
+"""Batched in-place state-slot copies (SSM/GDN recurrent and conv state pools)."""
