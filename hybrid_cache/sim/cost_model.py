@@ -1,0 +1,268 @@
+"""Per-model cost model: bytes of KV per token and of one recurrent checkpoint, FLOPs, TTFT.
+
+Two FLOP conventions:
+- "marconi" (Marconi's `utils.py`, fp16, no GQA, D = d_model, N = state dim):
+    F_attn(L) = 8 L D^2 + 4 L^2 D,  F_mlp(L) = 16 L D^2,  F_ssm(L) = 12 L D^2 + 16 L D N + 10 L D
+    kv bytes per token and attention layer = 2 * D * 2, one SSM layer's state
+    = D N 2 + (2 D + 2 N) * 4 * 2 (SSM state + a 4-wide conv state, fp16).
+- "generic" (GQA attention, SWA, gated MLP, GDN or Mamba2 with their real state shapes):
+    attention: projections 2 L D (Hq + 2 Hkv) d + output 2 L Hq d D + scores/AV 4 L min(L, W) Hq d
+    (W = window, or L for full attention: the same non-causal count as Marconi's 4 L^2 D);
+    MLP: 2 L D d_ff * mlp_matrices;
+    GDN: 2 L D (conv_dim + Hv dv + 2 Hv) + 2 L Hv dv D + 2 K conv_dim L + 6 L Hv dk dv;
+    Mamba2: 2 L D (2 d_inner + 2 G N + H) + 2 L d_inner D + 2 K conv_dim L + 6 L H P N.
+  State of one GDN layer: Hv dk dv * state_bytes + (K - 1) conv_dim * conv_bytes;
+  Mamba2: H P N * state_bytes + (K - 1) (d_inner + 2 G N) * conv_bytes.
+
+TTFT: Marconi's fitted Jamba-1.5-Mini prefill line, TTFT_ms(L) = 17.81 + 0.05296 s with
+s = 50 floor(L / 50) + 50 capped at 31,950 (`ttft_ms`). Configs may set their own line.
+
+Example (Marconi's default 7B hybrid)::
+
+  m = get_model("marconi_7b")
+  m.state_bytes            # 26_787_840 = 24 * 1_116_160
+  m.kv_bytes_per_token     # 65_536 = 4 * 2 * 4096 * 2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Layer counts and shapes of a hybrid model (see module docstring for the formulas).
+
+  Attributes:
+    name: preset name.
+    d_model: hidden size D.
+    n_attn: full-attention layers; n_swa: sliding-window layers (window `swa_window`).
+    n_recurrent: recurrent layers of kind `recurrent` ("marconi_ssm", "gdn", "mamba2").
+    n_mlp: MLP layers (d_ff wide, `mlp_matrices` weight matrices each).
+    q_heads, kv_heads, head_dim: attention shapes; kv_dtype_bytes: bytes per KV element.
+    rec_heads, rec_dk, rec_dv: GDN (Hv, dk, dv) or Mamba2 (H, N, P) state shape.
+    rec_groups: Mamba2 groups G (GDN: key heads Hk); conv_kernel: K.
+    state_dtype_bytes / conv_dtype_bytes: bytes per recurrent / conv state element.
+    flops_style: "marconi" or "generic".
+  """
+
+  name: str
+  d_model: int
+  n_attn: int
+  n_recurrent: int
+  n_mlp: int
+  n_swa: int = 0
+  swa_window: int = 0
+  recurrent: str = "marconi_ssm"
+  q_heads: int = 0
+  kv_heads: int = 0
+  head_dim: int = 0
+  kv_dtype_bytes: int = 2
+  rec_heads: int = 0
+  rec_dk: int = 0
+  rec_dv: int = 0
+  rec_groups: int = 0
+  conv_kernel: int = 4
+  state_dtype_bytes: int = 4
+  conv_dtype_bytes: int = 2
+  d_ff: int = 0
+  mlp_matrices: int = 3
+  ssm_state_dim: int = 128  # Marconi's N
+  flops_style: str = "generic"
+  ttft_intercept_ms: float = 17.81
+  ttft_slope_ms: float = 0.05296
+
+  # ---- bytes ----
+  @property
+  def kv_bytes_per_token_per_layer(self) -> int:
+    if self.flops_style == "marconi":
+      return 2 * self.d_model * 2
+    return 2 * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+
+  @property
+  def kv_bytes_per_token(self) -> int:
+    """KV bytes of one token over all full-attention layers."""
+    return self.n_attn * self.kv_bytes_per_token_per_layer
+
+  @property
+  def swa_kv_bytes_per_token(self) -> int:
+    """KV bytes of one token over all sliding-window layers (while inside the window)."""
+    return self.n_swa * self.kv_bytes_per_token_per_layer
+
+  @property
+  def conv_dim(self) -> int:
+    if self.recurrent == "gdn":
+      return 2 * self.rec_groups * self.rec_dk + self.rec_heads * self.rec_dv
+    if self.recurrent == "mamba2":
+      return self.rec_heads * self.rec_dv + 2 * self.rec_groups * self.rec_dk
+    return 2 * self.d_model + 2 * self.ssm_state_dim
+
+  @property
+  def state_bytes_per_layer(self) -> int:
+    """One recurrent layer's checkpoint (temporal state + conv state) in bytes."""
+    if self.recurrent == "marconi_ssm":
+      d, n = self.d_model, self.ssm_state_dim
+      return d * n * 2 + (2 * d + 2 * n) * 4 * 2
+    temporal = self.rec_heads * self.rec_dk * self.rec_dv * self.state_dtype_bytes
+    return temporal + (self.conv_kernel - 1) * self.conv_dim * self.conv_dtype_bytes
+
+  @property
+  def state_bytes(self) -> int:
+    """One checkpoint of every recurrent layer, in bytes."""
+    return self.n_recurrent * self.state_bytes_per_layer
+
+  def kv_bytes(self, tokens):
+    """Full-attention KV bytes of `tokens` tokens (int or int array)."""
+    return self.kv_bytes_per_token * tokens
+
+  # ---- FLOPs (forward, L tokens from scratch; works on ints and int64 arrays) ----
+  def attn_flops(self, L):
+    """One full-attention layer over L tokens."""
+    if self.flops_style == "marconi":
+      d = self.d_model
+      return 8 * L * d**2 + 4 * L**2 * d
+    return self._attn(L, L)
+
+  def swa_flops(self, L):
+    if self.flops_style == "marconi":
+      return self.attn_flops(L)
+    w = np.minimum(L, self.swa_window) if isinstance(L, np.ndarray) else min(L, self.swa_window)
+    return self._attn(L, w)
+
+  def _attn(self, L, ctx):
+    d, hq, hkv, hd = self.d_model, self.q_heads, self.kv_heads, self.head_dim
+    return 2 * L * d * (hq + 2 * hkv) * hd + 2 * L * hq * hd * d + 4 * L * ctx * hq * hd
+
+  def mlp_flops(self, L):
+    if self.flops_style == "marconi":
+      return 16 * L * self.d_model**2
+    return 2 * L * self.d_model * self.d_ff * self.mlp_matrices
+
+  def recurrent_flops(self, L):
+    """One recurrent layer over L tokens (linear in L)."""
+    d = self.d_model
+    if self.recurrent == "marconi_ssm":
+      n = self.ssm_state_dim
+      return 12 * L * d**2 + 16 * L * d * n + 10 * L * d
+    k, cd = self.conv_kernel, self.conv_dim
+    if self.recurrent == "gdn":
+      hv, dk, dv = self.rec_heads, self.rec_dk, self.rec_dv
+      return (
+        2 * L * d * (cd + hv * dv + 2 * hv)
+        + 2 * L * hv * dv * d
+        + 2 * k * cd * L
+        + 6 * L * hv * dk * dv
+      )
+    h, n, p, g = self.rec_heads, self.rec_dk, self.rec_dv, self.rec_groups
+    di = h * p
+    return (
+      2 * L * d * (2 * di + 2 * g * n + h) + 2 * L * di * d + 2 * k * cd * L + 6 * L * h * p * n
+    )
+
+  def prefill_flops(self, L):
+    """All layers over L tokens: what a hit of L tokens saves (Marconi's per-request sum)."""
+    return (
+      self.n_recurrent * self.recurrent_flops(L)
+      + self.n_attn * self.attn_flops(L)
+      + self.n_swa * self.swa_flops(L)
+      + self.n_mlp * self.mlp_flops(L)
+    )
+
+  def ttft_ms(self, L):
+    """Simulated TTFT of a prefill of L uncached tokens (Marconi's grid + fitted line)."""
+    s = np.minimum(50 * (np.asarray(L, np.int64) // 50) + 50, 31_950)
+    return self.ttft_intercept_ms + self.ttft_slope_ms * s
+
+
+MODELS: dict[str, ModelConfig] = {
+  # Marconi's default: NVIDIA Attention-Mamba2 hybrid 7B (24 SSM, 4 attention, 28 MLP layers).
+  "marconi_7b": ModelConfig(
+    name="marconi_7b",
+    d_model=4096,
+    n_attn=4,
+    n_recurrent=24,
+    n_mlp=28,
+    recurrent="marconi_ssm",
+    q_heads=32,
+    kv_heads=32,
+    head_dim=128,
+    ssm_state_dim=128,
+    flops_style="marconi",
+  ),
+  # Qwen3.5-0.8B-like: 24 layers (18 GDN / 6 attention), GDN Hk 16 / Hv 16, d 128, conv 6144.
+  "qwen3_5_0_8b": ModelConfig(
+    name="qwen3_5_0_8b",
+    d_model=1024,
+    n_attn=6,
+    n_recurrent=18,
+    n_mlp=24,
+    recurrent="gdn",
+    q_heads=8,
+    kv_heads=2,
+    head_dim=256,
+    rec_heads=16,
+    rec_dk=128,
+    rec_dv=128,
+    rec_groups=16,
+    d_ff=3584,
+  ),
+  # Qwen3.5-9B-like: 32 layers (24 GDN / 8 attention), GDN Hk 16 / Hv 32, d 128, conv 8192.
+  "qwen3_5_9b": ModelConfig(
+    name="qwen3_5_9b",
+    d_model=4096,
+    n_attn=8,
+    n_recurrent=24,
+    n_mlp=32,
+    recurrent="gdn",
+    q_heads=16,
+    kv_heads=4,
+    head_dim=256,
+    rec_heads=32,
+    rec_dk=128,
+    rec_dv=128,
+    rec_groups=16,
+    d_ff=12288,
+  ),
+  # Nemotron-H-8B-like: 24 Mamba2 + 4 attention + 24 MLP, H 128, P 64, N 128, G 8.
+  "nemotron_h_8b": ModelConfig(
+    name="nemotron_h_8b",
+    d_model=4096,
+    n_attn=4,
+    n_recurrent=24,
+    n_mlp=24,
+    recurrent="mamba2",
+    q_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    rec_heads=128,
+    rec_dk=128,
+    rec_dv=64,
+    rec_groups=8,
+    d_ff=21504,
+    mlp_matrices=2,
+  ),
+  # Gemma-3-4B-like: 34 layers, 5 sliding-window (1024) : 1 full, GQA 8 / 4, head_dim 256.
+  "gemma3_4b": ModelConfig(
+    name="gemma3_4b",
+    d_model=2560,
+    n_attn=6,
+    n_swa=28,
+    swa_window=1024,
+    n_recurrent=0,
+    n_mlp=34,
+    recurrent="none",
+    q_heads=8,
+    kv_heads=4,
+    head_dim=256,
+    d_ff=10240,
+  ),
+}
+
+
+def get_model(name: str) -> ModelConfig:
+  """The preset `name`; ValueError listing the presets otherwise."""
+  if name not in MODELS:
+    raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")
+  return MODELS[name]
