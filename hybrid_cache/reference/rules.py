@@ -1,0 +1,382 @@
+"""Pure per-group rules of vLLM 0.33's hybrid prefix cache (reference §2–§5).
+
+Everything here is a small function over plain ints and lists, so the rules can be tested
+one by one (reference §7: S06 scan table, S07 freeing sequence, S21/S22 masks, S30 copies,
+S32 admission counts) and shared by `ReferencePolicy`.
+
+Conventions: a "hit entry list" is position-indexed; entry i is `None` (null block) or the
+tuple of block ids of the member groups of one spec group for group-block i. `cached(i)`
+returns such a tuple or None when block i misses in any member group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+
+Entry = tuple[int, ...] | None
+CachedFn = Callable[[int], Entry]
+
+
+def cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def floor_to(x: int, m: int) -> int:
+  return (x // m) * m
+
+
+# ---------------------------------------------------------------------------------------------
+# Skipped tokens and freeing (§2.1, §2.3.3, §2.4.4)
+# ---------------------------------------------------------------------------------------------
+
+
+def num_skipped_tokens(kind: str, computed: int, window: int | None = None) -> int:
+  """Tokens whose cache is no longer needed once `computed` tokens are computed (>= 0)."""
+  if kind == "full":
+    return 0
+  if kind == "swa":
+    assert window is not None
+    return max(0, computed - window + 1)
+  if kind == "mamba":
+    return max(0, computed - 1)
+  raise ValueError(f"kind must be one of ('full', 'swa', 'mamba'), got {kind!r}")
+
+
+def skipped_indices(row: Sequence[int], num_skipped_blocks: int) -> list[int]:
+  """Indices `remove_skipped_blocks` nulls and frees, in freeing order (deeper first).
+
+  Walks k-1, k-2, ..., 0 with k = min(num_skipped_blocks, len(row)) and stops at the first
+  entry that is already null (0).
+  """
+  out = []
+  for i in range(min(num_skipped_blocks, len(row)) - 1, -1, -1):
+    if row[i] == 0:
+      break
+    out.append(i)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Lookups (§2.2, §2.3.2, §2.4.2)
+# ---------------------------------------------------------------------------------------------
+
+
+def find_full(
+  cached: CachedFn, block_size: int, max_length: int, drop_eagle: bool, alignment: int
+) -> tuple[list[Entry], int]:
+  """Full attention: longest run of hits from block 0; EAGLE drops one block; aligned down."""
+  entries: list[Entry] = []
+  for i in range(max_length // block_size):
+    e = cached(i)
+    if e is None:
+      break
+    entries.append(e)
+  length = len(entries) * block_size
+  if drop_eagle and length > 0:
+    length -= block_size
+  length = floor_to(length, alignment)
+  return entries[: cdiv(length, block_size)], length
+
+
+def swa_need(window: int, block_size: int, drop_eagle: bool) -> int:
+  """Contiguous blocks an SWA resume point needs: ceil((W-1)/B), +1 with the EAGLE drop."""
+  return cdiv(window - 1, block_size) + (1 if drop_eagle else 0)
+
+
+def find_swa(
+  cached: CachedFn,
+  block_size: int,
+  window: int,
+  max_length: int,
+  drop_eagle: bool,
+  alignment: int,
+) -> tuple[list[Entry], int]:
+  """Sliding window: right-to-left scan for `need` contiguous cached blocks (§2.3.2).
+
+  A run may only start (at its right edge) on an aligned position; the run touching block 0
+  counts even when shorter than `need`. Entries left of the run are None.
+  """
+  need = swa_need(window, block_size, drop_eagle)
+  n = max_length // block_size
+  entries: list[Entry] = [None] * n
+  run = 0
+  found = False
+  for i in range(n - 1, -1, -1):
+    e = cached(i)
+    if e is not None:
+      if run == 0 and block_size != alignment:
+        end = i if drop_eagle else i + 1
+        if (end * block_size) % alignment != 0:
+          continue
+      entries[i] = e
+      run += 1
+      if run >= need:
+        del entries[i + run :]
+        found = True
+        break
+    else:
+      run = 0
+  if not found:
+    del entries[run:]
+    while entries and (len(entries) * block_size) % alignment != 0:
+      entries.pop()
+  if drop_eagle and entries:
+    entries.pop()
+    while entries and (len(entries) * block_size) % alignment != 0:
+      entries.pop()
+  return entries, len(entries) * block_size
+
+
+def find_mamba(
+  cached: CachedFn, block_size: int, max_length: int, alignment: int
+) -> tuple[list[Entry], int]:
+  """Recurrent: the rightmost cached block whose right edge is aligned; one real block."""
+  for i in range(max_length // block_size - 1, -1, -1):
+    if ((i + 1) * block_size) % alignment != 0:
+      continue
+    e = cached(i)
+    if e is not None:
+      return [None] * i + [e], (i + 1) * block_size
+  return [], 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Retention masks (§2.3.4, §2.4.7, §6.2)
+# ---------------------------------------------------------------------------------------------
+
+
+def swa_cacheable(
+  i: int,
+  *,
+  block_size: int,
+  need: int,
+  scheduler_block_size: int,
+  eagle: bool,
+  retention_interval: int | None,
+  boundaries: Iterable[int] = (),
+) -> bool:
+  """Whether SWA block i may be registered (`need` includes the EAGLE +1)."""
+  shift = 1 if eagle else 0
+  segment = scheduler_block_size if retention_interval is None else retention_interval
+  if segment > 0:
+    per = segment // block_size
+    if need >= per:
+      return True
+    if i >= shift and (i - shift) % per >= per - need:
+      return True
+  if retention_interval is None:
+    return False
+  for b in boundaries:
+    if b <= 0:
+      continue
+    end = floor_to(b, scheduler_block_size) // block_size + shift
+    if end - need <= i < end:
+      return True
+  return False
+
+
+def mamba_cacheable(
+  i: int,
+  *,
+  block_size: int,
+  scheduler_block_size: int,
+  retention_interval: int | None,
+  boundaries: Iterable[int] = (),
+) -> bool:
+  """Whether recurrent block i may be registered (dense, 0 = boundaries only, or k·B)."""
+  r = retention_interval
+  if r is None:
+    return True
+  if r > 0:
+    per = r // block_size
+    if per <= 1:
+      return True
+    if (i + 1) % per == 0:
+      return True
+  for b in boundaries:
+    if b <= 0:
+      continue
+    if i == floor_to(b, scheduler_block_size) // block_size - 1:
+      return True
+  return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler split (§4.3)
+# ---------------------------------------------------------------------------------------------
+
+
+def block_aligned_split(
+  start: int,
+  n: int,
+  *,
+  num_tokens: int,
+  num_prompt_tokens: int,
+  block_size: int,
+  use_eagle: bool,
+  shared_prefix_boundary: int,
+) -> int:
+  """Tokens to schedule so the chunk ends on a block boundary (Mamba `align` mode)."""
+  if start >= max(num_prompt_tokens, num_tokens - 1):
+    return n
+  # Last cacheable position floor((N-1)/B)*B (SPEC A8; the real vLLM 0.33 outputs agree,
+  # reference §4.3's pseudo-code writes floor_to(N, B)).
+  lcp = floor_to(num_tokens - 1, block_size)
+  if use_eagle:
+    lcp = max(lcp - block_size, 0)
+  end = start + n
+  if end < lcp:
+    end = floor_to(end, block_size)
+  stops = []
+  if start % block_size and cdiv(start, block_size) * block_size <= lcp:
+    stops.append(cdiv(start, block_size) * block_size)
+  stops.append(lcp)
+  b = shared_prefix_boundary
+  if start < b < end:
+    stops.append(start + floor_to(b - start, block_size))
+  inside = [s for s in stops if start < s < end]
+  if inside:
+    end = min(inside)
+  return max(end - start, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission counts (§2.1, §2.4.3)
+# ---------------------------------------------------------------------------------------------
+
+
+def generic_blocks_needed(
+  *,
+  num_tokens: int,
+  block_size: int,
+  row_len: int,
+  running: bool,
+  hits: Sequence[int],
+  hit_ref_cnt: Callable[[int], int],
+  skipped_tokens: int,
+  admission_cap: int | None = None,
+) -> int:
+  """Blocks a full/SWA/non-align recurrent group must take from the free pool.
+
+  `hits` are the new hit block ids (0 = null); a non-null hit with ref count 0 sits in the
+  free queue, so touching it consumes free capacity too (counted unless skipped).
+  """
+  required = cdiv(num_tokens, block_size)
+  if admission_cap is not None:
+    required = min(required, admission_cap)
+  if running:
+    return max(required - row_len, 0)
+  skip = skipped_tokens // block_size
+  new = max(required - max(skip, len(hits) + row_len), 0)
+  first = max(0, skip - row_len)
+  evictable = sum(1 for b in hits[first:] if b != 0 and hit_ref_cnt(b) == 0)
+  return new + evictable
+
+
+def mamba_align_blocks_needed(
+  *,
+  num_tokens_main: int,
+  block_size: int,
+  num_spec_blocks: int,
+  row_len: int,
+  already_allocated: bool,
+  hits: Sequence[int],
+  hit_ref_cnt: Callable[[int], int],
+) -> int:
+  """Align-mode admission count: at most one new block (1+S on the first allocation)."""
+  req = cdiv(num_tokens_main, block_size) + num_spec_blocks
+  n = req - len(hits) - row_len
+  if n > 0:
+    n = 1 if already_allocated else 1 + num_spec_blocks
+  else:
+    n = 0
+  return n + sum(1 for b in hits if b != 0 and hit_ref_cnt(b) == 0)
+
+
+FRESH = -1  # placeholder for a freshly allocated block in `mamba_align_layout`
+
+
+def mamba_align_layout(
+  row: Sequence[int],
+  *,
+  num_tokens_main: int,
+  block_size: int,
+  num_spec_blocks: int,
+  already_allocated: bool,
+  came_with_hit: bool,
+) -> tuple[list[int], int | None]:
+  """Align-mode allocation (§2.4.3): the new row (FRESH = take a new block) and last_state.
+
+  Returns (row unchanged, None) when nothing must be allocated.
+  """
+  s = num_spec_blocks
+  req = cdiv(num_tokens_main, block_size) + s
+  row = list(row)
+  if req <= len(row):
+    return row, None
+  prev = len(row)
+  if already_allocated:
+    last_state = prev - 1 - s
+  elif came_with_hit:
+    last_state = prev - 1
+  else:
+    last_state = None
+  skip_to = req - s - 1
+  row.extend([0] * max(0, skip_to - prev))
+  if already_allocated:
+    for j in range(prev - s, prev):
+      if j >= skip_to:
+        break
+      row.append(row[j])
+      row[j] = 0
+  row.extend([FRESH] * (req - len(row)))
+  if last_state is not None and last_state < 0:
+    last_state = None
+  return row, last_state
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker-side recurrent state copies (§5.2, §5.3)
+# ---------------------------------------------------------------------------------------------
+
+
+def pre_forward_copy(
+  prev_col: int | None, num_computed: int, num_scheduled: int, block_size: int
+) -> tuple[tuple[int, int] | None, int]:
+  """(copy (src_col, dst_col) or None, curr_col) before the forward pass (§5.2).
+
+  `prev_col` is the column used last step, or None for a new/resumed request (then the
+  prefix-hit column `(num_computed-1)//B`, -1 when nothing is computed).
+  """
+  prev = prev_col if prev_col is not None else (num_computed - 1) // block_size
+  if num_computed == 0 and prev_col is None:
+    prev = -1
+  curr = cdiv(num_computed + num_scheduled, block_size) - 1
+  if prev != -1 and prev != curr:
+    return (prev, curr), curr
+  return None, curr
+
+
+def post_forward_copy(
+  *,
+  num_computed: int,
+  num_scheduled: int,
+  num_draft: int,
+  num_accepted: int,
+  block_size: int,
+  src_col: int,
+) -> tuple[tuple[int, int, int] | None, int]:
+  """Spec-decode post-forward copy (§5.3): ((src_col+bias, dest, bias) or None, accepted)."""
+  running = num_computed + num_scheduled - num_draft
+  new = running + num_accepted - 1
+  aligned = floor_to(new, block_size)
+  if aligned < running:
+    return None, num_accepted
+  bias = aligned - running
+  dest = aligned // block_size - 1
+  accepted = 1 if src_col == dest else num_accepted
+  if src_col == dest and bias == 0:
+    return None, accepted
+  return (src_col + bias, dest, bias), accepted
