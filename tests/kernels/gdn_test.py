@@ -1,0 +1,309 @@
+"""Gated DeltaNet kernels vs the fp32 token-scan oracle (xla and Pallas interpret paths)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.pallas.gdn import api
+from kernels.pallas.gdn import reference
+
+IMPLS = ["xla", "interpret"]
+F32_ATOL = 1e-5  # kernels.md §9.2 (fp32 paths vs oracle).
+BF16_REL_RMS = 5e-3  # kernels.md §9.2 (bf16 in, fp32 state vs fp32 oracle).
+
+
+def make_inputs(t, h_k, h_v, d_k, d_v, *, dtype=jnp.float32, seed=0, decay=1.0, lead=()):
+  ks = jax.random.split(jax.random.key(seed), 5)
+  shp = tuple(lead) + (t,)
+  q = jax.random.normal(ks[0], shp + (h_k, d_k)).astype(dtype)
+  k = jax.random.normal(ks[1], shp + (h_k, d_k)).astype(dtype)
+  v = jax.random.normal(ks[2], shp + (h_v, d_v)).astype(dtype)
+  g = -jax.nn.softplus(jax.random.normal(ks[3], shp + (h_v,)) + 1.0) * decay
+  beta = jax.nn.sigmoid(2.0 * jax.random.normal(ks[4], shp + (h_v,)))
+  return q, k, v, g, beta
+
+
+def rand_state(n, h_v, d_k, d_v, seed=7):
+  return 0.3 * jax.random.normal(jax.random.key(seed), (n, h_v, d_k, d_v), jnp.float32)
+
+
+def rel_rms(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return float(np.sqrt(np.mean((x - ref) ** 2)) / np.sqrt(np.mean(ref**2)))
+
+
+def max_abs(x, ref):
+  return float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(ref, np.float64))))
+
+
+def oracle(q, k, v, g, beta, **kw):
+  """Oracle on the same (possibly bf16-rounded) inputs, upcast to fp32."""
+  f32 = [x.astype(jnp.float32) for x in (q, k, v, g, beta)]
+  return reference.recurrent_gated_delta_rule(*f32, **kw)
+
+
+# (T, H_k, H_v, d_k, d_v, cu_seqlens, dtype, decay)
+PREFILL_CASES = [
+  pytest.param(128, 2, 2, 64, 64, None, jnp.float32, 1.0, id="aligned-f32"),
+  pytest.param(150, 1, 2, 64, 64, None, jnp.float32, 0.1, id="unaligned-gqa-f32"),
+  pytest.param(
+    200, 2, 4, 64, 64, [0, 64, 64, 137, 200], jnp.float32, 1.0, id="packed-gqa-empty-f32"
+  ),
+  pytest.param(96, 1, 1, 128, 128, [0, 30, 96], jnp.float32, 10.0, id="d128-packed-f32"),
+  pytest.param(130, 2, 4, 64, 64, [0, 65, 130], jnp.bfloat16, 1.0, id="packed-gqa-bf16"),
+  pytest.param(70, 1, 1, 128, 128, None, jnp.bfloat16, 0.01, id="d128-bf16"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("t,h_k,h_v,d_k,d_v,cu,dtype,decay", PREFILL_CASES)
+def test_prefill_matches_oracle(impl, t, h_k, h_v, d_k, d_v, cu, dtype, decay):
+  q, k, v, g, beta = make_inputs(t, h_k, h_v, d_k, d_v, dtype=dtype, decay=decay)
+  n = 1 if cu is None else len(cu) - 1
+  init = rand_state(n, h_v, d_k, d_v)
+  cu_arr = None if cu is None else jnp.asarray(cu, jnp.int32)
+  o, final, (states, counts) = api.chunk_gated_delta_rule(
+    q, k, v, g, beta, initial_state=init, cu_seqlens=cu_arr, implementation=impl
+  )
+  ro, rf = oracle(q, k, v, g, beta, initial_state=init, cu_seqlens=cu)
+  assert o.shape == v.shape and o.dtype == v.dtype
+  assert final.shape == (n, h_v, d_k, d_v) and final.dtype == jnp.float32
+  assert states.shape == (n, 0, h_v, d_k, d_v)
+  np.testing.assert_array_equal(counts, np.zeros(n))
+  if dtype == jnp.float32:
+    assert max_abs(o, ro) <= F32_ATOL
+    assert max_abs(final, rf) <= F32_ATOL
+  else:
+    assert rel_rms(o, ro) <= BF16_REL_RMS
+    assert rel_rms(final, rf) <= BF16_REL_RMS
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_checkpoints_match_token_states(impl):
+  cu = [0, 200, 200, 328, 390]
+  t = cu[-1]
+  q, k, v, g, beta = make_inputs(t, 1, 2, 64, 64, seed=3)
+  init = rand_state(4, 2, 64, 64)
+  _, final, (states, counts) = api.chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    initial_state=init,
+    cu_seqlens=jnp.asarray(cu, jnp.int32),
+    checkpoint_every=64,
+    implementation=impl,
+  )
+  _, rf, rs = oracle(q, k, v, g, beta, initial_state=init, cu_seqlens=cu, return_states=True)
+  np.testing.assert_array_equal(counts, [3, 0, 2, 0])
+  assert states.shape == (4, 3, 2, 64, 64)
+  for n in range(4):
+    for j in range(3):
+      if j < int(counts[n]):
+        assert max_abs(states[n, j], rs[cu[n] + 64 * (j + 1) - 1]) <= F32_ATOL
+      else:
+        assert not np.any(np.asarray(states[n, j]))
+  assert max_abs(final, rf) <= F32_ATOL
+  np.testing.assert_array_equal(final[1], init[1])  # empty sequence keeps its state
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_checkpoint_interval_128_and_exact_end(impl):
+  q, k, v, g, beta = make_inputs(256, 1, 1, 64, 64, seed=4)
+  _, final, (states, counts) = api.chunk_gated_delta_rule(
+    q, k, v, g, beta, checkpoint_every=128, implementation=impl
+  )
+  np.testing.assert_array_equal(counts, [2])
+  np.testing.assert_array_equal(states[0, 1], final[0])  # a multiple at the very end counts
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_resume_from_checkpoint_is_bit_exact(impl):
+  t, split = 320, 192
+  q, k, v, g, beta = make_inputs(t, 2, 2, 64, 64, seed=5)
+  init = rand_state(1, 2, 64, 64)
+  run = lambda sl, s0, **kw: api.chunk_gated_delta_rule(  # noqa: E731
+    q[sl], k[sl], v[sl], g[sl], beta[sl], initial_state=s0, implementation=impl, **kw
+  )
+  o_all, f_all, (states, _) = run(slice(None), init, checkpoint_every=64)
+  s_split = states[:, split // 64 - 1]
+  o2, f2, _ = run(slice(split, None), s_split)
+  np.testing.assert_array_equal(np.asarray(o2), np.asarray(o_all[split:]))
+  np.testing.assert_array_equal(np.asarray(f2), np.asarray(f_all))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_after_prefill_matches_scan(impl):
+  t, steps, h_k, h_v, d = 100, 3, 1, 2, 64
+  q, k, v, g, beta = make_inputs(t + steps, h_k, h_v, d, d, seed=6)
+  init = rand_state(1, h_v, d, d)
+  _, final, _ = api.chunk_gated_delta_rule(
+    q[:t], k[:t], v[:t], g[:t], beta[:t], initial_state=init, implementation=impl
+  )
+  pool = jnp.zeros((4, h_v, d, d), jnp.float32).at[1].set(final[0])
+  read, write = 1, 2
+  outs = []
+  for i in range(t, t + steps):
+    o, pool = api.fused_recurrent_gated_delta_rule_decode(
+      q[i : i + 1],
+      k[i : i + 1],
+      v[i : i + 1],
+      g[i : i + 1],
+      beta[i : i + 1],
+      state_pool=pool,
+      read_indices=jnp.asarray([read], jnp.int32),
+      write_indices=jnp.asarray([write], jnp.int32),
+      implementation=impl,
+    )
+    outs.append(o[0])
+    read, write = write, 3 if write == 2 else 2
+  ro, rf = oracle(q, k, v, g, beta, initial_state=init)
+  assert max_abs(jnp.stack(outs), ro[t:]) <= F32_ATOL
+  assert max_abs(pool[read], rf[0]) <= F32_ATOL
+  np.testing.assert_array_equal(pool[1], final[0])  # the cached slot is never overwritten
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_batch_gqa_bf16(impl):
+  n, h_k, h_v, d = 3, 2, 4, 64
+  q, k, v, g, beta = make_inputs(n, h_k, h_v, d, d, dtype=jnp.bfloat16, seed=8)
+  pool = rand_state(6, h_v, d, d)
+  read = jnp.asarray([5, 0, 2], jnp.int32)
+  write = jnp.asarray([1, 3, 4], jnp.int32)
+  o, new_pool = api.fused_recurrent_gated_delta_rule_decode(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state_pool=pool,
+    read_indices=read,
+    write_indices=write,
+    implementation=impl,
+  )
+  for i in range(n):
+    ro, rf = oracle(
+      q[i : i + 1],
+      k[i : i + 1],
+      v[i : i + 1],
+      g[i : i + 1],
+      beta[i : i + 1],
+      initial_state=pool[read[i]][None],
+    )
+    assert rel_rms(o[i], ro[0]) <= 2e-3
+    assert rel_rms(new_pool[write[i]], rf[0]) <= 2e-3
+  for slot in (0, 2, 5):
+    np.testing.assert_array_equal(new_pool[slot], pool[slot])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_verify_per_token_states_match_scan(impl):
+  n, kk, h_k, h_v, d = 2, 4, 1, 2, 64
+  q, k, v, g, beta = make_inputs(kk, h_k, h_v, d, d, seed=9, lead=(n,))
+  pool = rand_state(3, h_v, d, d)
+  read = jnp.asarray([2, 0], jnp.int32)
+  o, states = api.gated_delta_rule_verify(
+    q, k, v, g, beta, state_pool=pool, read_indices=read, implementation=impl
+  )
+  assert o.shape == (n, kk, h_v, d) and states.shape == (n, kk, h_v, d, d)
+  for i in range(n):
+    ro, _, rs = oracle(
+      q[i], k[i], v[i], g[i], beta[i], initial_state=pool[read[i]][None], return_states=True
+    )
+    assert max_abs(o[i], ro) <= F32_ATOL
+    assert max_abs(states[i], rs) <= F32_ATOL
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_traced_cu_seqlens_under_jit(impl):
+  cu = jnp.asarray([0, 64, 192], jnp.int32)
+  q, k, v, g, beta = make_inputs(192, 1, 1, 64, 64, seed=10)
+
+  @jax.jit
+  def f(cu):
+    return api.chunk_gated_delta_rule(
+      q, k, v, g, beta, cu_seqlens=cu, checkpoint_every=64, implementation=impl
+    )
+
+  o, final, (states, counts) = f(cu)
+  assert states.shape[1] == 192 // 64  # traced: M = T // checkpoint_every
+  np.testing.assert_array_equal(counts, [1, 2])
+  ro, rf, rs = oracle(q, k, v, g, beta, cu_seqlens=[0, 64, 192], return_states=True)
+  assert max_abs(o, ro) <= F32_ATOL and max_abs(final, rf) <= F32_ATOL
+  assert max_abs(states[1, 1], rs[191]) <= F32_ATOL
+
+
+def test_concrete_cu_seqlens_sizes_checkpoints():
+  q, k, v, g, beta = make_inputs(192, 1, 1, 64, 64)
+  _, _, (states, counts) = api.chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens=jnp.asarray([0, 64, 192]),
+    checkpoint_every=64,
+    implementation="xla",
+  )
+  assert states.shape[1] == 2
+  _, _, (states, counts) = api.chunk_gated_delta_rule(
+    q, k, v, g, beta, checkpoint_every=64, max_checkpoints=1, implementation="xla"
+  )
+  assert states.shape[1] == 1
+  np.testing.assert_array_equal(counts, [1])
+
+
+def _bad_prefill_calls():
+  q, k, v, g, beta = make_inputs(64, 1, 2, 64, 64)
+  ok = dict(q=q, k=k, v=v, g=g, beta=beta)
+  yield "checkpoint_every", dict(ok, checkpoint_every=100)
+  yield "checkpoint_every", dict(ok, checkpoint_every=0)
+  yield "k", dict(ok, k=k[:, :, :32])
+  yield "v", dict(ok, v=v[:32])
+  yield "g", dict(ok, g=g[:, :1])
+  yield "beta", dict(ok, beta=beta[:10])
+  yield "q", dict(ok, q=q.astype(jnp.int32))
+  yield "cu_seqlens", dict(ok, cu_seqlens=jnp.asarray([0, 10, 50]))
+  yield "cu_seqlens", dict(ok, cu_seqlens=jnp.asarray([0, 40, 30, 64]))
+  yield "initial_state", dict(ok, initial_state=jnp.zeros((2, 2, 64, 64)))
+  yield "initial_state", dict(ok, initial_state=jnp.zeros((1, 2, 64, 64), jnp.bfloat16))
+  yield "implementation", dict(ok, implementation="cuda")
+
+
+@pytest.mark.parametrize("name,kwargs", list(_bad_prefill_calls()))
+def test_prefill_bad_input_raises(name, kwargs):
+  kwargs = dict(kwargs)
+  args = [kwargs.pop(x) for x in ("q", "k", "v", "g", "beta")]
+  with pytest.raises(ValueError, match=name):
+    api.chunk_gated_delta_rule(*args, **kwargs)
+
+
+def test_decode_bad_input_raises():
+  q, k, v, g, beta = make_inputs(2, 1, 2, 64, 64)
+  pool = jnp.zeros((3, 2, 64, 64))
+  ok = dict(state_pool=pool, read_indices=jnp.asarray([0, 1]), write_indices=jnp.asarray([2, 0]))
+  f = api.fused_recurrent_gated_delta_rule_decode
+  with pytest.raises(ValueError, match="write_indices"):
+    f(q, k, v, g, beta, **dict(ok, write_indices=jnp.asarray([2, 3])))
+  with pytest.raises(ValueError, match="read_indices"):
+    f(q, k, v, g, beta, **dict(ok, read_indices=jnp.asarray([-1, 0])))
+  with pytest.raises(ValueError, match="read_indices"):
+    f(q, k, v, g, beta, **dict(ok, read_indices=jnp.asarray([0])))
+  with pytest.raises(ValueError, match="state_pool"):
+    f(q, k, v, g, beta, **dict(ok, state_pool=jnp.zeros((3, 2, 64, 32))))
+  with pytest.raises(ValueError, match="state_pool"):
+    f(q, k, v, g, beta, **dict(ok, state_pool=pool.astype(jnp.bfloat16)))
+  with pytest.raises(ValueError, match="beta"):
+    f(q, k, v, g, beta[:, :1], **ok)
+  with pytest.raises(ValueError, match="read_indices"):
+    api.gated_delta_rule_verify(
+      q[None],
+      k[None],
+      v[None],
+      g[None],
+      beta[None],
+      state_pool=pool,
+      read_indices=jnp.asarray([3]),
+    )
