@@ -1,0 +1,157 @@
+"""`python -m hybrid_cache.sim`: replays a trace under one policy and prints a JSON summary.
+
+  python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic} --model NAME \
+      --capacity-bytes X --policy NAME [--block-size B] [--dump FILE]
+
+With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
+seed. The summary has requests, input_tokens, token_hit_rate, request_hit_rate, flops_saved,
+TTFT percentiles, the oracle bound and wall_s (replay seconds: trace parsing excluded, any
+compilation included). --dump writes [hit, num_input_tokens, tokens_reused] per request in trace
+order (atomically, only after a successful replay). Bad input exits with status 2 and a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from hybrid_cache.sim import synthetic
+from hybrid_cache.sim import trace as trace_lib
+from hybrid_cache.sim.cost_model import MODELS
+from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.marconi_compat import run_marconi
+from hybrid_cache.sim.metrics import summarize
+from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.policies import core_available
+from hybrid_cache.sim.policies import parse_policy
+
+
+def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) -> None:
+  """ValueError when one request alone (1 state + KV of input + output) exceeds capacity."""
+  if not trace.requests:
+    return
+  longest = max(r.num_tokens for r in trace.requests)
+  need = model.state_bytes + model.kv_bytes(longest)
+  if capacity < need:
+    raise ValueError(
+      f"capacity_bytes must be >= {need} (one state + KV of the longest request, "
+      f"{longest} tokens, for model {model.name}), got {capacity:g}"
+    )
+
+
+def simulate(
+  trace: trace_lib.Trace,
+  model: ModelConfig,
+  capacity_bytes: float,
+  policy_name: str,
+  block_size: int | None = None,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace`; returns (triples, extra summary fields incl. wall_s)."""
+  policy = parse_policy(policy_name)
+  if policy.required_block_size is not None:
+    if block_size is None:
+      block_size = policy.required_block_size
+    elif block_size != policy.required_block_size:
+      raise ValueError(
+        f"block_size must be {policy.required_block_size} for policy {policy.name}, "
+        f"got {block_size}"
+      )
+  block_size = block_size or 1
+  if block_size < 1:
+    raise ValueError(f"block_size must be >= 1, got {block_size}")
+  if not capacity_bytes > 0:
+    raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
+  extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
+  if policy.kind == "core":
+    if not core_available():
+      raise ValueError(
+        f"policy {policy.name!r} runs on the jitted cache core: not available until "
+        "hybrid_cache.manager exists"
+      )
+    raise ValueError(
+      f"policy {policy.name!r}: the simulator is not wired to hybrid_cache.manager yet; "
+      "use a marconi_compat* policy or oracle"
+    )
+  check_capacity(trace, model, capacity_bytes)
+  t0 = time.perf_counter()
+  if policy.kind == "oracle":
+    reused = oracle_reused(trace, block_size)
+    triples = [
+      (int(x > 0), r.num_input_tokens, int(x)) for r, x in zip(trace.requests, reused.tolist())
+    ]
+  elif policy.kind == "vllm_plus":
+    raise ValueError(f"policy {policy.name!r} (Marconi's vLLM+ baseline) is not implemented yet")
+  else:
+    hist, tree = run_marconi(trace, model, capacity_bytes, policy.version, policy.alpha)
+    triples = [(int(h), n, r) for h, n, r in hist]
+    extra |= {
+      "alpha": tree.alpha,
+      "tuned_alpha": tree.tuned_alpha,
+      "bootstrap_window": tree.bootstrap_window,
+      "states_admitted": tree.states_admitted,
+      "states_evicted": tree.states_evicted,
+      "final_tree_bytes": tree.tree_bytes,
+    }
+  extra["wall_s"] = time.perf_counter() - t0
+  return triples, extra
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m hybrid_cache.sim", description=__doc__.split("\n")[0])
+  p.add_argument("--trace", required=True, help="trace file, or generator name for synthetic")
+  p.add_argument("--format", required=True, choices=("marconi", "mooncake", "synthetic"))
+  p.add_argument("--model", required=True, help=f"one of {sorted(MODELS)}")
+  p.add_argument("--capacity-bytes", required=True, type=float)
+  p.add_argument("--policy", required=True)
+  p.add_argument("--block-size", type=int, default=None)
+  p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
+  p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+  p.add_argument("--max-input", type=int, default=None, help="mooncake: drop longer inputs")
+  p.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
+  p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
+  return p
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  try:
+    model = get_model(args.model)
+    parse_policy(args.policy)
+    if args.limit is not None and args.limit < 1:
+      raise ValueError(f"limit must be >= 1, got {args.limit}")
+    if args.format == "synthetic":
+      trace = synthetic.generate(args.trace, seed=args.seed)
+      if args.limit is not None:
+        trace = trace.head(args.limit)
+    else:
+      if not os.path.isfile(args.trace):
+        raise ValueError(f"trace file {args.trace!r} does not exist")
+      trace = trace_lib.load(args.trace, args.format, limit=args.limit, max_input=args.max_input)
+    triples, extra = simulate(trace, model, args.capacity_bytes, args.policy, args.block_size)
+    oracle = None
+    if not args.no_oracle:
+      oracle = oracle_reused(trace, extra["block_size"]).tolist()
+    summary = summarize(triples, model, oracle_reused=oracle) | extra
+    summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
+    if args.dump:
+      _atomic_write(args.dump, json.dumps([list(t) for t in triples]) + "\n")
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps(summary, indent=1))
+  return 0

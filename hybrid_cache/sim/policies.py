@@ -1,0 +1,59 @@
+"""Policy names of the simulator and how each one replays a trace.
+
+marconi_compat          Marconi V2 (FLOP-aware eviction, alpha tuned once), block size 1.
+marconi_compat_sglang   Marconi V1 (SGLang+: leaf + branch states, LRU leaves), block size 1.
+marconi_compat_static:A Marconi V3 with alpha = A in [0, 100], block size 1.
+marconi_compat_vllm     Marconi's vLLM+ baseline (a state per 32-token block, LRU leaves), block 32.
+oracle                  infinite cache (every block and boundary state kept), any block size.
+vllm_none, vllm_align, vllm_all, lru, flop_aware
+                        policies over the jitted cache core (`hybrid_cache.manager`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+CORE_POLICIES = ("vllm_none", "vllm_align", "vllm_all", "lru", "flop_aware")
+COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
+STATIC_PREFIX = "marconi_compat_static:"
+ALL_POLICIES = COMPAT_POLICIES + (STATIC_PREFIX + "<alpha>", "oracle") + CORE_POLICIES
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "core"}."""
+
+  name: str
+  kind: str
+  version: int = 0
+  alpha: float = 0.0
+  required_block_size: int | None = None
+
+
+def parse_policy(name: str) -> Policy:
+  """Parses a policy name (see module docstring); ValueError for unknown names."""
+  if name == "marconi_compat":
+    return Policy(name, "marconi", 2, 0.0, 1)
+  if name == "marconi_compat_sglang":
+    return Policy(name, "marconi", 1, 0.0, 1)
+  if name == "marconi_compat_vllm":
+    return Policy(name, "vllm_plus", 0, 0.0, 32)
+  if name.startswith(STATIC_PREFIX):
+    raw = name[len(STATIC_PREFIX) :]
+    try:
+      alpha = float(raw)
+    except ValueError:
+      alpha = float("nan")
+    if not 0.0 <= alpha <= 100.0:
+      raise ValueError(f"policy alpha must be a number in [0, 100], got {raw!r} in {name!r}")
+    return Policy(name, "marconi", 3, alpha, 1)
+  if name == "oracle":
+    return Policy(name, "oracle")
+  if name in CORE_POLICIES:
+    return Policy(name, "core")
+  raise ValueError(f"policy must be one of {ALL_POLICIES}, got {name!r}")
+
+
+def core_available() -> bool:
+  return importlib.util.find_spec("hybrid_cache.manager") is not None
