@@ -1,0 +1,77 @@
+"""Admission accounting (vLLM §2.1, §2.4.3, §4.2): blocks an allocation needs, per group.
+
+New request: `max(cdiv(tokens, B) - max(skip, hits), 0)` fresh blocks plus every hit block with
+ref 0 (touching takes it out of the free queue). Running request: `max(cdiv(tokens, B) - len, 0)`.
+Recurrent `align`: one block (1 + S on the first allocation) when the running-state position
+moves. A recurrent hit block registered in the current step makes admission impossible (§2.4.6).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.state import C_STEP
+from hybrid_cache.state import RG_LEN
+from hybrid_cache.state import CacheState
+from hybrid_cache.state import Layout
+from hybrid_cache.state import cdiv
+
+
+def skipped_blocks(spec, tokens) -> jax.Array:
+  """Leading blocks of a group no longer needed once `tokens` are computed."""
+  bs = spec.block_size
+  if spec.kind == "swa":
+    return jnp.maximum(tokens - spec.window + 1, 0) // bs
+  if spec.kind == "mamba" and spec.mode != "none":
+    return jnp.maximum(tokens - 1, 0) // bs
+  return jnp.zeros_like(tokens)
+
+
+def blocks_needed(
+  lay: Layout,
+  config,
+  state: CacheState,
+  r,
+  is_new,
+  hit,
+  hit_ids,
+  need_tokens,
+  main_tokens,
+  swa_cap: bool = False,
+):
+  """(count i32, impossible bool): blocks to allocate for request slot `r`.
+
+  `hit_ids` i32[G, MB]: hit blocks kept after skipping (0 elsewhere; all 0 for running ones).
+  `swa_cap`: cap SWA groups at their per-request worst case (the full-sequence gate).
+  """
+  rg = state.req_group[r]
+  s = lay.num_spec_blocks
+  total = jnp.int32(0)
+  impossible = jnp.bool_(False)
+  for g, spec in enumerate(lay.groups):
+    bs = spec.block_size
+    length = rg[g, RG_LEN]
+    hits_len = jnp.where(is_new, hit // bs, 0)
+    ids = hit_ids[g]
+    evictable = jnp.sum((ids > 0) & (state.ref_cnt[ids] == 0)).astype(jnp.int32)
+    if spec.kind == "mamba" and spec.mode == "align":
+      req = cdiv(main_tokens, bs) + s
+      k = req - hits_len - length
+      k = jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1), 0)
+      last = ids[jnp.maximum(hits_len - 1, 0)]
+      same_step = state.block_aux[last, 0] == state.counters[C_STEP]
+      impossible |= is_new & (hit > 0) & (last > 0) & same_step
+    elif spec.kind == "mamba" and spec.mode == "none":
+      k = jnp.where(length == 0, 1 + s, 0)
+    else:
+      target = cdiv(need_tokens, bs)
+      if swa_cap and spec.kind == "swa":
+        bound = cdiv(min(spec.window - 1 + config.max_num_batched_tokens, config.max_model_len), bs)
+        target = jnp.minimum(target, bound + 1)
+      skip = skipped_blocks(spec, hit)
+      k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)
+      k_run = jnp.maximum(target - length, 0)
+      k = jnp.where(is_new, k_new, k_run)
+    total = total + k + evictable
+  return total, impossible

@@ -1,0 +1,97 @@
+"""Set-associative block index: (hash lanes, group) -> block, duplicates kept, oldest wins.
+
+`index_entry[b, w] = (block, seq)` (block -1 = empty way) and `index_hash[b, w]` = the key's two
+uint32 lanes; the bucket is a mix of both lanes and the group. A hit needs equal lanes and equal
+group (the block's `block_group`); among duplicates the smallest insertion sequence wins (vLLM
+returns the first-inserted block). A full bucket drops the insertion and counts it in
+`counters[C_OVERFLOW]` (a miss later, never a wrong hit); pools are sized so this is rare.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.state import BIG
+from hybrid_cache.state import C_OVERFLOW
+from hybrid_cache.state import C_SEQ
+from hybrid_cache.state import CacheState
+
+
+def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
+  """Bucket of keys `h` (u32[..., 2]) in `group` (i32[...])."""
+  x = (
+    h[..., 0]
+    ^ (h[..., 1] * jnp.uint32(0x9E3779B1))
+    ^ ((group.astype(jnp.uint32) + jnp.uint32(1)) * jnp.uint32(0x85EBCA77))
+  )
+  x = x ^ (x >> jnp.uint32(15))
+  return (x & jnp.uint32(buckets - 1)).astype(jnp.int32)
+
+
+def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
+  """Block carrying key (h, group) for every query (u32[..., 2], i32[...]) or -1."""
+  buckets = state.index_entry.shape[0]
+  b = bucket_of(h, group, buckets)
+  ent = state.index_entry[b]  # [..., W, 2]
+  hh = state.index_hash[b]  # [..., W, 2]
+  blk = ent[..., 0]
+  same = jnp.all(hh == h[..., None, :], axis=-1) & (blk >= 0)
+  same &= state.block_group[jnp.maximum(blk, 0)] == group[..., None]
+  seq = jnp.where(same, ent[..., 1], BIG)
+  w = jnp.argmin(seq, axis=-1)
+  found = jnp.take_along_axis(blk, w[..., None], axis=-1)[..., 0]
+  return jnp.where(jnp.any(same, axis=-1), found, -1)
+
+
+def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array) -> CacheState:
+  """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
+
+  Sets the block's `block_group`/`block_hash`; the index insertion is sequential (a while loop
+  over the inserted entries only) so that several keys landing in one bucket take distinct ways.
+  """
+  nb = state.ref_cnt.shape[0]
+  buckets = state.index_entry.shape[0]
+  valid = ids > 0
+  idx = jnp.where(valid, ids, nb)
+  state = state.replace(
+    block_group=state.block_group.at[idx].set(group, mode="drop"),
+    block_hash=state.block_hash.at[idx].set(keys, mode="drop"),
+  )
+  count = jnp.sum(valid).astype(jnp.int32)
+  order = jnp.nonzero(valid, size=ids.shape[0], fill_value=0)[0]
+  bks = bucket_of(keys, group, buckets)
+
+  def body(carry):
+    i, ent, hsh, seq, ovf = carry
+    j = order[i]
+    bk = bks[j]
+    empty = ent[bk, :, 0] < 0
+    w = jnp.argmax(empty)
+    ok = empty[w]
+    wi = jnp.where(ok, w, ent.shape[1])
+    ent = ent.at[bk, wi].set(jnp.stack([ids[j], seq]), mode="drop")
+    hsh = hsh.at[bk, wi].set(keys[j], mode="drop")
+    return i + 1, ent, hsh, seq + 1, ovf + jnp.where(ok, 0, 1)
+
+  c = state.counters
+  _, ent, hsh, seq, ovf = jax.lax.while_loop(
+    lambda c: c[0] < count,
+    body,
+    (jnp.int32(0), state.index_entry, state.index_hash, c[C_SEQ], c[C_OVERFLOW]),
+  )
+  return state.replace(
+    index_entry=ent, index_hash=hsh, counters=c.at[C_SEQ].set(seq).at[C_OVERFLOW].set(ovf)
+  )
+
+
+def evict(state: CacheState, mask: jax.Array) -> CacheState:
+  """Removes every key of the blocks where `mask` (bool[NB]) is set."""
+  blk = state.index_entry[..., 0]
+  hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
+  ent = jnp.where(hit[..., None], -1, state.index_entry)
+  return state.replace(
+    index_entry=ent,
+    block_group=jnp.where(mask, -1, state.block_group),
+    block_aux=state.block_aux.at[:, 0].set(jnp.where(mask, -1, state.block_aux[:, 0])),
+  )

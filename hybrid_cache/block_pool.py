@@ -1,0 +1,119 @@
+"""The shared block pool: ref counts, vLLM's free queue as int32 keys, the pinned tier.
+
+Free queue (vLLM §1.6): a block is free iff `queue_key[0, b] < BIG` (normal queue) or
+`queue_key[1, b] < BIG` (pinned tier, SPEC B1). Popping takes the smallest normal key; when the
+normal queue is empty the oldest pinned block is demoted (equivalently popped). Freeing puts
+unhashed blocks at the head (a batch keeps its order), hashed blocks at the tail, pinned blocks at
+the pinned tail. Touching unlinks a free block. All functions are pure and jittable.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache import block_index
+from hybrid_cache import eviction
+from hybrid_cache.state import BIG
+from hybrid_cache.state import C_HEAD
+from hybrid_cache.state import C_PIN
+from hybrid_cache.state import C_TAIL
+from hybrid_cache.state import CacheState
+
+
+def num_free(state: CacheState) -> jax.Array:
+  """Free capacity: normal queue + pinned tier (int32 scalar)."""
+  return jnp.sum(state.queue_key < BIG).astype(jnp.int32)
+
+
+def _drop_idx(ids: jax.Array, nb: int) -> jax.Array:
+  """Null (0) ids become out-of-bounds so masked scatters drop them."""
+  return jnp.where(ids > 0, ids, nb)
+
+
+def touch(state: CacheState, ids: jax.Array) -> CacheState:
+  """ref += 1 for the non-null `ids` (unique), unlinking free ones from their queue."""
+  nb = state.ref_cnt.shape[0]
+  idx = _drop_idx(ids, nb)
+  ref = state.ref_cnt.at[idx].add(1, mode="drop")
+  qk = state.queue_key.at[:, idx].set(BIG, mode="drop")
+  return state.replace(ref_cnt=ref, queue_key=qk)
+
+
+def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheState:
+  """Frees `ids` (unique, 0 = skip) in list order (vLLM `free_blocks`, one call per batch).
+
+  `batch` (same shape, non-decreasing) numbers the `free_blocks` calls: blocks reaching ref 0
+  without a key go to the head, a later batch in front of an earlier one, each batch keeping its
+  order; keyed blocks go to the tail in list order; pinned ones to the pinned tier's tail.
+  """
+  nb = state.ref_cnt.shape[0]
+  valid = ids > 0
+  idx = _drop_idx(ids, nb)
+  ref = state.ref_cnt.at[idx].add(-1, mode="drop")
+  new_ref = jnp.where(valid, ref[jnp.where(valid, ids, 0)], 1)
+  freed = valid & (new_ref == 0)
+  safe = jnp.where(valid, ids, 0)
+  pinned = freed & (state.block_aux[safe, 1] > 0)
+  hashed = freed & ~pinned & (state.block_group[safe] >= 0)
+  head = freed & ~pinned & ~hashed
+  c = state.counters
+  # tail and pinned tail: increasing keys in list order
+  tail_rank = jnp.cumsum(hashed) - 1
+  pin_rank = jnp.cumsum(pinned) - 1
+  # head: batch b lands in front of batches < b; inside a batch the order is kept
+  nbatch = ids.shape[0]
+  tot = jnp.zeros((nbatch + 1,), jnp.int32).at[batch].add(head.astype(jnp.int32))
+  cum_le = jnp.cumsum(tot)
+  cum_lt = cum_le - tot
+  excl = jnp.cumsum(head) - head
+  head_key = c[C_HEAD] - cum_le[batch] + (excl - cum_lt[batch])
+  k0 = jnp.where(hashed, c[C_TAIL] + tail_rank, jnp.where(head, head_key, BIG))
+  k1 = jnp.where(pinned, c[C_PIN] + pin_rank, BIG)
+  fidx = jnp.where(freed, ids, nb)
+  qk = state.queue_key.at[0, fidx].set(k0, mode="drop").at[1, fidx].set(k1, mode="drop")
+  c = (
+    c.at[C_HEAD]
+    .add(-jnp.sum(head).astype(jnp.int32))
+    .at[C_TAIL]
+    .add(jnp.sum(hashed).astype(jnp.int32))
+    .at[C_PIN]
+    .add(jnp.sum(pinned).astype(jnp.int32))
+  )
+  return state.replace(ref_cnt=ref, queue_key=qk, counters=c)
+
+
+def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Array):
+  """Pops `count` blocks from the head into `row[start:start+count]` and evicts their keys.
+
+  Returns (state, row). The caller has checked capacity. When the normal queue is empty the
+  oldest pinned block is taken (demotion then pop).
+  """
+  nb = state.ref_cnt.shape[0]
+
+  def body(carry):
+    i, qk, row, popped = carry
+    b = eviction.select_victim(qk)
+    qk = qk.at[:, b].set(BIG)
+    row = row.at[start + i].set(b)
+    popped = popped.at[b].set(True)
+    return i + 1, qk, row, popped
+
+  _, qk, row, popped = jax.lax.while_loop(
+    lambda c: c[0] < count,
+    body,
+    (jnp.int32(0), state.queue_key, row, jnp.zeros((nb,), bool)),
+  )
+  state = state.replace(
+    queue_key=qk,
+    ref_cnt=jnp.where(popped, 1, state.ref_cnt),
+    block_aux=state.block_aux.at[:, 1].set(jnp.where(popped, 0, state.block_aux[:, 1])),
+  )
+  state = block_index.evict(state, popped)
+  return state, row
+
+
+def pin(state: CacheState, ids: jax.Array) -> CacheState:
+  """Marks the non-null `ids` pinned (they go to the pinned tier when freed)."""
+  nb = state.ref_cnt.shape[0]
+  return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))

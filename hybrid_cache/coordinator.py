@@ -1,0 +1,140 @@
+"""Hybrid coordinator (vLLM §3): the longest hit every group agrees on, for any number of groups.
+
+Fixed point (§3.2): full attention is looked up once (its valid resume points are downward
+closed); SWA and recurrent groups are re-checked at each smaller candidate until nobody shrinks.
+Hits are multiples of the scheduler block size (LCM of group block sizes) and at most
+num_tokens - 1. Equal-spec groups are merged (a hit needs the key in every member). With exactly
+two spec groups, full attention first, one pass suffices ("simple hybrid"). EAGLE groups drop one
+unit and re-verify (`verified` set) whenever the candidate shrinks; recurrent groups get no margin.
+
+Worked example (§3.3, bs 4 for brevity as in scenario 04): FA 28, SWA 28, Mamba 24 -> pass 2: SWA
+at 24 ok, Mamba 24 -> hit 24, shared_prefix_boundary 28.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache import block_index
+from hybrid_cache.groups import full_attention
+from hybrid_cache.groups import recurrent
+from hybrid_cache.groups import sliding_window
+from hybrid_cache.state import CacheState
+from hybrid_cache.state import Layout
+
+
+def group_hashes(lay: Layout, hashes: jax.Array, num_tokens: jax.Array, g: int):
+  """(u32[MB, 2], bool[MB]): group g's block keys (fine hash at each block end) and validity."""
+  k = lay.groups[g].block_size // lay.hash_block_size
+  pos = jnp.arange(lay.max_blocks)
+  fine = (pos + 1) * k - 1
+  valid = (pos + 1) * lay.groups[g].block_size <= num_tokens
+  return hashes[jnp.clip(fine, 0, hashes.shape[0] - 1)], valid
+
+
+def probe_all(lay: Layout, state: CacheState, hashes, num_tokens):
+  """i32[G, MB]: the first-inserted block carrying each group block's key, -1 on a miss."""
+  rows = []
+  for g in range(lay.num_groups):
+    h, valid = group_hashes(lay, hashes, num_tokens, g)
+    found = block_index.probe(state, h, jnp.full((lay.max_blocks,), g, jnp.int32))
+    rows.append(jnp.where(valid, found, -1))
+  return jnp.stack(rows)
+
+
+def _find(lay: Layout, spec, need, cached, cap, drop):
+  al = lay.sbs
+  if spec.kind == "full":
+    return full_attention.find(cached, cap, drop, spec.block_size, al)
+  if spec.kind == "swa":
+    return sliding_window.find(cached, cap, drop, spec.block_size, al, need)
+  return recurrent.find(cached, cap, spec.block_size, al)
+
+
+def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array):
+  """Reconciled lookup for a fresh request.
+
+  Returns a dict: hit (i32), alone (i32[G], each group looked up alone), hit_mask (bool[G, MB],
+  non-null hit positions), found (i32[G, MB]), spb (shared-prefix boundary, 0 if none).
+  """
+  g_n = lay.num_groups
+  mb = lay.max_blocks
+  found = probe_all(lay, state, hashes, num_tokens)
+  cached = found >= 0
+  max_len = jnp.maximum(num_tokens - 1, 0).astype(jnp.int32)
+  zero = jnp.int32(0)
+  if not lay.caching:
+    return dict(
+      hit=zero,
+      alone=jnp.zeros((g_n,), jnp.int32),
+      hit_mask=jnp.zeros((g_n, mb), bool),
+      found=found,
+      spb=zero,
+    )
+
+  alone = []
+  for g, spec in enumerate(lay.groups):
+    need = -(-(spec.window - 1) // spec.block_size) if spec.kind == "swa" else 0
+    length, _ = _find(lay, spec, need, cached[g], max_len, jnp.asarray(spec.eagle))
+    alone.append(length)
+  alone = jnp.stack(alone)
+
+  sgs = lay.spec_groups
+  ns = len(sgs)
+  sg_cached = [jnp.all(cached[jnp.asarray(s.members)], axis=0) for s in sgs]
+  simple = ns == 2 and sgs[0].spec.kind == "full"
+
+  def one_pass(carry):
+    hit, lens, los, verified, longest, fa_done, _ = carry
+    cur = hit
+    for j, s in enumerate(sgs):
+      spec = s.spec
+      drop = jnp.asarray(spec.eagle) & ~verified[j]
+      cap = cur
+      if spec.kind != "mamba":
+        cap = jnp.where(drop, jnp.minimum(cur + spec.block_size, max_len), cur)
+      length, lo = _find(lay, spec, s.need, sg_cached[j], cap, drop)
+      new_verified = jnp.where(
+        drop, verified.at[j].set(True), jnp.where(length < cur, jnp.zeros_like(verified), verified)
+      )
+      new_longest = jnp.maximum(longest, length)
+      if spec.kind == "full":
+        skip = fa_done
+        cur_f = jnp.minimum(cur, lens[j])
+        cur = jnp.where(skip, cur_f, length)
+        lens = lens.at[j].set(jnp.where(skip, lens[j], length))
+        los = los.at[j].set(jnp.where(skip, los[j], lo))
+        verified = jnp.where(skip, verified, new_verified)
+        longest = jnp.where(skip, longest, new_longest)
+      else:
+        cur = length
+        lens = lens.at[j].set(length)
+        los = los.at[j].set(lo)
+        verified = new_verified
+        longest = new_longest
+    done = (cur >= hit) | simple
+    return jnp.minimum(cur, hit), lens, los, verified, longest, jnp.bool_(True), done
+
+  init = (
+    max_len,
+    jnp.zeros((ns,), jnp.int32),
+    jnp.zeros((ns,), jnp.int32),
+    jnp.zeros((ns,), bool),
+    zero,
+    jnp.bool_(False),
+    jnp.bool_(False),
+  )
+  hit, lens, los, _, longest, _, _ = jax.lax.while_loop(lambda c: ~c[-1], one_pass, init)
+
+  pos = jnp.arange(mb)
+  masks = [None] * g_n
+  for j, s in enumerate(sgs):
+    bs = s.spec.block_size
+    hi = hit // bs
+    lo = jnp.where(s.spec.kind == "full", 0, los[j])
+    m = (pos >= lo) & (pos < hi)
+    for g in s.members:
+      masks[g] = m & cached[g]
+  spb = jnp.where(longest > hit, longest, 0)
+  return dict(hit=hit, alone=alone, hit_mask=jnp.stack(masks), found=found, spb=spb)

@@ -1,0 +1,36 @@
+"""Recurrent groups (Mamba2/GDN, vLLM §2.4): one state block exactly at the hit boundary."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from hybrid_cache.state import floor_to
+
+
+def find(cached, cap, bs: int, alignment: int):
+  """Rightmost cached block i < cap//bs whose right edge is a multiple of `alignment`.
+
+  Returns (L, lo) = ((i+1)*bs, i), or (0, 0) when none. No EAGLE drop for recurrent groups.
+  """
+  pos = jnp.arange(cached.shape[0])
+  ok = cached & (pos < cap // bs) & (((pos + 1) * bs) % alignment == 0)
+  i = jnp.max(jnp.where(ok, pos, -1))
+  return ((i + 1) * bs).astype(jnp.int32), jnp.maximum(i, 0).astype(jnp.int32)
+
+
+def num_skipped_tokens(c):
+  """c - 1: only the latest state is needed."""
+  return jnp.maximum(c - 1, 0)
+
+
+def retention_mask(pos, bs, sbs, retention, boundaries):
+  """bool[MB]: recurrent states worth caching (vLLM §2.4.7)."""
+  if retention is None:
+    return jnp.ones(pos.shape, bool)
+  per = retention // bs
+  if retention > 0 and per <= 1:
+    return jnp.ones(pos.shape, bool)
+  mask = ((pos + 1) % per == 0) if retention > 0 else jnp.zeros(pos.shape, bool)
+  for b in boundaries:
+    mask |= (b > 0) & (pos == floor_to(b, sbs) // bs - 1)
+  return mask

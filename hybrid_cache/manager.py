@@ -1,0 +1,282 @@
+"""`JaxCacheManager`: the host wrapper of the jitted core (implements `types.CacheManager`).
+
+Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
+map request names to state slots, pad schedule batches to powers of two, pull each call's
+results once with `jax.device_get`, and build the `types` records, including the recurrent
+state-copy plan (vLLM §5.2) derived from the returned block tables.
+
+Example::
+
+  m = JaxCacheManager(CacheConfig(groups=(GroupSpec("full"), GroupSpec("mamba")),
+                                  block_size=4, num_blocks=64))
+  m.add_request("A", list(range(22)))
+  m.schedule([ScheduleEntry("A")]).entries[0].scheduled_tokens  # 20 (align split)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from hybrid_cache import eviction
+from hybrid_cache import hashing
+from hybrid_cache import scheduler
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.state import CacheState
+from hybrid_cache.state import init_state
+from hybrid_cache.state import layout
+from hybrid_cache.types import EntryResult
+from hybrid_cache.types import HitInfo
+from hybrid_cache.types import PoolStats
+from hybrid_cache.types import RequestView
+from hybrid_cache.types import ScheduleEntry
+from hybrid_cache.types import StateCopy
+from hybrid_cache.types import StepResult
+
+_REASONS = {0: None, 1: "allocate_slots_failed", 2: "no_token_budget"}
+
+
+@dataclasses.dataclass
+class _Req:
+  name: str
+  slot: int
+  tokens: list[int]
+  extras: hashing.RequestExtras
+  hashes: np.ndarray
+  num_prompt: int
+  status: str = "waiting"
+  num_computed: int = 0
+  state_idx: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def _pow2(n: int) -> int:
+  p = 1
+  while p < n:
+    p *= 2
+  return p
+
+
+class JaxCacheManager:
+  """Jitted cache core behind the host `CacheManager` protocol (see module docstring)."""
+
+  def __init__(self, config: CacheConfig):
+    if not isinstance(config, CacheConfig):
+      raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
+    eviction.check_policy(config)
+    self.config = config
+    self._lay = layout(config)
+    self.state: CacheState = init_state(config)
+    self._reqs: dict[str, _Req] = {}
+    self._free_slots = list(range(config.max_requests - 1, -1, -1))
+    self._stats = self._to_stats(jax.device_get(scheduler.pool_stats(config, self.state)))
+
+  # ---- helpers ----
+  def _to_stats(self, s) -> PoolStats:
+    return PoolStats(
+      num_free_blocks=int(s["num_free"]),
+      num_used_blocks=int(s["num_used"]),
+      num_free_cached_blocks=int(s["num_free_cached"]),
+      cached_blocks_per_group=tuple(int(x) for x in s["cached_per_group"]),
+      num_pinned_blocks=int(s["num_pinned"]),
+    )
+
+  def _hash_row(self, hashes: np.ndarray) -> np.ndarray:
+    row = np.zeros((self._lay.max_hashes, 2), np.uint32)
+    row[: len(hashes)] = hashes
+    return row
+
+  def _check_tokens(self, tokens, field="tokens") -> list[int]:
+    arr = hashing.validate_tokens(tokens, field)
+    if arr.size == 0:
+      raise ValueError(f"{field} must hold at least 1 token, got 0")
+    return [int(t) for t in arr]
+
+  def _get(self, req: str) -> _Req:
+    if req not in self._reqs:
+      raise ValueError(f"req {req!r} is not an active request; active: {sorted(self._reqs)}")
+    return self._reqs[req]
+
+  def _write(self, r: _Req) -> None:
+    self.state, s = scheduler.write_request(
+      self.config,
+      self.state,
+      np.int32(r.slot),
+      self._hash_row(r.hashes),
+      np.int32(len(r.tokens)),
+      np.int32(r.num_prompt),
+    )
+    self._stats = self._to_stats(jax.device_get(s))
+
+  # ---- protocol ----
+  def add_request(self, req, tokens, extras=None) -> None:
+    if not isinstance(req, str) or not req:
+      raise ValueError(f"req must be a non-empty string, got {req!r}")
+    if req in self._reqs:
+      raise ValueError(f"req {req!r} is already active; free it before reusing the name")
+    toks = self._check_tokens(tokens)
+    if len(toks) > self.config.max_model_len:
+      raise ValueError(
+        f"tokens has {len(toks)} tokens; must be <= max_model_len={self.config.max_model_len}"
+      )
+    if not self._free_slots:
+      raise ValueError(f"max_requests={self.config.max_requests} requests are already active")
+    extras = extras or hashing.NO_EXTRAS
+    hashes = hashing.block_hashes(toks, self._lay.hash_block_size, extras)
+    r = _Req(req, self._free_slots.pop(), toks, extras, hashes, len(toks))
+    self._write(r)
+    self._reqs[req] = r
+
+  def lookup(self, tokens, extras=None) -> HitInfo:
+    toks = self._check_tokens(tokens)
+    if len(toks) > self.config.max_model_len:
+      raise ValueError(
+        f"tokens has {len(toks)} tokens; must be <= max_model_len={self.config.max_model_len}"
+      )
+    h = hashing.block_hashes(toks, self._lay.hash_block_size, extras or hashing.NO_EXTRAS)
+    out = jax.device_get(
+      scheduler.lookup_only(self.config, self.state, self._hash_row(h), np.int32(len(toks)))
+    )
+    return HitInfo(
+      hit_tokens=int(out["hit"]),
+      per_group_hit_tokens=tuple(int(x) for x in out["alone"]),
+      hit_blocks_per_group=tuple(int(x) for x in out["hit_blocks"]),
+      shared_prefix_boundary=int(out["spb"]),
+    )
+
+  def schedule(self, entries: Sequence[ScheduleEntry]) -> StepResult:
+    entries = list(entries)
+    seen = set()
+    for i, e in enumerate(entries):
+      if not isinstance(e, ScheduleEntry):
+        raise ValueError(f"entries[{i}] must be a ScheduleEntry, got {e!r}")
+      self._get(e.req)
+      if e.req in seen:
+        raise ValueError(f"entries[{i}].req {e.req!r} appears twice in one step")
+      seen.add(e.req)
+      mt = e.max_tokens
+      if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 0):
+        raise ValueError(f"entries[{i}].max_tokens must be None or an integer >= 0, got {mt!r}")
+    n = len(entries)
+    size = _pow2(max(n, 1))
+    slots = np.zeros(size, np.int32)
+    max_tok = np.full(size, -1, np.int32)
+    valid = np.zeros(size, bool)
+    for i, e in enumerate(entries):
+      slots[i] = self._reqs[e.req].slot
+      max_tok[i] = -1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2)
+      valid[i] = True
+    self.state, out, st = scheduler.schedule_step(self.config, self.state, slots, max_tok, valid)
+    out, st = jax.device_get((out, st))
+    self._stats = self._to_stats(st)
+    results, copies = [], []
+    for i, e in enumerate(entries):
+      r = self._reqs[e.req]
+      adm = bool(out["admission"][i])
+      sched = int(out["scheduled"][i])
+      before, after = out["lens_before"][i], out["lens_after"][i]
+      row = out["row"][i]
+      new_ids = tuple(
+        tuple(int(b) for b in row[g, int(before[g]) : int(after[g])]) if sched else ()
+        for g in range(self._lay.num_groups)
+      )
+      hit = None
+      if adm:
+        hit = HitInfo(
+          hit_tokens=int(out["hit"][i]),
+          per_group_hit_tokens=tuple(int(x) for x in out["alone"][i]),
+          hit_blocks_per_group=tuple(int(x) for x in out["hit_blocks"][i]),
+          shared_prefix_boundary=int(out["spb"][i]),
+        )
+      computed = int(out["computed"][i])
+      if sched:
+        start = computed - sched
+        copies.extend(self._copies(r, start, sched, row))
+        r.status = "running"
+      r.num_computed = computed
+      results.append(
+        EntryResult(
+          req=e.req,
+          admission=adm,
+          hit=hit,
+          scheduled_tokens=sched,
+          reason=_REASONS[int(out["reason"][i])],
+          num_computed_tokens=computed,
+          new_block_ids=new_ids,
+        )
+      )
+    return StepResult(entries=tuple(results), state_copies=tuple(copies))
+
+  def _copies(self, r: _Req, start: int, sched: int, row) -> list[StateCopy]:
+    """Pre-forward recurrent state copies (vLLM §5.2) for align-mode groups."""
+    out = []
+    for g, spec in enumerate(self._lay.groups):
+      if spec.kind != "mamba" or spec.mode != "align" or not self._lay.caching:
+        continue
+      bs = spec.block_size
+      prev = r.state_idx.get(g, (start - 1) // bs if start > 0 else -1)
+      curr = -(-(start + sched) // bs) - 1
+      r.state_idx[g] = curr
+      if prev != -1 and prev != curr:
+        out.append(StateCopy(r.name, g, int(row[g, prev]), int(row[g, curr])))
+    return out
+
+  def append_tokens(self, req, tokens) -> None:
+    r = self._get(req)
+    toks = self._check_tokens(tokens)
+    if len(r.tokens) + len(toks) > self.config.max_model_len:
+      raise ValueError(
+        f"tokens would grow {req!r} to {len(r.tokens) + len(toks)} tokens; must be <= "
+        f"max_model_len={self.config.max_model_len}"
+      )
+    r.tokens = r.tokens + toks
+    r.hashes = hashing.extend_block_hashes(r.hashes, r.tokens, self._lay.hash_block_size, r.extras)
+    self._write(r)
+
+  def _release(self, req: str, preempt: bool) -> None:
+    r = self._get(req)
+    self.state, s = scheduler.release_request(
+      self.config, self.state, np.int32(r.slot), preempt=preempt
+    )
+    self._stats = self._to_stats(jax.device_get(s))
+    r.state_idx.clear()
+    if preempt:
+      r.status, r.num_computed = "preempted", 0
+    else:
+      del self._reqs[req]
+      self._free_slots.append(r.slot)
+
+  def free(self, req) -> None:
+    self._release(req, preempt=False)
+
+  def preempt(self, req) -> None:
+    self._release(req, preempt=True)
+
+  def reset_prefix_cache(self) -> bool:
+    self.state, ok, s = scheduler.reset_prefix_cache(self.config, self.state)
+    ok, s = jax.device_get((ok, s))
+    self._stats = self._to_stats(s)
+    return bool(ok)
+
+  def pool_stats(self) -> PoolStats:
+    return self._stats
+
+  def request_view(self, req) -> RequestView:
+    r = self._get(req)
+    row, rg = jax.device_get((self.state.tables[r.slot], self.state.req_group[r.slot]))
+    block_ids = tuple(
+      tuple(int(b) for b in row[g, : int(rg[g, 0])]) for g in range(self._lay.num_groups)
+    )
+    return RequestView(
+      req=req,
+      status=r.status,
+      num_computed_tokens=r.num_computed,
+      num_tokens=len(r.tokens),
+      num_prompt_tokens=r.num_prompt,
+      block_ids=block_ids,
+    )
+
+  def active_requests(self) -> tuple[str, ...]:
+    return tuple(self._reqs)

@@ -1,0 +1,435 @@
+"""One scheduler step over a padded batch of entries, in list order, in ONE jitted call.
+
+Per entry (vLLM §4): a waiting request is looked up (coordinator), the chunk is limited by the
+token budget, `max_tokens` and the block-aligned split (§4.3, align mode), then `allocate_slots`:
+release skipped blocks, count, check capacity (full-sequence gate and watermark for admissions),
+touch the hit blocks, allocate fresh blocks per group (align: §2.4.3), and register keys
+optimistically up to the scheduler-block floor of the computed tokens (§1.7), with retention
+masks (§2.3.4, §2.4.7). Entries run sequentially (`lax.scan`), so a later entry sees the keys an
+earlier one registered in the same step (same-step rule, §2.4.6).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache import admission
+from hybrid_cache import block_index
+from hybrid_cache import block_pool
+from hybrid_cache import coordinator
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.groups import recurrent
+from hybrid_cache.groups import sliding_window
+from hybrid_cache.state import BIG
+from hybrid_cache.state import C_STEP
+from hybrid_cache.state import C_TAIL
+from hybrid_cache.state import INFO_COMPUTED
+from hybrid_cache.state import INFO_PROMPT
+from hybrid_cache.state import INFO_SPB
+from hybrid_cache.state import INFO_STATUS
+from hybrid_cache.state import INFO_TOKENS
+from hybrid_cache.state import RG_LAST
+from hybrid_cache.state import RG_LEN
+from hybrid_cache.state import RG_NCACHED
+from hybrid_cache.state import STATUS_EMPTY
+from hybrid_cache.state import STATUS_RUNNING
+from hybrid_cache.state import STATUS_WAITING
+from hybrid_cache.state import CacheState
+from hybrid_cache.state import Layout
+from hybrid_cache.state import cdiv
+from hybrid_cache.state import floor_to
+from hybrid_cache.state import layout
+
+REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
+
+
+# ---------------------------------------------------------------------------------------------
+# block-aligned split (§4.3)
+
+
+def split(lay: Layout, config: CacheConfig, start, n, num_tokens, num_prompt, spb):
+  """Tokens to schedule so chunk ends land on block boundaries (align mode).
+
+  Example (bs 4, 22-token prompt, no hit, n 22): lcp = 20, the chunk stops at 20; then 2.
+  With a junction at 16 (shared_prefix_boundary) a 26-token prompt is cut 16, 8, 2.
+  """
+  bs = lay.align_bs
+  if not bs:
+    return n
+  decode = start >= jnp.maximum(num_prompt, num_tokens - 1)
+  lcp = floor_to(num_tokens - 1, bs)  # last cacheable boundary (SPEC A8)
+  if any(g.eagle for g in lay.groups):
+    lcp = jnp.maximum(lcp - bs, 0)
+  end = start + n
+  end = jnp.where(end < lcp, floor_to(end, bs), end)
+  nxt = cdiv(start, bs) * bs
+  cands = [
+    jnp.where((start % bs != 0) & (nxt <= lcp), nxt, BIG),
+    lcp,
+    jnp.where((start < spb) & (spb < end), start + floor_to(spb - start, bs), BIG),
+  ]
+  best = end
+  for s in cands:
+    best = jnp.where((s > start) & (s < best), s, best)
+  return jnp.where(decode, n, jnp.maximum(best - start, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
+
+
+def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) -> CacheState:
+  """Frees blocks of request `r` no longer needed once `c` tokens are computed."""
+  pos = jnp.arange(lay.max_blocks)
+  for g, spec in enumerate(lay.groups):
+    if spec.kind == "full" or (spec.kind == "mamba" and spec.mode == "none"):
+      continue
+    row = state.tables[r, g]
+    length = state.req_group[r, g, RG_LEN]
+    k = jnp.minimum(admission.skipped_blocks(spec, c), length)
+    j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
+    drop = (pos > j0) & (pos < k)
+    if spec.kind == "swa" and config.pinning:
+      need = -(-(spec.window - 1) // spec.block_size)
+      big_enough = (k - 1 - j0) >= config.pin_min_drop_size
+      to_pin = drop & (pos >= k - need) & big_enough
+      state = block_pool.pin(state, jnp.where(to_pin, row, 0))
+    ids = jnp.where(drop, row, 0)[::-1]
+    state = block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
+    row = jnp.where(drop, 0, row)
+    rg = state.req_group
+    if spec.kind == "mamba" and spec.mode == "align":
+      ls = state.req_group[r, g, RG_LAST]
+      due = (ls >= 0) & (ls < cdiv(c, spec.block_size) - 1)
+      blk = jnp.where(due, row[jnp.maximum(ls, 0)], 0)
+      state = block_pool.free_ordered(state, blk[None], jnp.zeros((1,), jnp.int32))
+      row = jnp.where(due & (pos == ls), 0, row)
+      rg = state.req_group.at[r, g, RG_LAST].set(jnp.where(due, -1, ls))
+    state = state.replace(tables=state.tables.at[r, g].set(row), req_group=rg)
+  return state
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation + caching
+
+
+def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n):
+  """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6)."""
+  info = state.req_info[r]
+  start = info[INFO_COMPUTED] + hit
+  main = start + n
+  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  s = lay.num_spec_blocks
+  pos = jnp.arange(lay.max_blocks)
+  state = block_pool.touch(state, hit_ids.reshape(-1))
+  rows = jnp.where(is_new, hit_ids, state.tables[r])
+  rg = state.req_group[r]
+  for g, spec in enumerate(lay.groups):
+    bs = spec.block_size
+    hits_len = jnp.where(is_new, hit // bs, 0)
+    len0 = rg[g, RG_LEN]
+    length = jnp.where(is_new, hits_len, len0)
+    ncached = jnp.where(is_new, hits_len, rg[g, RG_NCACHED])
+    row = rows[g]
+    if spec.kind == "mamba" and spec.mode == "align":
+      req = cdiv(main, bs) + s
+      grow = req > length
+      prev = length
+      last_state = jnp.where(len0 > 0, prev - 1 - s, jnp.where(hits_len > 0, prev - 1, -1))
+      skip_to = req - s - 1
+      base = jnp.maximum(prev, skip_to)
+      nrel = jnp.int32(0)
+      for t in range(s):
+        j = prev - s + t
+        move = grow & (len0 > 0) & (j >= 0) & (j < skip_to)
+        blk = row[jnp.maximum(j, 0)]
+        row = jnp.where(move & (pos == base + nrel), blk, row)
+        row = jnp.where(move & (pos == j), 0, row)
+        nrel = nrel + move.astype(jnp.int32)
+      fresh = jnp.where(grow, req - base - nrel, 0)
+      state, row = block_pool.pop_into(state, row, base + nrel, fresh)
+      rg = rg.at[g, RG_LAST].set(jnp.where(grow, last_state, rg[g, RG_LAST]))
+      length = jnp.maximum(length, req)
+    elif spec.kind == "mamba" and spec.mode == "none":
+      cnt = jnp.where(length == 0, 1 + s, 0)
+      state, row = block_pool.pop_into(state, row, length, cnt)
+      length = length + cnt
+    else:
+      target = cdiv(need_tokens, bs)
+      cnt = jnp.maximum(target - length, 0)
+      state, row = block_pool.pop_into(state, row, length, cnt)
+      length = length + cnt
+    rows = rows.at[g].set(row)
+    rg = rg.at[g, RG_LEN].set(length).at[g, RG_NCACHED].set(ncached)
+  state = state.replace(
+    tables=state.tables.at[r].set(rows), req_group=state.req_group.at[r].set(rg)
+  )
+  return _cache(lay, config, state, r, start + n)
+
+
+def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
+  """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7)."""
+  if not lay.caching:
+    return state
+  info = state.req_info[r]
+  raw = jnp.minimum(computed, info[INFO_TOKENS])
+  nc = floor_to(raw, lay.sbs)
+  pos = jnp.arange(lay.max_blocks)
+  hashes = state.req_hashes[r]
+  boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
+  all_ids, all_keys, all_groups = [], [], []
+  rg = state.req_group[r]
+  for g, spec in enumerate(lay.groups):
+    bs = spec.block_size
+    upto = (jnp.minimum(raw, nc + bs) if spec.eagle else nc) // bs
+    row = state.tables[r, g]
+    nca = rg[g, RG_NCACHED]
+    sel = (pos >= nca) & (pos < upto) & (row > 0)
+    if spec.kind == "swa":
+      need = -(-(spec.window - 1) // bs)
+      sel &= sliding_window.retention_mask(
+        pos, bs, need, lay.sbs, config.retention_interval, spec.eagle, boundaries
+      )
+    elif spec.kind == "mamba":
+      if spec.mode == "none":
+        sel &= False
+      else:
+        sel &= recurrent.retention_mask(pos, bs, lay.sbs, config.retention_interval, boundaries)
+    keys, _ = coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)
+    all_ids.append(jnp.where(sel, row, 0))
+    all_keys.append(keys)
+    all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
+    rg = rg.at[g, RG_NCACHED].set(jnp.maximum(nca, upto))
+  ids = jnp.concatenate(all_ids)
+  state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
+  nb = lay.num_blocks
+  step = state.counters[C_STEP]
+  aux = state.block_aux.at[jnp.where(ids > 0, ids, nb), 0].set(step, mode="drop")
+  return state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg))
+
+
+# ---------------------------------------------------------------------------------------------
+# one entry, one step
+
+
+def _lookup_or_zero(lay, state, r, is_new):
+  info = state.req_info[r]
+  g_n, mb = lay.num_groups, lay.max_blocks
+
+  def yes(_):
+    return coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS])
+
+  def no(_):
+    z = jnp.int32(0)
+    return dict(
+      hit=z,
+      alone=jnp.zeros((g_n,), jnp.int32),
+      hit_mask=jnp.zeros((g_n, mb), bool),
+      found=jnp.full((g_n, mb), -1, jnp.int32),
+      spb=z,
+    )
+
+  return jax.lax.cond(is_new, yes, no, None)
+
+
+def _entry(lay: Layout, config: CacheConfig, carry, x):
+  state, budget = carry
+  r, max_tok, valid = x
+  info = state.req_info[r]
+  status = info[INFO_STATUS]
+  has_budget = budget > 0
+  is_new = valid & (status == STATUS_WAITING) & has_budget
+  lk = _lookup_or_zero(lay, state, r, is_new)
+  hit = jnp.where(is_new, lk["hit"], 0)
+  spb = jnp.where(is_new, lk["spb"], info[INFO_SPB])
+  num_tokens = info[INFO_TOKENS]
+  start = info[INFO_COMPUTED] + hit
+  remaining = num_tokens - start
+  cap = jnp.where(max_tok >= 0, max_tok, BIG)
+  n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
+  n = split(lay, config, start, n0, num_tokens, info[INFO_PROMPT], spb)
+  active = valid & (status != STATUS_EMPTY)
+  attempt = active & (n > 0)
+  no_budget = active & (remaining > 0) & (n == 0)
+
+  # skip mask per group: hits before the out-of-window / superseded prefix are not kept
+  pos = jnp.arange(lay.max_blocks)
+  hit_ids = []
+  for g, spec in enumerate(lay.groups):
+    skip = admission.skipped_blocks(spec, hit)
+    keep = lk["hit_mask"][g] & (pos >= skip) & is_new
+    hit_ids.append(jnp.where(keep, lk["found"][g], 0))
+  hit_ids = jnp.stack(hit_ids)
+
+  def do(state):
+    state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb))
+    c = state.req_info[r, INFO_COMPUTED]
+    state = remove_skipped(lay, config, state, r, c)
+    main = start + n
+    need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+    count, impossible = admission.blocks_needed(
+      lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
+    )
+    free = block_pool.num_free(state)
+    ok = ~impossible & (count <= free)
+    if config.full_sequence_must_fit:
+      full_main = num_tokens
+      full_need = jnp.minimum(num_tokens + lay.lookahead, config.max_model_len)
+      fcount, _ = admission.blocks_needed(
+        lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
+      )
+      ok &= ~is_new | (fcount <= free)
+    ok &= ~is_new | (count + config.watermark_blocks <= free)
+    state = state.replace(
+      req_info=state.req_info.at[r, INFO_SPB].set(jnp.where(ok | ~is_new, spb, info[INFO_SPB]))
+    )
+    lens_before = jnp.where(is_new, hit // jnp.asarray(lay_bs(lay)), state.req_group[r, :, RG_LEN])
+
+    def commit(state):
+      state = _allocate(lay, config, state, r, is_new, hit, hit_ids, n)
+      inf = state.req_info[r]
+      inf = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+      return state.replace(req_info=state.req_info.at[r].set(inf))
+
+    state = jax.lax.cond(ok, commit, lambda s: s, state)
+    return state, ok, lens_before
+
+  def skip(state):
+    return state, jnp.bool_(False), state.req_group[r, :, RG_LEN]
+
+  state, ok, lens_before = jax.lax.cond(attempt, do, skip, state)
+  scheduled = jnp.where(ok, n, 0)
+  reason = jnp.where(
+    attempt & ~ok, REASON_ALLOC, jnp.where(no_budget | (valid & ~has_budget), REASON_BUDGET, 0)
+  )
+  out = dict(
+    admission=is_new,
+    hit=hit,
+    alone=lk["alone"],
+    hit_blocks=jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
+    spb=lk["spb"],
+    scheduled=scheduled,
+    reason=reason,
+    computed=state.req_info[r, INFO_COMPUTED],
+    lens_before=lens_before,
+    lens_after=state.req_group[r, :, RG_LEN],
+    row=state.tables[r],
+  )
+  return (state, budget - scheduled), out
+
+
+def lay_bs(lay: Layout):
+  return tuple(g.block_size for g in lay.groups)
+
+
+def stats(lay: Layout, state: CacheState):
+  """Pool counters (null block excluded): free, used, free cached, cached per group, pinned."""
+  free_mask = jnp.any(state.queue_key < BIG, axis=0)
+  keyed = state.block_group >= 0
+  num_free = jnp.sum(free_mask).astype(jnp.int32)
+  per_group = (
+    jnp.zeros((lay.num_groups,), jnp.int32)
+    .at[state.block_group]
+    .add(keyed.astype(jnp.int32), mode="drop")
+  )
+  return dict(
+    num_free=num_free,
+    num_used=jnp.int32(lay.num_blocks - 1) - num_free,
+    num_free_cached=jnp.sum(free_mask & keyed).astype(jnp.int32),
+    cached_per_group=per_group,
+    num_pinned=jnp.sum(state.queue_key[1] < BIG).astype(jnp.int32),
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# jitted entry points (config static, state donated)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, valid):
+  """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E])."""
+  lay = layout(config)
+  state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  (state, _), out = jax.lax.scan(
+    functools.partial(_entry, lay, config),
+    (state, jnp.int32(config.max_num_batched_tokens)),
+    (slots, max_tokens, valid),
+  )
+  return state, out, stats(lay, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
+  """Read-only lookup for a fresh request (hashes u32[MH, 2])."""
+  lay = layout(config)
+  lk = coordinator.lookup(lay, state, hashes, num_tokens)
+  return dict(
+    hit=lk["hit"],
+    alone=lk["alone"],
+    hit_blocks=jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
+    spb=lk["spb"],
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt):
+  """Registers a waiting request in `slot` (or updates tokens of an existing one)."""
+  info = state.req_info[slot]
+  status = jnp.where(info[INFO_STATUS] == STATUS_EMPTY, STATUS_WAITING, info[INFO_STATUS])
+  info = info.at[INFO_STATUS].set(status).at[INFO_TOKENS].set(num_tokens)
+  info = info.at[INFO_PROMPT].set(num_prompt)
+  return state.replace(
+    req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(hashes)
+  ), stats(layout(config), state)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "preempt"), donate_argnums=(1,))
+def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
+  """Frees a request's blocks tail first (group by group); preempt keeps it waiting."""
+  lay = layout(config)
+  rows = state.tables[slot][:, ::-1]
+  batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
+  state = block_pool.free_ordered(state, rows.reshape(-1), batch)
+  rg = jnp.zeros_like(state.req_group[slot]).at[:, RG_LAST].set(-1)
+  info = state.req_info[slot]
+  if preempt:
+    info = info.at[INFO_STATUS].set(STATUS_WAITING).at[INFO_COMPUTED].set(0).at[INFO_SPB].set(0)
+  else:
+    info = jnp.zeros_like(info)
+  state = state.replace(
+    tables=state.tables.at[slot].set(0),
+    req_group=state.req_group.at[slot].set(rg),
+    req_info=state.req_info.at[slot].set(info),
+  )
+  if not preempt:
+    state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
+  return state, stats(lay, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+def reset_prefix_cache(config: CacheConfig, state: CacheState):
+  """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
+  lay = layout(config)
+  nb = lay.num_blocks
+  ok = block_pool.num_free(state) == nb - 1
+  pinned = state.queue_key[1] < BIG
+  order = jnp.argsort(jnp.where(pinned, state.queue_key[1], BIG))
+  rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
+  k0 = jnp.where(pinned, state.counters[C_TAIL] + rank, state.queue_key[0])
+  new = state.replace(
+    queue_key=jnp.stack([k0, jnp.full((nb,), BIG, jnp.int32)]),
+    block_group=jnp.full_like(state.block_group, -1),
+    block_aux=jnp.stack([jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32)], axis=1),
+    index_entry=jnp.full_like(state.index_entry, -1),
+    counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),
+  )
+  state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
+  return state, ok, stats(lay, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def pool_stats(config: CacheConfig, state: CacheState):
+  return stats(layout(config), state)

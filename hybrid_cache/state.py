@@ -1,0 +1,164 @@
+"""`CacheState`: the one pytree the jitted core reads and writes, and its static layout.
+
+Leaves (12, each its own buffer so the state can be donated):
+
+* pool, per block `[num_blocks]`: `ref_cnt` i32; `queue_key` i32[2, NB] (row 0: position in
+  vLLM's free queue, row 1: position in the pinned tier; `BIG` = not in that queue);
+  `block_group` i32 (group whose key the block carries, -1 = no key); `block_hash` u32[NB, 2];
+  `block_aux` i32[NB, 2] (column 0: step in which the key was registered, column 1: pinned flag).
+* block index, set-associative `[buckets, ways]`: `index_entry` i32[BK, W, 2] (block id or -1,
+  insertion sequence number), `index_hash` u32[BK, W, 2].
+* requests: `tables` i32[R, G, MB] (position-indexed block tables, 0 = null), `req_hashes`
+  u32[R, MH, 2] (chained fine hashes), `req_info` i32[R, 5] (`INFO_*` columns), `req_group`
+  i32[R, G, 3] (`RG_*` columns).
+* `counters` i32[8] (`C_*`): next head key, next tail key, next pinned key, step, insertion
+  sequence, index overflows.
+
+Free-queue order is an int32 key per block: head insertions get keys below every existing key,
+tail insertions keys above; popping takes the smallest key (a doubly-linked list, exactly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.config import ResolvedGroup
+
+BIG = np.int32(2**31 - 1)
+WAYS = 16
+
+# req_info columns
+INFO_STATUS, INFO_COMPUTED, INFO_TOKENS, INFO_PROMPT, INFO_SPB = range(5)
+STATUS_EMPTY, STATUS_WAITING, STATUS_RUNNING = 0, 1, 2
+# req_group columns: blocks in the table, blocks offered to the index, align's previous state.
+RG_LEN, RG_NCACHED, RG_LAST = range(3)
+# counters
+C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW = range(6)
+
+
+@flax.struct.dataclass
+class CacheState:
+  """The whole cache core state (see module docstring for shapes)."""
+
+  ref_cnt: jax.Array
+  queue_key: jax.Array
+  block_group: jax.Array
+  block_hash: jax.Array
+  block_aux: jax.Array
+  index_entry: jax.Array
+  index_hash: jax.Array
+  tables: jax.Array
+  req_hashes: jax.Array
+  req_info: jax.Array
+  req_group: jax.Array
+  counters: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecGroup:
+  """Groups with equal specs, looked up together (a hit needs the key in every member)."""
+
+  spec: ResolvedGroup
+  members: tuple[int, ...]
+  need: int  # swa: ceil((W-1)/B) without the EAGLE +1
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Static sizes and per-group constants derived from a `CacheConfig`."""
+
+  num_blocks: int
+  num_groups: int
+  max_blocks: int
+  max_hashes: int
+  max_requests: int
+  buckets: int
+  groups: tuple[ResolvedGroup, ...]
+  hash_block_size: int
+  sbs: int
+  spec_groups: tuple[SpecGroup, ...]  # full attention first
+  align_bs: int  # block size of the first align-mode recurrent group, 0 if none
+  caching: bool  # prefix caching on (and no recurrent group in mode "none")
+  lookahead: int
+  num_spec_blocks: int
+
+
+@functools.lru_cache(maxsize=64)
+def layout(config: CacheConfig) -> Layout:
+  groups = config.resolved_groups
+  specs: dict[ResolvedGroup, list[int]] = {}
+  for i, g in enumerate(groups):
+    specs.setdefault(g, []).append(i)
+  sg = [
+    SpecGroup(s, tuple(m), -(-(s.window - 1) // s.block_size) if s.kind == "swa" else 0)
+    for s, m in specs.items()
+  ]
+  sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
+  align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
+  caching = config.enable_prefix_caching and not any(
+    g.kind == "mamba" and g.mode == "none" for g in groups
+  )
+  cap = 4 * config.num_blocks
+  buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
+  return Layout(
+    num_blocks=config.num_blocks,
+    num_groups=config.num_groups,
+    max_blocks=config.max_blocks_per_request,
+    max_hashes=config.max_hash_blocks,
+    max_requests=config.max_requests,
+    buckets=buckets,
+    groups=groups,
+    hash_block_size=config.resolved_hash_block_size,
+    sbs=config.scheduler_block_size,
+    spec_groups=tuple(sg),
+    align_bs=align[0] if (align and caching) else 0,
+    caching=caching,
+    lookahead=config.num_speculative_blocks,
+    num_spec_blocks=config.num_speculative_blocks,
+  )
+
+
+def init_state(config: CacheConfig) -> CacheState:
+  """A fresh state: every block but the null block 0 free, in id order; no keys, no requests."""
+  lay = layout(config)
+  nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
+  qk = np.full((2, nb), BIG, np.int32)
+  qk[0, 1:] = np.arange(1, nb, dtype=np.int32)
+  counters = np.zeros(8, np.int32)
+  counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
+  counters[C_TAIL] = nb  # next tail key
+  counters[C_PIN] = 0
+  aux = np.zeros((nb, 2), np.int32)
+  aux[:, 0] = -1
+  rg = np.zeros((r, g, 3), np.int32)
+  rg[:, :, RG_LAST] = -1
+  return CacheState(
+    ref_cnt=jnp.zeros((nb,), jnp.int32),
+    queue_key=jnp.asarray(qk),
+    block_group=jnp.full((nb,), -1, jnp.int32),
+    block_hash=jnp.zeros((nb, 2), jnp.uint32),
+    block_aux=jnp.asarray(aux),
+    index_entry=jnp.full((lay.buckets, WAYS, 2), -1, jnp.int32),
+    index_hash=jnp.zeros((lay.buckets, WAYS, 2), jnp.uint32),
+    tables=jnp.zeros((r, g, lay.max_blocks), jnp.int32),
+    req_hashes=jnp.zeros((r, lay.max_hashes, 2), jnp.uint32),
+    req_info=jnp.zeros((r, 5), jnp.int32),
+    req_group=jnp.asarray(rg),
+    counters=jnp.asarray(counters),
+  )
+
+
+def cdiv(a, b):
+  return -(-a // b)
+
+
+def floor_to(x, m):
+  return (x // m) * m
