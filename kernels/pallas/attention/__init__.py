@@ -1,0 +1,1 @@
+"""Paged attention (full and sliding-window) over block tables, ragged prefill + decode."""
