@@ -727,6 +727,11 @@ class ReferencePolicy:
     hashes = self._group_hashes(fine, self._bs[group])
     return {i for i, h in enumerate(hashes) if (h, group) in self._index}
 
+  def evict_blocks(self, block_ids: Sequence[int]) -> None:
+    """Drops the keys of these blocks (vLLM's `KVCacheManager.evict_blocks`); test helper."""
+    for b in block_ids:
+      self._evict_key(b)
+
   def ref_count(self, block: int) -> int:
     """Test only: the block's reference count."""
     return self._ref[block]
