@@ -1,0 +1,1 @@
+"""Trace builders (generators + seeds are committed, not the large token files)."""
