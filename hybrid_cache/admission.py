@@ -65,7 +65,8 @@ def blocks_needed(
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:
-      target = cdiv(need_tokens, bs)
+      extra = bs * s if spec.kind == "mamba" else 0
+      target = cdiv(need_tokens + extra, bs)
       if swa_cap and spec.kind == "swa":
         bound = cdiv(min(spec.window - 1 + config.max_num_batched_tokens, config.max_model_len), bs)
         target = jnp.minimum(target, bound + 1)

@@ -157,8 +157,8 @@ class JaxCacheManager:
         raise ValueError(f"entries[{i}].req {e.req!r} appears twice in one step")
       seen.add(e.req)
       mt = e.max_tokens
-      if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 0):
-        raise ValueError(f"entries[{i}].max_tokens must be None or an integer >= 0, got {mt!r}")
+      if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+        raise ValueError(f"entries[{i}].max_tokens must be None or an integer >= 1, got {mt!r}")
     n = len(entries)
     size = _pow2(max(n, 1))
     slots = np.zeros(size, np.int32)

@@ -89,13 +89,14 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
       continue
     row = state.tables[r, g]
     length = state.req_group[r, g, RG_LEN]
-    k = jnp.minimum(admission.skipped_blocks(spec, c), length)
+    cg = jnp.maximum(c - lay.num_spec_blocks, 0) if spec.kind == "mamba" else c
+    k = jnp.minimum(admission.skipped_blocks(spec, cg), length)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
     drop = (pos > j0) & (pos < k)
     if spec.kind == "swa" and config.pinning:
       need = -(-(spec.window - 1) // spec.block_size)
       big_enough = (k - 1 - j0) >= config.pin_min_drop_size
-      to_pin = drop & (pos >= k - need) & big_enough
+      to_pin = drop & (pos >= k - need) & big_enough & (state.block_group[row] >= 0)
       state = block_pool.pin(state, jnp.where(to_pin, row, 0))
     ids = jnp.where(drop, row, 0)[::-1]
     state = block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
@@ -103,7 +104,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
     rg = state.req_group
     if spec.kind == "mamba" and spec.mode == "align":
       ls = state.req_group[r, g, RG_LAST]
-      due = (ls >= 0) & (ls < cdiv(c, spec.block_size) - 1)
+      due = (ls >= 0) & (ls < cdiv(cg, spec.block_size) - 1)
       blk = jnp.where(due, row[jnp.maximum(ls, 0)], 0)
       state = block_pool.free_ordered(state, blk[None], jnp.zeros((1,), jnp.int32))
       row = jnp.where(due & (pos == ls), 0, row)
@@ -158,7 +159,8 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
       state, row = block_pool.pop_into(state, row, length, cnt)
       length = length + cnt
     else:
-      target = cdiv(need_tokens, bs)
+      extra = bs * s if spec.kind == "mamba" else 0
+      target = cdiv(need_tokens + extra, bs)
       cnt = jnp.maximum(target - length, 0)
       state, row = block_pool.pop_into(state, row, length, cnt)
       length = length + cnt
@@ -184,10 +186,11 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
   rg = state.req_group[r]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
-    upto = (jnp.minimum(raw, nc + bs) if spec.eagle else nc) // bs
+    eagle = spec.eagle and spec.kind != "mamba"
+    upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
     row = state.tables[r, g]
     nca = rg[g, RG_NCACHED]
-    sel = (pos >= nca) & (pos < upto) & (row > 0)
+    sel = (pos >= nca) & (pos < upto) & (row > 0) & (state.block_group[row] < 0)
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs)
       sel &= sliding_window.retention_mask(
@@ -244,7 +247,8 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
   is_new = valid & (status == STATUS_WAITING) & has_budget
   lk = _lookup_or_zero(lay, state, r, is_new)
   hit = jnp.where(is_new, lk["hit"], 0)
-  spb = jnp.where(is_new, lk["spb"], info[INFO_SPB])
+  spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
+  spb = jnp.where(is_new, spb_new, info[INFO_SPB])
   num_tokens = info[INFO_TOKENS]
   start = info[INFO_COMPUTED] + hit
   remaining = num_tokens - start
@@ -253,7 +257,6 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
   n = split(lay, config, start, n0, num_tokens, info[INFO_PROMPT], spb)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
-  no_budget = active & (remaining > 0) & (n == 0)
 
   # skip mask per group: hits before the out-of-window / superseded prefix are not kept
   pos = jnp.arange(lay.max_blocks)
@@ -282,7 +285,11 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
         lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
       )
       ok &= ~is_new | (fcount <= free)
-    ok &= ~is_new | (count + config.watermark_blocks <= free)
+    others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (
+      jnp.arange(lay.max_requests) != r
+    )
+    watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
+    ok &= ~is_new | (count + watermark <= free)
     state = state.replace(
       req_info=state.req_info.at[r, INFO_SPB].set(jnp.where(ok | ~is_new, spb, info[INFO_SPB]))
     )
@@ -302,9 +309,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
 
   state, ok, lens_before = jax.lax.cond(attempt, do, skip, state)
   scheduled = jnp.where(ok, n, 0)
-  reason = jnp.where(
-    attempt & ~ok, REASON_ALLOC, jnp.where(no_budget | (valid & ~has_budget), REASON_BUDGET, 0)
-  )
+  reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
   out = dict(
     admission=is_new,
     hit=hit,

@@ -93,7 +93,13 @@ class Layout:
 
 @functools.lru_cache(maxsize=64)
 def layout(config: CacheConfig) -> Layout:
-  groups = config.resolved_groups
+  caching = config.enable_prefix_caching and not any(
+    g.kind == "mamba" and g.mode == "none" for g in config.resolved_groups
+  )
+  groups = tuple(
+    dataclasses.replace(g, mode="none") if (g.kind == "mamba" and not caching) else g
+    for g in config.resolved_groups
+  )
   specs: dict[ResolvedGroup, list[int]] = {}
   for i, g in enumerate(groups):
     specs.setdefault(g, []).append(i)
@@ -103,9 +109,6 @@ def layout(config: CacheConfig) -> Layout:
   ]
   sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
   align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
-  caching = config.enable_prefix_caching and not any(
-    g.kind == "mamba" and g.mode == "none" for g in groups
-  )
   cap = 4 * config.num_blocks
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
@@ -121,7 +124,7 @@ def layout(config: CacheConfig) -> Layout:
     spec_groups=tuple(sg),
     align_bs=align[0] if (align and caching) else 0,
     caching=caching,
-    lookahead=config.num_speculative_blocks,
+    lookahead=0,
     num_spec_blocks=config.num_speculative_blocks,
   )
 
