@@ -1,0 +1,70 @@
+"""Causal self-attention over paged KV (full or sliding window), GQA + RoPE."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from kernels.pallas.attention import api as attn_api
+from models import layers
+from models.config import ModelConfig
+
+
+class Attention(nnx.Module):
+  """q/k/v projections, RoPE, paged attention, output projection.
+
+  The new tokens' K/V are first written into the pages at `slot_mapping`, then every query
+  attends over its sequence's pages (block table) up to its own position; with `window` W,
+  only keys at positions (p - W, p] are seen, so out-of-window table entries may be the null
+  block.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, sliding: bool, rngs: nnx.Rngs):
+    dt = cfg.dtype
+    d = cfg.d_model
+    self.num_heads = cfg.num_heads
+    self.num_kv_heads = cfg.num_kv_heads
+    self.head_dim = cfg.head_dim
+    self.window = cfg.window if sliding else None
+    self.theta = cfg.rope_local_theta if sliding else cfg.rope_theta
+    self.q_proj = layers.linear(d, cfg.num_heads * cfg.head_dim, dt, rngs)
+    self.k_proj = layers.linear(d, cfg.num_kv_heads * cfg.head_dim, dt, rngs)
+    self.v_proj = layers.linear(d, cfg.num_kv_heads * cfg.head_dim, dt, rngs)
+    self.o_proj = layers.linear(cfg.num_heads * cfg.head_dim, d, dt, rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    *,
+    positions: jax.Array,
+    block_table: jax.Array,
+    slot_mapping: jax.Array,
+    seq_lens: jax.Array,
+    query_start_loc: jax.Array,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x: [T, d_model]; pages [num_blocks, B, H_kv, D]. Returns (y [T, d_model], k, v pages)."""
+    t = x.shape[0]
+    q = self.q_proj(x).reshape(t, self.num_heads, self.head_dim)
+    k = self.k_proj(x).reshape(t, self.num_kv_heads, self.head_dim)
+    v = self.v_proj(x).reshape(t, self.num_kv_heads, self.head_dim)
+    q = layers.apply_rope(q, positions, self.theta)
+    k = layers.apply_rope(k, positions, self.theta)
+    k_pages, v_pages = attn_api.write_kv(
+      k_pages, v_pages, k.astype(k_pages.dtype), v.astype(v_pages.dtype), slot_mapping
+    )
+    o = attn_api.paged_attention(
+      q,
+      k_pages,
+      v_pages,
+      block_table,
+      seq_lens,
+      query_start_loc=query_start_loc,
+      window=self.window,
+      scale=self.head_dim**-0.5,
+      implementation=implementation,
+    )
+    y = self.o_proj(o.reshape(t, self.num_heads * self.head_dim).astype(x.dtype))
+    return y, k_pages, v_pages

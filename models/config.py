@@ -1,0 +1,272 @@
+"""Static model configuration (`ModelConfig`) and the tiny presets.
+
+A model is a stack of `num_layers` decoder blocks; block i has the mixer named by
+`layer_pattern[i % len(layer_pattern)]`:
+
+  G = Gated DeltaNet (Qwen3-Next / Qwen3.5), M = Mamba2 (Nemotron-H),
+  A or F = full (causal) attention, S = sliding-window attention (`window` tokens).
+
+Every block is `x + mixer(norm(x))` then `x + mlp(norm(x))` (SwiGLU MLP).
+
+Cache groups follow vLLM's grouping by spec: all full-attention layers form the group
+"full", all sliding-window layers the group "swa", all recurrent layers (G and M) the
+group "mamba"; groups are ordered by first appearance in the pattern. Example::
+
+  cfg = hybrid3_tiny()          # pattern "GSGA", 4 layers
+  cfg.layer_kinds               # ('G', 'S', 'G', 'A')
+  cfg.cache_groups              # ('mamba', 'swa', 'full')
+  cfg.layer_group               # (0, 1, 0, 2)
+
+`ModelConfig` is frozen and hashable (a static jit argument); bad values raise
+`ValueError` naming the field, the value and the allowed range. No JAX import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+LAYER_LETTERS = "GMAFS"
+_LETTER_TO_GROUP = {"G": "mamba", "M": "mamba", "A": "full", "F": "full", "S": "swa"}
+DTYPES = ("float32", "bfloat16")
+
+
+def _check_int(field: str, value: Any, *, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+  if value < minimum:
+    raise ValueError(f"{field} must be >= {minimum}, got {value}")
+
+
+def _check_pos_float(field: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise ValueError(f"{field} must be a number > 0, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Frozen, validated description of a hybrid decoder.
+
+  Attributes:
+    layer_pattern: letters from "GMAFS", repeated (and truncated) to `num_layers`.
+    num_layers: decoder blocks (>= 1).
+    vocab_size: token ids in [0, vocab_size).
+    d_model: residual width.
+    mlp_hidden: SwiGLU hidden width.
+    num_heads / num_kv_heads / head_dim: attention (A/F/S) heads; num_heads is a multiple
+      of num_kv_heads (GQA).
+    window: sliding window W in tokens for S layers: a query at position p sees keys at
+      positions (p - W, p]. Required iff the pattern has an S.
+    rope_theta: RoPE base of full-attention layers; rope_local_theta: of S layers.
+    gdn_num_k_heads / gdn_num_v_heads / gdn_head_k_dim / gdn_head_v_dim: GDN heads
+      (num_v_heads a multiple of num_k_heads; value head h uses k-head h // ratio).
+    mamba_num_heads / mamba_head_dim / mamba_state_dim / mamba_n_groups: Mamba2 heads H,
+      head dim P, state dim N and B/C groups G (H a multiple of G).
+    conv_kernel: causal depthwise conv width K of G and M layers (conv state keeps K-1 rows).
+    norm_eps: RMSNorm epsilon.
+    dtype: parameter and activation dtype ("float32" or "bfloat16"); recurrent states,
+      norms, gates and logits are always fp32.
+  """
+
+  layer_pattern: str
+  num_layers: int
+  vocab_size: int = 256
+  d_model: int = 64
+  mlp_hidden: int = 128
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  window: int | None = None
+  rope_theta: float = 10000.0
+  rope_local_theta: float = 10000.0
+  gdn_num_k_heads: int = 2
+  gdn_num_v_heads: int = 4
+  gdn_head_k_dim: int = 16
+  gdn_head_v_dim: int = 16
+  mamba_num_heads: int = 4
+  mamba_head_dim: int = 16
+  mamba_state_dim: int = 16
+  mamba_n_groups: int = 1
+  conv_kernel: int = 4
+  norm_eps: float = 1e-6
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    pattern = self.layer_pattern
+    if not isinstance(pattern, str) or not pattern:
+      raise ValueError(
+        f"layer_pattern must be a non-empty string over {LAYER_LETTERS!r}, got {pattern!r}"
+      )
+    for i, ch in enumerate(pattern):
+      if ch not in LAYER_LETTERS:
+        raise ValueError(
+          f"layer_pattern[{i}]={ch!r} is not a layer letter; allowed: G (GDN), M (Mamba2), "
+          "A/F (full attention), S (sliding window)"
+        )
+    for name in (
+      "num_layers",
+      "vocab_size",
+      "d_model",
+      "mlp_hidden",
+      "num_heads",
+      "num_kv_heads",
+      "head_dim",
+      "gdn_num_k_heads",
+      "gdn_num_v_heads",
+      "gdn_head_k_dim",
+      "gdn_head_v_dim",
+      "mamba_num_heads",
+      "mamba_head_dim",
+      "mamba_state_dim",
+      "mamba_n_groups",
+    ):
+      _check_int(name, getattr(self, name), minimum=1)
+    _check_int("conv_kernel", self.conv_kernel, minimum=2)
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+        f"num_heads must be a multiple of num_kv_heads={self.num_kv_heads}, got {self.num_heads}"
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+    if self.gdn_num_v_heads % self.gdn_num_k_heads:
+      raise ValueError(
+        f"gdn_num_v_heads must be a multiple of gdn_num_k_heads={self.gdn_num_k_heads}, "
+        f"got {self.gdn_num_v_heads}"
+      )
+    if self.mamba_num_heads % self.mamba_n_groups:
+      raise ValueError(
+        f"mamba_num_heads must be a multiple of mamba_n_groups={self.mamba_n_groups}, "
+        f"got {self.mamba_num_heads}"
+      )
+    if "S" in self.layer_kinds:
+      if self.window is None:
+        raise ValueError("window is required when layer_pattern has S layers (tokens, >= 1)")
+      _check_int("window", self.window, minimum=1)
+    elif self.window is not None:
+      raise ValueError(f"window is only valid with S layers in layer_pattern, got {self.window!r}")
+    _check_pos_float("rope_theta", self.rope_theta)
+    _check_pos_float("rope_local_theta", self.rope_local_theta)
+    _check_pos_float("norm_eps", self.norm_eps)
+    if self.dtype not in DTYPES:
+      raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+  # ---- derived, static ----
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """Mixer letter of each layer; F is normalised to A."""
+    p = self.layer_pattern
+    return tuple("A" if p[i % len(p)] == "F" else p[i % len(p)] for i in range(self.num_layers))
+
+  @property
+  def cache_groups(self) -> tuple[str, ...]:
+    """Cache group kinds ("full" | "swa" | "mamba") in order of first appearance."""
+    out: list[str] = []
+    for k in self.layer_kinds:
+      g = _LETTER_TO_GROUP[k]
+      if g not in out:
+        out.append(g)
+    return tuple(out)
+
+  @property
+  def layer_group(self) -> tuple[int, ...]:
+    """Cache group index of each layer."""
+    groups = self.cache_groups
+    return tuple(groups.index(_LETTER_TO_GROUP[k]) for k in self.layer_kinds)
+
+  @property
+  def layer_slot(self) -> tuple[int, ...]:
+    """Index of each layer within its cache array family (attention, GDN or Mamba2)."""
+    counters = {"attn": 0, "G": 0, "M": 0}
+    out = []
+    for k in self.layer_kinds:
+      fam = "attn" if k in "AS" else k
+      out.append(counters[fam])
+      counters[fam] += 1
+    return tuple(out)
+
+  def count(self, kinds: str) -> int:
+    """Number of layers whose letter is in `kinds` (e.g. "AS" = attention layers)."""
+    return sum(k in kinds for k in self.layer_kinds)
+
+  @property
+  def recurrent_group(self) -> int | None:
+    """Index of the "mamba" cache group, or None when there is no recurrent layer."""
+    g = self.cache_groups
+    return g.index("mamba") if "mamba" in g else None
+
+  @property
+  def gdn_conv_dim(self) -> int:
+    """Channels of the GDN conv: [q | k | v] = 2 * H_k * d_k + H_v * d_v."""
+    return (
+      2 * self.gdn_num_k_heads * self.gdn_head_k_dim + self.gdn_num_v_heads * self.gdn_head_v_dim
+    )
+
+  @property
+  def mamba_d_inner(self) -> int:
+    return self.mamba_num_heads * self.mamba_head_dim
+
+  @property
+  def mamba_conv_dim(self) -> int:
+    """Channels of the Mamba2 conv: [x | B | C] = d_inner + 2 * G * N."""
+    return self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_state_dim
+
+  def replace(self, **changes: Any) -> ModelConfig:
+    return dataclasses.replace(self, **changes)
+
+
+# ---- presets (tiny: CPU tests run in seconds; weights are random from a seed) ----
+
+
+def qwen35_tiny(**overrides: Any) -> ModelConfig:
+  """Qwen3.5-like: three GDN layers then one full-attention layer."""
+  kw: dict[str, Any] = dict(layer_pattern="GGGA", num_layers=4, vocab_size=256, d_model=64)
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def nemotron_h_tiny(**overrides: Any) -> ModelConfig:
+  """Nemotron-H-like: three Mamba2 layers then one attention layer."""
+  kw: dict[str, Any] = dict(
+    layer_pattern="MMMA", num_layers=4, vocab_size=256, d_model=64, mamba_n_groups=2
+  )
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def gemma3_tiny(**overrides: Any) -> ModelConfig:
+  """Gemma 3-like: five sliding-window layers then one global layer."""
+  kw: dict[str, Any] = dict(
+    layer_pattern="SSSSSF",
+    num_layers=6,
+    vocab_size=256,
+    d_model=64,
+    window=24,
+    rope_theta=1_000_000.0,
+    rope_local_theta=10_000.0,
+  )
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def hybrid3_tiny(**overrides: Any) -> ModelConfig:
+  """All three cache-group kinds: GDN, sliding window and full attention ("GSGA")."""
+  kw: dict[str, Any] = dict(
+    layer_pattern="GSGA", num_layers=4, vocab_size=256, d_model=64, window=24
+  )
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+PRESETS = {
+  "qwen35_tiny": qwen35_tiny,
+  "nemotron_h_tiny": nemotron_h_tiny,
+  "gemma3_tiny": gemma3_tiny,
+  "hybrid3_tiny": hybrid3_tiny,
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+  """Returns the preset `name` with `overrides` applied."""
+  if name not in PRESETS:
+    raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+  return PRESETS[name](**overrides)

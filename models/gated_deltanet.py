@@ -1,0 +1,110 @@
+"""Gated DeltaNet mixer (Qwen3.5 layout: separate qkv / z / b / a projections).
+
+Per token (kernels.md §1.1): [q|k|v] = in_proj_qkv(x) -> causal depthwise conv (K taps, no
+bias, state carried across steps) -> SiLU -> split into heads; beta = sigmoid(b),
+g = -exp(A_log) * softplus(a + dt_bias) (log decay, fp32); gated delta rule with the initial
+state read from the pool (q, k L2-normalised inside the kernel, q scaled by d_k^-1/2);
+gated RMSNorm per value head with silu(z); out_proj.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels.pallas.conv1d import api as conv_api
+from kernels.pallas.gdn import api as gdn_api
+from models import layers
+from models import state_pool
+from models.config import ModelConfig
+
+
+class GatedDeltaNet(nnx.Module):
+  """GDN mixer; recurrent state [H_v, d_k, d_v] fp32 and conv state per pool block."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    dt = cfg.dtype
+    d = cfg.d_model
+    self.hk, self.hv = cfg.gdn_num_k_heads, cfg.gdn_num_v_heads
+    self.dk, self.dv = cfg.gdn_head_k_dim, cfg.gdn_head_v_dim
+    self.conv_dim = cfg.gdn_conv_dim
+    self.in_proj_qkv = layers.linear(d, self.conv_dim, dt, rngs)
+    self.in_proj_z = layers.linear(d, self.hv * self.dv, dt, rngs)
+    self.in_proj_b = layers.linear(d, self.hv, dt, rngs)
+    self.in_proj_a = layers.linear(d, self.hv, dt, rngs)
+    self.conv_weight = nnx.Param(
+      jax.random.normal(rngs.params(), (self.conv_dim, cfg.conv_kernel), dt) * cfg.conv_kernel**-0.5
+    )
+    # Decay rates spread over [1, 16) as in the public inits; dt_bias around softplus^-1(0.01..0.1).
+    self.A_log = nnx.Param(
+      jnp.log(jax.random.uniform(rngs.params(), (self.hv,), jnp.float32, 1.0, 16.0))
+    )
+    dt0 = jnp.exp(
+      jax.random.uniform(rngs.params(), (self.hv,), jnp.float32, jnp.log(0.01), jnp.log(0.1))
+    )
+    self.dt_bias = nnx.Param(dt0 + jnp.log(-jnp.expm1(-dt0)))
+    self.norm = layers.GatedRMSNorm(self.dv, self.hv, cfg.norm_eps, dt)
+    self.out_proj = layers.linear(self.hv * self.dv, d, dt, rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    state_pool_: jax.Array,
+    conv_pool: jax.Array,
+    *,
+    query_start_loc: jax.Array,
+    state_read: jax.Array,
+    state_write: jax.Array,
+    ckpt_write: jax.Array,
+    ckpt_every: int | None,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools)."""
+    t = x.shape[0]
+    mixed = self.in_proj_qkv(x)
+    every = ckpt_every if ckpt_write.shape[1] > 0 else None
+    conv0 = state_pool.read_states(conv_pool, state_read)
+    y, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
+      mixed,
+      self.conv_weight[...],
+      None,
+      conv_state=conv0,
+      cu_seqlens=query_start_loc,
+      checkpoint_every=every,
+      max_checkpoints=ckpt_write.shape[1] if every else None,
+      activation="silu",
+      implementation=implementation,
+    )
+    nq = self.hk * self.dk
+    q = y[:, :nq].reshape(t, self.hk, self.dk)
+    k = y[:, nq : 2 * nq].reshape(t, self.hk, self.dk)
+    v = y[:, 2 * nq :].reshape(t, self.hv, self.dv)
+    beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
+    a = self.in_proj_a(x).astype(jnp.float32)
+    g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])
+    s0 = state_pool.read_states(state_pool_, state_read)
+    o, s_final, (s_ckpts, s_counts) = gdn_api.chunk_gated_delta_rule(
+      q,
+      k,
+      v,
+      g,
+      beta,
+      initial_state=s0,
+      cu_seqlens=query_start_loc,
+      checkpoint_every=every,
+      max_checkpoints=ckpt_write.shape[1] if every else None,
+      scale=self.dk**-0.5,
+      implementation=implementation,
+    )
+    if every is None:
+      conv_ckpts = s_ckpts = conv_counts = s_counts = None
+    conv_pool = state_pool.write_states(
+      conv_pool, state_write, conv_final, ckpt_write, conv_ckpts, conv_counts
+    )
+    state_pool_ = state_pool.write_states(
+      state_pool_, state_write, s_final, ckpt_write, s_ckpts, s_counts
+    )
+    z = self.in_proj_z(x)
+    o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)
+    return self.out_proj(o), state_pool_, conv_pool

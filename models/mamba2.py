@@ -1,0 +1,123 @@
+"""Mamba2 mixer (kernels.md §4.1).
+
+in_proj -> [z (d_inner) | xBC (d_inner + 2 G N) | dt (H)]; causal depthwise conv over xBC
+(K taps, with bias, state carried) -> SiLU -> x [H, P], B, C [G, N]; SSD scan with
+dt = softplus(dt + dt_bias), A = -exp(A_log), D skip, initial state from the pool;
+y * silu(z) normalised per group (norm_before_gate=False); out_proj.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels.pallas.conv1d import api as conv_api
+from kernels.pallas.ssd import api as ssd_api
+from models import layers
+from models import state_pool
+from models.config import ModelConfig
+
+
+class _GroupNormAfterGate(nnx.Module):
+  """RMSNorm(y * silu(z)) per group of channels (Mamba2's norm_before_gate=False)."""
+
+  def __init__(self, dim: int, groups: int, eps: float, dtype):
+    self.weight = nnx.Param(jnp.ones((groups * dim,), dtype))
+    self.dim, self.groups, self.eps = dim, groups, eps
+
+  def __call__(self, y: jax.Array, z: jax.Array) -> jax.Array:
+    shape = y.shape
+    h = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+    h = h.reshape(*shape[:-1], self.groups, self.dim)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+    return (h.reshape(shape) * self.weight[...].astype(jnp.float32)).astype(y.dtype)
+
+
+class Mamba2(nnx.Module):
+  """Mamba2 mixer; state [H, P, N] fp32 and conv state per pool block."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    dt = cfg.dtype
+    d = cfg.d_model
+    self.h, self.p = cfg.mamba_num_heads, cfg.mamba_head_dim
+    self.n, self.g = cfg.mamba_state_dim, cfg.mamba_n_groups
+    self.d_inner = cfg.mamba_d_inner
+    self.conv_dim = cfg.mamba_conv_dim
+    self.in_proj = layers.linear(d, self.d_inner + self.conv_dim + self.h, dt, rngs)
+    self.conv_weight = nnx.Param(
+      jax.random.normal(rngs.params(), (self.conv_dim, cfg.conv_kernel), dt) * cfg.conv_kernel**-0.5
+    )
+    self.conv_bias = nnx.Param(jnp.zeros((self.conv_dim,), dt))
+    self.A_log = nnx.Param(
+      jnp.log(jax.random.uniform(rngs.params(), (self.h,), jnp.float32, 1.0, 16.0))
+    )
+    dt0 = jnp.exp(
+      jax.random.uniform(rngs.params(), (self.h,), jnp.float32, jnp.log(0.001), jnp.log(0.1))
+    )
+    self.dt_bias = nnx.Param(dt0 + jnp.log(-jnp.expm1(-dt0)))
+    self.D = nnx.Param(jnp.ones((self.h,), jnp.float32))
+    self.norm = _GroupNormAfterGate(self.d_inner // self.g, self.g, cfg.norm_eps, dt)
+    self.out_proj = layers.linear(self.d_inner, d, dt, rngs)
+
+  def __call__(
+    self,
+    x: jax.Array,
+    state_pool_: jax.Array,
+    conv_pool: jax.Array,
+    *,
+    query_start_loc: jax.Array,
+    state_read: jax.Array,
+    state_write: jax.Array,
+    ckpt_write: jax.Array,
+    ckpt_every: int | None,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [T, d_model]; pools [NB, H, P, N] / [NB, conv_dim, K-1]. Returns (y, pools)."""
+    t = x.shape[0]
+    proj = self.in_proj(x)
+    z = proj[:, : self.d_inner]
+    xbc = proj[:, self.d_inner : self.d_inner + self.conv_dim]
+    dt = proj[:, self.d_inner + self.conv_dim :]
+    every = ckpt_every if ckpt_write.shape[1] > 0 else None
+    conv0 = state_pool.read_states(conv_pool, state_read)
+    xbc, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
+      xbc,
+      self.conv_weight[...],
+      self.conv_bias[...],
+      conv_state=conv0,
+      cu_seqlens=query_start_loc,
+      checkpoint_every=every,
+      max_checkpoints=ckpt_write.shape[1] if every else None,
+      activation="silu",
+      implementation=implementation,
+    )
+    gn = self.g * self.n
+    xs = xbc[:, : self.d_inner].reshape(t, self.h, self.p)
+    b = xbc[:, self.d_inner : self.d_inner + gn].reshape(t, self.g, self.n)
+    c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
+    s0 = state_pool.read_states(state_pool_, state_read)
+    y, s_final, (s_ckpts, s_counts) = ssd_api.chunk_scan(
+      xs,
+      dt,
+      -jnp.exp(self.A_log[...]),
+      b,
+      c,
+      D=self.D[...],
+      dt_bias=self.dt_bias[...],
+      initial_state=s0,
+      cu_seqlens=query_start_loc,
+      checkpoint_every=every,
+      max_checkpoints=ckpt_write.shape[1] if every else None,
+      implementation=implementation,
+    )
+    if every is None:
+      conv_ckpts = s_ckpts = conv_counts = s_counts = None
+    conv_pool = state_pool.write_states(
+      conv_pool, state_write, conv_final, ckpt_write, conv_ckpts, conv_counts
+    )
+    state_pool_ = state_pool.write_states(
+      state_pool_, state_write, s_final, ckpt_write, s_ckpts, s_counts
+    )
+    y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
+    return self.out_proj(y), state_pool_, conv_pool

@@ -1,0 +1,238 @@
+"""Jitted forward step and host-side builders of `StepInputs`.
+
+`nnx.split` the model once (`split_model`), then call the module-level jitted `forward` with
+the graphdef (static), the parameter state, the cache (donated) and the step inputs::
+
+  model = build_model(qwen35_tiny(), seed=0)
+  graphdef, params = split_model(model)
+  cache = init_cache(model.cfg, num_blocks=32, block_size=64)
+  inputs = build_step_inputs(model.cfg, [SeqStep(tokens, 0, tables, state_write=3)], 64)
+  logits, cache = forward(graphdef, params, cache, inputs)
+
+The engine builds `StepInputs` from the cache core's block tables: `recurrent_state_ids`
+maps a request's recurrent block table to the read/write/checkpoint ids (vLLM §5.1, §5.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.cache import ModelCache
+from models.config import ModelConfig
+from models.hybrid_lm import HybridLM
+from models.step_inputs import StepInputs
+
+__all__ = [
+  "SeqStep",
+  "StepInputs",
+  "build_step_inputs",
+  "forward",
+  "recurrent_state_ids",
+  "split_model",
+]
+
+
+def split_model(model: HybridLM) -> tuple[nnx.GraphDef, nnx.State]:
+  """`nnx.split` once, outside any loop; pass both halves to `forward`."""
+  return nnx.split(model)
+
+
+@functools.partial(
+  jax.jit, static_argnames=("graphdef", "implementation"), donate_argnames=("cache",)
+)
+def forward(
+  graphdef: nnx.GraphDef,
+  params: nnx.State,
+  cache: ModelCache,
+  inputs: StepInputs,
+  implementation: str | None = None,
+) -> tuple[jax.Array, ModelCache]:
+  """One model step: (logits f32[T, vocab], new cache). `cache` is donated."""
+  model = nnx.merge(graphdef, params)
+  return model(cache, inputs, implementation=implementation)
+
+
+@dataclasses.dataclass
+class SeqStep:
+  """One sequence's share of a step (host side).
+
+  Attributes:
+    token_ids: the new tokens of this step (positions num_computed ...).
+    num_computed: tokens already in the cache (KV written, state available at state_read).
+    block_tables: per cache group, block ids by block position (index j covers positions
+      [j*B, (j+1)*B)); 0 = null block. Attention groups need entries for every position the
+      step reads or writes; the recurrent group's table is not used by the model.
+    state_read / state_write / ckpt_write: recurrent pool ids (see `StepInputs`).
+  """
+
+  token_ids: Sequence[int]
+  num_computed: int
+  block_tables: Sequence[Sequence[int]]
+  state_read: int = -1
+  state_write: int = -1
+  ckpt_write: Sequence[int] = ()
+
+
+def recurrent_state_ids(
+  table: Sequence[int],
+  num_computed: int,
+  num_new: int,
+  block_size: int,
+  *,
+  checkpoints: bool = False,
+) -> tuple[int, int, list[int]]:
+  """(state_read, state_write, ckpt_write) for a request's recurrent block table.
+
+  The state after prefix [0, p) lives in the block holding token p - 1 (vLLM's state block):
+  read = table[(num_computed - 1) // B] (-1 when num_computed == 0),
+  write = table[(num_computed + num_new - 1) // B]. With `checkpoints` ("all" mode), the
+  state after each full block of this step is written to that block; this needs
+  num_computed % B == 0 (the kernels checkpoint every B tokens from the step's start).
+
+  Example (B=4): table [7, 8, 9], num_computed=4, num_new=6, checkpoints=True ->
+  (7, 9, [8]): read the state after 4 tokens from block 7, checkpoint after 8 tokens into 8,
+  final state after 10 tokens into 9.
+  """
+  seq_len = num_computed + num_new
+  if num_new < 1:
+    raise ValueError(f"num_new must be >= 1, got {num_new}")
+  if len(table) < -(-seq_len // block_size):
+    raise ValueError(
+      f"recurrent block table has {len(table)} entries, needs >= {-(-seq_len // block_size)} "
+      f"for {seq_len} tokens at block_size={block_size}"
+    )
+  read = table[(num_computed - 1) // block_size] if num_computed > 0 else -1
+  write = table[(seq_len - 1) // block_size]
+  ckpts: list[int] = []
+  if checkpoints:
+    if num_computed % block_size:
+      raise ValueError(
+        f"num_computed must be a multiple of block_size={block_size} for checkpoints, "
+        f"got {num_computed}"
+      )
+    first = num_computed // block_size
+    ckpts = [table[first + j] for j in range(num_new // block_size)]
+  return read, write, ckpts
+
+
+def build_step_inputs(
+  cfg: ModelConfig,
+  seqs: Sequence[SeqStep],
+  block_size: int,
+  *,
+  ckpt_every: int | None = None,
+  num_ckpt_cols: int | None = None,
+  max_blocks: int | None = None,
+  pad_tokens: int | None = None,
+  pad_seqs: int | None = None,
+) -> StepInputs:
+  """Packs `seqs` into a `StepInputs` (host-side numpy, then device arrays).
+
+  Args:
+    cfg: the model config (gives the cache groups).
+    seqs: the sequences of the step, in order.
+    block_size: tokens per block (the cache's block size).
+    ckpt_every: tokens between checkpoints (required if any seq has ckpt_write).
+    num_ckpt_cols: M, columns of `ckpt_write` (default: the longest ckpt list).
+    max_blocks: columns of every block table (default: the longest table).
+    pad_tokens: pad T to this many tokens (fixed shapes = one compilation per bucket).
+    pad_seqs: pad N to this many sequences. Padding forms extra sequences (the last one
+      owns every padding token, the others are empty) with null block tables, no KV
+      writes (slot -1) and no state reads or writes (-1); their logits are garbage.
+  Raises:
+    ValueError: a sequence without tokens, a table too short, or a new token whose block is
+      the null block.
+  """
+  groups = cfg.cache_groups
+  if not seqs:
+    raise ValueError("seqs must contain at least one sequence")
+  for i, s in enumerate(seqs):
+    if len(s.token_ids) < 1:
+      raise ValueError(f"seqs[{i}].token_ids must have >= 1 token, got 0")
+    if len(s.block_tables) != len(groups):
+      raise ValueError(
+        f"seqs[{i}].block_tables must have one table per cache group {groups}, "
+        f"got {len(s.block_tables)}"
+      )
+  n_user = len(seqs)
+  n_real = sum(len(s.token_ids) for s in seqs)
+  if pad_tokens is not None or pad_seqs is not None:
+    n_pad_tok = 0 if pad_tokens is None else pad_tokens - n_real
+    n_pad_seq = (len(seqs) + 1 if pad_seqs is None else pad_seqs) - len(seqs)
+    if n_pad_tok < 0:
+      raise ValueError(f"pad_tokens={pad_tokens} is less than the step's {n_real} tokens")
+    if n_pad_seq < 1:
+      raise ValueError(f"pad_seqs={pad_seqs} must exceed the step's {len(seqs)} sequences")
+    empty = [[] for _ in groups]
+    pad = [0] * (n_pad_seq - 1) + [n_pad_tok]
+    seqs = list(seqs) + [SeqStep([0] * p, 0, empty) for p in pad]
+  lens = [len(s.token_ids) for s in seqs]
+  qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+  tokens = np.concatenate([np.asarray(s.token_ids, np.int32) for s in seqs])
+  positions = np.concatenate(
+    [np.arange(s.num_computed, s.num_computed + n, dtype=np.int32) for s, n in zip(seqs, lens)]
+  )
+  seq_lens = np.asarray([s.num_computed + n for s, n in zip(seqs, lens)], np.int32)
+  # A padding sequence reads (null) blocks for all its positions.
+  mb = max_blocks or max(
+    [-(-max(lens) // block_size)] + [len(t) for s in seqs for t in s.block_tables]
+  )
+  tables, slots = [], []
+  for g, kind in enumerate(groups):
+    tab = np.zeros((len(seqs), mb), np.int32)
+    slot = np.full((len(tokens),), -1, np.int32)
+    for i, s in enumerate(seqs):
+      row = list(s.block_tables[g])
+      if len(row) > mb:
+        raise ValueError(f"seqs[{i}].block_tables[{g}] has {len(row)} > max_blocks={mb} entries")
+      tab[i, : len(row)] = row
+      if kind == "mamba":
+        continue
+      if i >= n_user:
+        continue
+      need = -(-int(seq_lens[i]) // block_size)
+      if len(row) < need:
+        raise ValueError(
+          f"seqs[{i}].block_tables[{g}] ({kind}) has {len(row)} entries, needs >= {need} for "
+          f"{int(seq_lens[i])} tokens at block_size={block_size}"
+        )
+      for t in range(qsl[i], qsl[i + 1]):
+        p = int(positions[t])
+        blk = row[p // block_size]
+        if blk <= 0:
+          raise ValueError(
+            f"seqs[{i}].block_tables[{g}][{p // block_size}] is {blk}: a new token at "
+            f"position {p} needs a real block (>= 1)"
+          )
+        slot[t] = blk * block_size + p % block_size
+    tables.append(tab)
+    slots.append(slot)
+  m = num_ckpt_cols
+  if m is None:
+    m = max(len(s.ckpt_write) for s in seqs)
+  if m > 0 and ckpt_every is None:
+    raise ValueError("ckpt_every is required when a sequence has ckpt_write entries")
+  ck = np.full((len(seqs), m), -1, np.int32)
+  for i, s in enumerate(seqs):
+    if len(s.ckpt_write) > m:
+      raise ValueError(f"seqs[{i}].ckpt_write has {len(s.ckpt_write)} > {m} entries")
+    ck[i, : len(s.ckpt_write)] = s.ckpt_write
+  return StepInputs(
+    token_ids=jnp.asarray(tokens),
+    positions=jnp.asarray(positions),
+    query_start_loc=jnp.asarray(qsl),
+    seq_lens=jnp.asarray(seq_lens),
+    block_tables=tuple(jnp.asarray(t) for t in tables),
+    slot_mapping=tuple(jnp.asarray(s) for s in slots),
+    state_read=jnp.asarray([s.state_read for s in seqs], jnp.int32),
+    state_write=jnp.asarray([s.state_write for s in seqs], jnp.int32),
+    ckpt_write=jnp.asarray(ck),
+    ckpt_every=ckpt_every if m > 0 else None,
+  )

@@ -1,0 +1,56 @@
+"""Gather initial states from, and scatter final/checkpoint states into, a block-indexed pool.
+
+A pool is `[num_blocks, *state_shape]`; ids < 0 mean "none": reads give zeros, writes are
+dropped. Writes use scatters with `mode="drop"` (an id of -1 is mapped past the end), so a
+donated pool is updated in place.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def read_states(pool: jax.Array, ids: jax.Array) -> jax.Array:
+  """pool [NB, *S], ids int32[N] -> [N, *S]; rows with id < 0 are zeros."""
+  rows = pool[jnp.maximum(ids, 0)]
+  mask = (ids >= 0).reshape((-1,) + (1,) * (pool.ndim - 1))
+  return jnp.where(mask, rows, jnp.zeros_like(rows))
+
+
+def _drop_index(ids: jax.Array, num_blocks: int) -> jax.Array:
+  return jnp.where(ids >= 0, ids, num_blocks)
+
+
+def write_states(
+  pool: jax.Array,
+  final_ids: jax.Array,
+  final: jax.Array,
+  ckpt_ids: jax.Array | None = None,
+  ckpts: jax.Array | None = None,
+  ckpt_counts: jax.Array | None = None,
+) -> jax.Array:
+  """Writes checkpoints, then final states (a final state wins over a checkpoint on one id).
+
+  Args:
+    pool: [NB, *S].
+    final_ids: int32[N]; final: [N, *S].
+    ckpt_ids: int32[N, M] (or None); ckpts: [N, M', *S] with M' >= M (extra columns are
+      ignored); ckpt_counts: int32[N], checkpoints actually produced per sequence (columns
+      j >= count are not written even if their id is set).
+  Returns:
+    The updated pool.
+  """
+  nb = pool.shape[0]
+  if ckpt_ids is not None and ckpt_ids.shape[1] > 0:
+    m = ckpt_ids.shape[1]
+    if ckpts.shape[1] < m:
+      raise ValueError(
+        f"ckpt_write has {m} columns but the kernel produced {ckpts.shape[1]} checkpoints"
+      )
+    ids = ckpt_ids
+    if ckpt_counts is not None:
+      ids = jnp.where(jnp.arange(m)[None, :] < ckpt_counts[:, None], ids, -1)
+    vals = ckpts[:, :m].reshape((-1,) + ckpts.shape[2:])
+    pool = pool.at[_drop_index(ids.reshape(-1), nb)].set(vals.astype(pool.dtype), mode="drop")
+  return pool.at[_drop_index(final_ids, nb)].set(final.astype(pool.dtype), mode="drop")

@@ -1,0 +1,89 @@
+"""ModelConfig validation, derived layout and presets."""
+
+import pytest
+
+from models import config as config_lib
+from models.config import ModelConfig
+
+
+@pytest.mark.parametrize("name", sorted(config_lib.PRESETS))
+def test_presets_are_tiny_and_valid(name):
+  cfg = config_lib.get_preset(name)
+  assert 4 <= cfg.num_layers <= 8
+  assert 64 <= cfg.d_model <= 128
+  assert 256 <= cfg.vocab_size <= 512
+  assert len(cfg.layer_kinds) == cfg.num_layers
+  assert hash(cfg) == hash(config_lib.get_preset(name))
+
+
+def test_pattern_repeats_and_groups():
+  cfg = config_lib.qwen35_tiny(num_layers=8)
+  assert cfg.layer_kinds == tuple("GGGAGGGA")
+  assert cfg.cache_groups == ("mamba", "full")
+  assert cfg.layer_group == (0, 0, 0, 1, 0, 0, 0, 1)
+  assert cfg.layer_slot == (0, 1, 2, 0, 3, 4, 5, 1)
+  assert cfg.recurrent_group == 0
+  g3 = config_lib.gemma3_tiny()
+  assert g3.layer_kinds == tuple("SSSSSA")  # F is an alias of A
+  assert g3.cache_groups == ("swa", "full")
+  assert g3.recurrent_group is None
+  h3 = config_lib.hybrid3_tiny()
+  assert h3.cache_groups == ("mamba", "swa", "full")
+  assert h3.layer_group == (0, 1, 0, 2)
+  # Truncation when num_layers is not a multiple of the pattern length.
+  assert ModelConfig(layer_pattern="GA", num_layers=3).layer_kinds == ("G", "A", "G")
+
+
+def test_derived_dims():
+  cfg = ModelConfig(
+    layer_pattern="GM",
+    num_layers=2,
+    gdn_num_k_heads=2,
+    gdn_num_v_heads=4,
+    gdn_head_k_dim=8,
+    gdn_head_v_dim=16,
+    mamba_num_heads=4,
+    mamba_head_dim=8,
+    mamba_state_dim=16,
+    mamba_n_groups=2,
+  )
+  assert cfg.gdn_conv_dim == 2 * 2 * 8 + 4 * 16
+  assert cfg.mamba_d_inner == 32
+  assert cfg.mamba_conv_dim == 32 + 2 * 2 * 16
+  assert cfg.cache_groups == ("mamba",)
+
+
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(layer_pattern="GXA", num_layers=4), "layer_pattern"),
+    (dict(layer_pattern="", num_layers=4), "layer_pattern"),
+    (dict(layer_pattern="ga", num_layers=4), "layer_pattern"),
+    (dict(layer_pattern="GA", num_layers=0), "num_layers"),
+    (dict(layer_pattern="GA", num_layers=2, vocab_size=0), "vocab_size"),
+    (dict(layer_pattern="GA", num_layers=2, num_heads=3, num_kv_heads=2), "num_heads"),
+    (dict(layer_pattern="GA", num_layers=2, head_dim=15), "head_dim"),
+    (dict(layer_pattern="GA", num_layers=2, gdn_num_k_heads=3), "gdn_num_v_heads"),
+    (dict(layer_pattern="MA", num_layers=2, mamba_n_groups=3), "mamba_num_heads"),
+    (dict(layer_pattern="SA", num_layers=2), "window"),
+    (dict(layer_pattern="SA", num_layers=2, window=0), "window"),
+    (dict(layer_pattern="GA", num_layers=2, window=8), "window"),
+    (dict(layer_pattern="GA", num_layers=2, conv_kernel=1), "conv_kernel"),
+    (dict(layer_pattern="GA", num_layers=2, dtype="float16"), "dtype"),
+    (dict(layer_pattern="GA", num_layers=2, rope_theta=-1.0), "rope_theta"),
+    (dict(layer_pattern="GA", num_layers=2.0), "num_layers"),
+  ],
+)
+def test_bad_config_raises_naming_field(kwargs, field):
+  with pytest.raises(ValueError, match=field):
+    ModelConfig(**kwargs)
+
+
+def test_unknown_letter_message_names_value_and_allowed():
+  with pytest.raises(ValueError, match=r"layer_pattern\[1\]='X'.*allowed"):
+    ModelConfig(layer_pattern="GXA", num_layers=3)
+
+
+def test_unknown_preset():
+  with pytest.raises(ValueError, match="preset"):
+    config_lib.get_preset("llama_huge")
