@@ -1,0 +1,348 @@
+"""Pallas (Triton backend) Gated DeltaNet kernels for GPU; also run with ``interpret=True``.
+
+Prefill (chunk C = 64) is two kernels:
+
+* ``intra`` (grid = chunk slots x H_v, fully parallel): loads the chunk's raw q, k, v, g, beta
+  straight from the packed token arrays (masked rows), L2-normalises q and k in fp32, and
+  computes the WY/UT quantities (``reference.chunk_intra``): W, K~ = exp(G_C - G) K,
+  Q~ = exp(G) Q - P W, U and Uo = P U with P = (Q K^T) o Gamma, plus the cumulative log decay
+  G. T = (I + A)^-1 uses the matmul-only product form (I - A)(I + A^2)...(I + A^32).
+* ``inter`` (grid = N x H_v x d_v/BV, sequential over the sequence's chunks): keeps the fp32
+  state tile S[d_k, BV] in registers; per chunk ``V_new = U - W S``, ``O = Q~ S + Uo``,
+  ``S <- exp(G_C) S + K~^T V_new``; writes O, fp32 checkpoints at interval boundaries and the
+  final state.
+
+Decode and verify are one fused recurrent kernel each (grid = N x H_v x d_v/BV) reading states
+from a pool by slot index; decode writes the pool in place (``input_output_aliases``).
+
+Triton-backend rules followed (kernels.md §6.3): power-of-2 block shapes, no scratch memory,
+no value slicing (scalars extracted by masked reductions), state carried in ``fori_loop``.
+Interpret mode clamps dynamic slices, so the wrappers pad the token axis by one chunk there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from kernels.pallas.gdn import layout as layout_lib
+
+CHUNK = 64
+_EPS = 1e-6
+f32 = jnp.float32
+
+
+def _dot(a, b, *, ta=False, tb=False, precision=None):
+  dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=f32)
+
+
+def _l2norm(x):
+  return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + _EPS)
+
+
+def _params(interpret, num_warps, num_stages):
+  if interpret:
+    return None
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _precisions(interpret):
+  """(inverse precision, big-matmul precision): IEEE fp32 on CPU; TF32 / default on GPU."""
+  if interpret:
+    return lax.Precision.HIGHEST, lax.Precision.HIGHEST
+  return lax.Precision.DEFAULT, lax.Precision.DEFAULT
+
+
+def _intra_kernel(
+  start_ref, len_ref, q_ref, k_ref, v_ref, g_ref, b_ref,
+  w_ref, u_ref, kt_ref, qt_ref, uo_ref, gcum_ref,
+  *, chunk, group, scale, cdt, inv_prec, mm_prec,
+):  # fmt: skip
+  c = pl.program_id(0)
+  h = pl.program_id(1)
+  hk = lax.div(h, jnp.int32(group))
+  start = start_ref[c]
+  length = len_ref[c]
+  d_k = q_ref.shape[-1]
+  d_v = v_ref.shape[-1]
+  rows = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+  valid = rows < length
+  ts = pl.ds(start, chunk)
+  mk = jnp.broadcast_to(valid[:, None], (chunk, d_k))
+  mv = jnp.broadcast_to(valid[:, None], (chunk, d_v))
+  q = plgpu.load(q_ref.at[ts, hk, :], mask=mk, other=0).astype(f32)
+  k = plgpu.load(k_ref.at[ts, hk, :], mask=mk, other=0).astype(f32)
+  v = plgpu.load(v_ref.at[ts, h, :], mask=mv, other=0).astype(f32)
+  g = plgpu.load(g_ref.at[ts, h], mask=valid, other=0).astype(f32)
+  beta = plgpu.load(b_ref.at[ts, h], mask=valid, other=0).astype(f32)
+  qn = _l2norm(q) * scale
+  kn = _l2norm(k)
+  big_g = jnp.cumsum(g)
+  ri = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+  ci = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+  gamma = jnp.exp(jnp.where(ri >= ci, big_g[:, None] - big_g[None, :], -jnp.inf))
+  kc = kn.astype(cdt)
+  kk = _dot(kc, kc, tb=True, precision=mm_prec)
+  a = jnp.where(ri > ci, beta[:, None] * kk * gamma, 0.0)
+  eye = jnp.where(ri == ci, 1.0, 0.0).astype(f32)
+  t_inv = eye - a
+  p = a
+  for _ in range(chunk.bit_length() - 2):  # A^2, A^4, ..., A^(C/2)
+    p = _dot(p, p, precision=inv_prec)
+    t_inv = _dot(t_inv, eye + p, precision=inv_prec)
+  tc = t_inv.astype(cdt)
+  w = _dot(tc, ((beta * jnp.exp(big_g))[:, None] * kn).astype(cdt), precision=mm_prec)
+  u = _dot(tc, (beta[:, None] * v).astype(cdt), precision=mm_prec)
+  g_last = jnp.sum(jnp.where(rows == chunk - 1, big_g, 0.0))
+  kt = jnp.exp(g_last - big_g)[:, None] * kn
+  pm = _dot(qn.astype(cdt), kc, tb=True, precision=mm_prec) * gamma
+  pc = pm.astype(cdt)
+  qt = jnp.exp(big_g)[:, None] * qn - _dot(pc, w.astype(cdt), precision=mm_prec)
+  uo = _dot(pc, u.astype(cdt), precision=mm_prec)
+  w_ref[...] = w.astype(w_ref.dtype)
+  u_ref[...] = u.astype(u_ref.dtype)
+  kt_ref[...] = kt.astype(kt_ref.dtype)
+  qt_ref[...] = qt.astype(qt_ref.dtype)
+  uo_ref[...] = uo.astype(uo_ref.dtype)
+  gcum_ref[...] = big_g
+
+
+def _inter_kernel(
+  first_ref, count_ref, len_ref, init_ref, w_ref, u_ref, kt_ref, qt_ref, uo_ref, gcum_ref,
+  *rest, chunk, bv, ckpt_every, max_ckpt, cdt, mm_prec,
+):  # fmt: skip
+  if max_ckpt:
+    _, o_ref, final_ref, ckpt_ref = rest
+  else:
+    o_ref, final_ref = rest
+  n = pl.program_id(0)
+  h = pl.program_id(1)
+  vs = pl.ds(pl.program_id(2) * bv, bv)
+  first = first_ref[n]
+  count = count_ref[n]
+  rows = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+  def body(j, s):
+    c = first + j
+    sb = s.astype(cdt)
+    w = w_ref[c, h, :, :]
+    v_new = u_ref[c, h, :, vs].astype(f32) - _dot(w, sb, precision=mm_prec)
+    o = _dot(qt_ref[c, h, :, :], sb, precision=mm_prec) + uo_ref[c, h, :, vs].astype(f32)
+    o_ref[c, h, :, vs] = o.astype(o_ref.dtype)
+    g_last = jnp.sum(jnp.where(rows == chunk - 1, gcum_ref[c, h, :], 0.0))
+    kt = kt_ref[c, h, :, :]
+    s = jnp.exp(g_last) * s + _dot(kt, v_new.astype(cdt), ta=True, precision=mm_prec)
+    if max_ckpt:
+      end = (j + 1) * chunk
+      slot = lax.div(end, jnp.int32(ckpt_every)) - 1
+      is_ck = (lax.rem(end, jnp.int32(ckpt_every)) == 0) & (len_ref[c] == chunk) & (slot < max_ckpt)
+
+      @pl.when(is_ck)
+      def _():
+        ckpt_ref[n, slot, h, :, vs] = s
+
+    return s
+
+  s = lax.fori_loop(0, count, body, init_ref[n, h, :, vs].astype(f32))
+  final_ref[n, h, :, vs] = s
+
+
+def _pad_tokens(x, rows):
+  return jnp.pad(x, [(0, rows)] + [(0, 0)] * (x.ndim - 1))
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "checkpoint_every", "max_checkpoints", "scale", "interpret", "block_v", "num_warps",
+    "num_stages",
+  ),
+)  # fmt: skip
+def chunk_gated_delta_rule_pallas(
+  q, k, v, g, beta, *, initial_state, cu_seqlens, checkpoint_every, max_checkpoints, scale,
+  interpret=False, block_v=32, num_warps=4, num_stages=2,
+):  # fmt: skip
+  """Pallas chunked prefill; same contract as ``reference.chunk_gated_delta_rule_xla``."""
+  t, h_v, d_v = v.shape
+  h_k, d_k = q.shape[1:]
+  n = initial_state.shape[0]
+  cdt = v.dtype
+  lay = layout_lib.chunk_layout(cu_seqlens, t, CHUNK)
+  nc = lay.seq.shape[0]
+  inv_prec, mm_prec = _precisions(interpret)
+  if interpret:  # dynamic slices clamp in interpret mode: give every chunk a full window.
+    q, k, v, g, beta = (_pad_tokens(x, CHUNK) for x in (q, k, v, g, beta))
+  full = pl.BlockSpec()
+  chunk_blk = lambda d: pl.BlockSpec((None, None, CHUNK, d), lambda c, h: (c, h, 0, 0))  # noqa: E731
+  mk_shape = lambda d, dt: jax.ShapeDtypeStruct((nc, h_v, CHUNK, d), dt)  # noqa: E731
+  intra = pl.pallas_call(
+    functools.partial(
+      _intra_kernel, chunk=CHUNK, group=h_v // h_k, scale=scale, cdt=cdt,
+      inv_prec=inv_prec, mm_prec=mm_prec,
+    ),
+    grid=(nc, h_v),
+    in_specs=[full] * 7,
+    out_specs=[
+      chunk_blk(d_k), chunk_blk(d_v), chunk_blk(d_k), chunk_blk(d_k), chunk_blk(d_v),
+      pl.BlockSpec((None, None, CHUNK), lambda c, h: (c, h, 0)),
+    ],
+    out_shape=[
+      mk_shape(d_k, cdt), mk_shape(d_v, cdt), mk_shape(d_k, cdt), mk_shape(d_k, cdt),
+      mk_shape(d_v, cdt), jax.ShapeDtypeStruct((nc, h_v, CHUNK), f32),
+    ],
+    interpret=interpret,
+    compiler_params=_params(interpret, num_warps, num_stages),
+    name="gdn_chunk_intra",
+  )  # fmt: skip
+  w, u, kt, qt, uo, gcum = intra(lay.start, lay.length, q, k, v, g, beta)
+
+  bv = min(block_v, d_v)
+  m = max_checkpoints if checkpoint_every is not None else 0
+  out_shape = [
+    jax.ShapeDtypeStruct((nc, h_v, CHUNK, d_v), cdt),
+    jax.ShapeDtypeStruct((n, h_v, d_k, d_v), f32),
+  ]
+  inputs = [lay.first, lay.count, lay.length, initial_state.astype(f32), w, u, kt, qt, uo, gcum]
+  aliases = {}
+  if m:
+    inputs.append(jnp.zeros((n, m, h_v, d_k, d_v), f32))
+    out_shape.append(jax.ShapeDtypeStruct((n, m, h_v, d_k, d_v), f32))
+    aliases = {len(inputs) - 1: 2}
+  inter = pl.pallas_call(
+    functools.partial(
+      _inter_kernel, chunk=CHUNK, bv=bv, ckpt_every=checkpoint_every or CHUNK, max_ckpt=m,
+      cdt=cdt, mm_prec=mm_prec,
+    ),
+    grid=(n, h_v, d_v // bv),
+    in_specs=[full] * len(inputs),
+    out_specs=[full] * len(out_shape),
+    out_shape=out_shape,
+    input_output_aliases=aliases,
+    interpret=interpret,
+    compiler_params=_params(interpret, num_warps, num_stages),
+    name="gdn_chunk_inter",
+  )  # fmt: skip
+  outs = inter(*inputs)
+  o_chunks, final = outs[0], outs[1]
+  states = outs[2] if m else jnp.zeros((n, m, h_v, d_k, d_v), f32)
+  o = o_chunks[lay.token_chunk, :, lay.token_pos]
+  if checkpoint_every is None:
+    counts = jnp.zeros((n,), jnp.int32)
+  else:
+    counts = jnp.minimum(lay.lengths // checkpoint_every, m).astype(jnp.int32)
+  return o, final, (states, counts)
+
+
+def _recurrent_tile(s, q, k, v, g, beta):
+  """One token on a state tile s[d_k, BV] (fp32); q, k [d_k] normalised; v [BV]."""
+  s = jnp.exp(g) * s
+  pred = jnp.sum(s * k[:, None], axis=0)
+  delta = beta * (v - pred)
+  s = s + k[:, None] * delta[None, :]
+  o = jnp.sum(s * q[:, None], axis=0)
+  return s, o
+
+
+def _decode_kernel(
+  read_ref, write_ref, q_ref, k_ref, v_ref, g_ref, b_ref, pool_ref, o_ref, pool_out_ref,
+  *, group, scale, bv,
+):  # fmt: skip
+  n = pl.program_id(0)
+  h = pl.program_id(1)
+  vs = pl.ds(pl.program_id(2) * bv, bv)
+  hk = lax.div(h, jnp.int32(group))
+  q = _l2norm(q_ref[n, hk, :].astype(f32)) * scale
+  k = _l2norm(k_ref[n, hk, :].astype(f32))
+  s = pool_ref[read_ref[n], h, :, vs]
+  s, o = _recurrent_tile(
+    s, q, k, v_ref[n, h, vs].astype(f32), g_ref[n, h].astype(f32), b_ref[n, h].astype(f32)
+  )
+  o_ref[n, h, vs] = o.astype(o_ref.dtype)
+  pool_out_ref[write_ref[n], h, :, vs] = s
+
+
+@functools.partial(
+  jax.jit, static_argnames=("scale", "interpret", "block_v", "num_warps"), donate_argnames=()
+)
+def decode_pallas(
+  q, k, v, g, beta, *, state_pool, read_indices, write_indices, scale, interpret=False,
+  block_v=32, num_warps=4,
+):  # fmt: skip
+  """Fused recurrent decode; the pool is aliased to the output (donate it to update in place)."""
+  n, h_v, d_v = v.shape
+  h_k = q.shape[1]
+  bv = min(block_v, d_v)
+  full = pl.BlockSpec()
+  call = pl.pallas_call(
+    functools.partial(_decode_kernel, group=h_v // h_k, scale=scale, bv=bv),
+    grid=(n, h_v, d_v // bv),
+    in_specs=[full] * 8,
+    out_specs=[full, full],
+    out_shape=[
+      jax.ShapeDtypeStruct(v.shape, v.dtype),
+      jax.ShapeDtypeStruct(state_pool.shape, state_pool.dtype),
+    ],
+    input_output_aliases={7: 1},
+    interpret=interpret,
+    compiler_params=_params(interpret, num_warps, 1),
+    name="gdn_decode",
+  )
+  return call(read_indices, write_indices, q, k, v, g, beta, state_pool)
+
+
+def _verify_kernel(
+  read_ref, q_ref, k_ref, v_ref, g_ref, b_ref, pool_ref, o_ref, st_ref, *, group, scale, bv,
+):  # fmt: skip
+  n = pl.program_id(0)
+  h = pl.program_id(1)
+  vs = pl.ds(pl.program_id(2) * bv, bv)
+  hk = lax.div(h, jnp.int32(group))
+
+  def body(i, s):
+    q = _l2norm(q_ref[n, i, hk, :].astype(f32)) * scale
+    k = _l2norm(k_ref[n, i, hk, :].astype(f32))
+    s, o = _recurrent_tile(
+      s,
+      q,
+      k,
+      v_ref[n, i, h, vs].astype(f32),
+      g_ref[n, i, h].astype(f32),
+      b_ref[n, i, h].astype(f32),
+    )
+    o_ref[n, i, h, vs] = o.astype(o_ref.dtype)
+    st_ref[n, i, h, :, vs] = s
+    return s
+
+  lax.fori_loop(0, q_ref.shape[1], body, pool_ref[read_ref[n], h, :, vs])
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "block_v", "num_warps"))
+def verify_pallas(
+  q, k, v, g, beta, *, state_pool, read_indices, scale, interpret=False, block_v=32,
+  num_warps=4,
+):  # fmt: skip
+  """Multi-token verify writing the state after every token ([N, K, H_v, d_k, d_v] fp32)."""
+  n, kk, h_v, d_v = v.shape
+  h_k, d_k = q.shape[2:]
+  bv = min(block_v, d_v)
+  full = pl.BlockSpec()
+  call = pl.pallas_call(
+    functools.partial(_verify_kernel, group=h_v // h_k, scale=scale, bv=bv),
+    grid=(n, h_v, d_v // bv),
+    in_specs=[full] * 7,
+    out_specs=[full, full],
+    out_shape=[
+      jax.ShapeDtypeStruct(v.shape, v.dtype),
+      jax.ShapeDtypeStruct((n, kk, h_v, d_k, d_v), f32),
+    ],
+    interpret=interpret,
+    compiler_params=_params(interpret, num_warps, 1),
+    name="gdn_verify",
+  )
+  return call(read_indices, q, k, v, g, beta, state_pool)
