@@ -1,0 +1,381 @@
+"""Pallas (Triton backend) Mamba2 SSD kernels: chunked prefill, decode, verify.
+
+Prefill: one program per (sequence, head, P-tile) loops over the sequence's chunks and keeps the
+fp32 state tile [BP, N] in registers (a ``fori_loop`` carry: the Triton backend has no scratch
+memory). Per chunk of C tokens with in-chunk cumsum a = cumsum(dt*A) (<= 0):
+
+  y     = ((C Bᵀ) ⊙ exp(a_i - a_j)[i>=j] ⊙ dt_j) x + exp(a) ⊙ (C Sᵀ) + D x
+  S_new = exp(a_C) S + (x ⊙ exp(a_C - a) dt)ᵀ B
+
+Only non-positive quantities are exponentiated; the upper triangle is masked before ``exp``.
+Inputs are re-laid out by XLA into padded chunks (chunks never straddle sequences, padding has
+dt = 0 so it leaves the state unchanged); checkpoints are written only at checkpoint chunks and
+unused slots are zeroed in-kernel. Every load/dot shape is a power of two (C, BP, N >= 16).
+All kernels also run under ``interpret=True`` (CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from kernels.pallas import packing
+from kernels.pallas.ssd import reference
+
+
+def _pow2(n: int) -> bool:
+  return n >= 1 and not n & (n - 1)
+
+
+def _block_p(p: int, block_p: int | None) -> int:
+  bp = block_p or min(p, 64)
+  if not _pow2(bp) or p % bp:
+    raise ValueError(f"block_p={bp} must be a power of two dividing the head dim P={p}")
+  return bp
+
+
+def _check_pow2(**dims):
+  for name, v in dims.items():
+    if not _pow2(v) or v < 16:
+      raise ValueError(f"{name}={v} must be a power of two >= 16 for the Pallas SSD kernels")
+
+
+def _compiler_params(num_warps=4, num_stages=1):
+  return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _dot(a, b, contract_a: int, contract_b: int):
+  return lax.dot_general(
+    a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32
+  )
+
+
+def _prefill_kernel(
+  start_ref,  # [N] first chunk id of each sequence
+  nchunk_ref,  # [N] chunks per sequence
+  ckcount_ref,  # [N] checkpoints to write per sequence (<= M)
+  a_ref,  # [H] fp32
+  d_ref,  # [H] fp32
+  x_ref,  # [NC*C, H, P]
+  dt_ref,  # [H, NC*C] fp32 (processed)
+  b_ref,  # [NC*C, G, N]
+  c_ref,  # [NC*C, G, N]
+  init_ref,  # [N_seq, H, P, N] fp32
+  y_ref,  # out [NC*C, H, P]
+  fin_ref,  # out [N_seq, H, P, N] fp32
+  *ck_refs,  # out [N_seq, M, H, P, N] fp32 (only when M > 0)
+  chunk: int,
+  block_p: int,
+  heads_per_group: int,
+  per_ckpt: int,
+  max_ckpt: int,
+):
+  s = pl.program_id(0)
+  h = pl.program_id(1)
+  p0 = pl.program_id(2) * block_p
+  g = h // heads_per_group
+  c0 = start_ref[s]
+  nch = nchunk_ref[s]
+  a_h = a_ref[h]
+  d_h = d_ref[h]
+  ps = pl.ds(p0, block_p)
+  rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+  cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+  causal = rows >= cols
+  state0 = init_ref[s, h, ps, :].astype(jnp.float32)
+
+  def body(ci, state):
+    t0 = pl.multiple_of((c0 + ci) * chunk, chunk)
+    ts = pl.ds(t0, chunk)
+    xb = x_ref[ts, h, ps]  # [C, BP]
+    dtb = dt_ref[h, ts]  # [C] fp32
+    bb = b_ref[ts, g, :]  # [C, N]
+    cb_in = c_ref[ts, g, :]
+    da = dtb * a_h
+    acum = jnp.cumsum(da)
+    a_last = jnp.sum(da)
+    cbm = _dot(cb_in, bb, 1, 1)  # [C, C]
+    diff = acum[:, None] - acum[None, :]
+    lmat = jnp.exp(jnp.where(causal, diff, -jnp.inf))
+    w = (cbm * lmat * dtb[None, :]).astype(xb.dtype)
+    y = _dot(w, xb, 1, 0)  # [C, BP]
+    y += jnp.exp(acum)[:, None] * _dot(cb_in.astype(jnp.float32), state, 1, 1)
+    y += d_h * xb.astype(jnp.float32)
+    y_ref[ts, h, ps] = y.astype(y_ref.dtype)
+    xw = (xb.astype(jnp.float32) * (jnp.exp(a_last - acum) * dtb)[:, None]).astype(xb.dtype)
+    state = jnp.exp(a_last) * state + _dot(xw, bb.astype(xb.dtype), 0, 0)  # [BP, N]
+    if max_ckpt:
+      done = ci + 1
+      j = lax.div(done, per_ckpt) - 1
+
+      @pl.when((lax.rem(done, per_ckpt) == 0) & (j < max_ckpt))
+      def _():
+        ck_refs[0][s, j, h, ps, :] = state
+
+    return state
+
+  state = lax.fori_loop(0, nch, body, state0)
+  fin_ref[s, h, ps, :] = state
+  if max_ckpt:
+    zeros = jnp.zeros(state.shape, jnp.float32)
+
+    def zero_body(j, carry):
+      ck_refs[0][s, j, h, ps, :] = zeros
+      return carry
+
+    lax.fori_loop(ckcount_ref[s], max_ckpt, zero_body, 0)
+
+
+def ssd_chunk_scan(
+  x,
+  dt,
+  A,
+  B,
+  C,
+  *,
+  D=None,
+  dt_bias=None,
+  dt_softplus=True,
+  initial_state=None,
+  cu_seqlens=None,
+  checkpoint_every=None,
+  max_checkpoints=None,
+  chunk_size=64,
+  block_p=None,
+  interpret=False,
+):
+  """Pallas chunked SSD; same contract as ``api.chunk_scan`` (inputs assumed validated)."""
+  t_total, h, p = x.shape
+  g, n = B.shape[-2:]
+  bp = _block_p(p, block_p)
+  _check_pow2(chunk_size=chunk_size, state_size=n, block_p=bp)
+  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
+  every, m = packing.resolve_checkpoints(
+    checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size
+  )
+  lay = packing.chunk_layout(cu, n_seq, t_total, chunk_size)
+  nc, q = lay.num_chunks, chunk_size
+  if cu_seqlens is None:  # one sequence: chunks are a plain zero-padded view of the tokens
+    pad = nc * q - t_total
+    to_chunks = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+  else:
+    to_chunks = lambda a: packing.to_chunks(a, lay).reshape((nc * q,) + a.shape[1:])
+  dtp = reference.process_dt(dt, dt_bias, dt_softplus)
+  xc = to_chunks(x)
+  dtc = to_chunks(dtp).T  # [H, NC*C]: per-token scalars contiguous per head
+  bc = to_chunks(B.astype(x.dtype))
+  cc = to_chunks(C.astype(x.dtype))
+  a32 = A.astype(jnp.float32)
+  d32 = jnp.zeros((h,), jnp.float32) if D is None else D.astype(jnp.float32)
+  if initial_state is None:
+    initial_state = jnp.zeros((n_seq, h, p, n), jnp.float32)
+  lengths = cu[1:] - cu[:-1]
+  ck_count = jnp.minimum(lengths // every, m).astype(jnp.int32) if every else lengths * 0
+
+  out_shape = [
+    jax.ShapeDtypeStruct((nc * q, h, p), x.dtype),
+    jax.ShapeDtypeStruct((n_seq, h, p, n), jnp.float32),
+  ]
+  if m:
+    out_shape.append(jax.ShapeDtypeStruct((n_seq, m, h, p, n), jnp.float32))
+  kernel = functools.partial(
+    _prefill_kernel,
+    chunk=q,
+    block_p=bp,
+    heads_per_group=h // g,
+    per_ckpt=max(every // q, 1),
+    max_ckpt=m,
+  )
+  outs = pl.pallas_call(
+    kernel,
+    out_shape=out_shape,
+    grid=(n_seq, h, p // bp),
+    compiler_params=_compiler_params(),
+    interpret=interpret,
+    name="ssd_chunk_scan",
+  )(
+    lay.seq_chunk_start,
+    lay.seq_num_chunks,
+    ck_count,
+    a32,
+    d32,
+    xc,
+    dtc,
+    bc,
+    cc,
+    initial_state.astype(jnp.float32),
+  )
+  yc, final = outs[0], outs[1]
+  if cu_seqlens is None:
+    y = yc[:t_total]
+  else:
+    y = jnp.take(yc, lay.token_slot, axis=0)
+  lengths_counts = (lengths // every).astype(jnp.int32) if every else jnp.zeros_like(lengths)
+  states = outs[2] if m else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
+  return y, final, (states, lengths_counts)
+
+
+def _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus):
+  h = x.shape[-2]
+  dtp = reference.process_dt(dt, dt_bias, dt_softplus)
+  d32 = jnp.zeros((h,), jnp.float32) if D is None else D.astype(jnp.float32)
+  return dtp, A.astype(jnp.float32), d32
+
+
+def _decode_kernel(
+  ridx_ref,
+  widx_ref,
+  a_ref,
+  d_ref,
+  x_ref,  # [Nb, H, P]
+  dt_ref,  # [Nb, H] fp32
+  b_ref,  # [Nb, G, N]
+  c_ref,
+  pool_in_ref,  # [slots, H, P, N] (aliased with pool_ref)
+  y_ref,  # out [Nb, H, P]
+  pool_ref,  # out (aliased)
+  *,
+  block_p: int,
+  heads_per_group: int,
+):
+  b = pl.program_id(0)
+  h = pl.program_id(1)
+  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  g = h // heads_per_group
+  r = ridx_ref[b]
+  w = widx_ref[b]
+  state = pool_in_ref[r, h, ps, :].astype(jnp.float32)  # [BP, N]
+  xt = x_ref[b, h, ps].astype(jnp.float32)
+  dtt = dt_ref[b, h]
+  bt = b_ref[b, g, :].astype(jnp.float32)
+  ct = c_ref[b, g, :].astype(jnp.float32)
+  state = jnp.exp(dtt * a_ref[h]) * state + (dtt * xt)[:, None] * bt[None, :]
+  y = jnp.sum(state * ct[None, :], axis=1) + d_ref[h] * xt
+  y_ref[b, h, ps] = y.astype(y_ref.dtype)
+  pool_ref[w, h, ps, :] = state.astype(pool_ref.dtype)
+
+
+def ssd_decode(
+  x,
+  dt,
+  A,
+  B,
+  C,
+  *,
+  D=None,
+  dt_bias=None,
+  dt_softplus=True,
+  state_pool,
+  read_indices,
+  write_indices,
+  block_p=None,
+  interpret=False,
+):
+  """Pallas decode step; updates ``state_pool`` in place (aliased output). See ``api``."""
+  nb, h, p = x.shape
+  g, n = B.shape[-2:]
+  bp = _block_p(p, block_p)
+  _check_pow2(state_size=n, block_p=bp)
+  dtp, a32, d32 = _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus)
+  kernel = functools.partial(_decode_kernel, block_p=bp, heads_per_group=h // g)
+  y, pool = pl.pallas_call(
+    kernel,
+    out_shape=[
+      jax.ShapeDtypeStruct((nb, h, p), x.dtype),
+      jax.ShapeDtypeStruct(state_pool.shape, state_pool.dtype),
+    ],
+    grid=(nb, h, p // bp),
+    input_output_aliases={8: 1},
+    compiler_params=_compiler_params(num_warps=2),
+    interpret=interpret,
+    name="ssd_decode",
+  )(
+    read_indices.astype(jnp.int32),
+    write_indices.astype(jnp.int32),
+    a32,
+    d32,
+    x,
+    dtp,
+    B,
+    C,
+    state_pool,
+  )
+  return y, pool
+
+
+def _verify_kernel(
+  ridx_ref,
+  a_ref,
+  d_ref,
+  x_ref,  # [Nb, S, H, P]
+  dt_ref,  # [Nb, S, H] fp32
+  b_ref,  # [Nb, S, G, N]
+  c_ref,
+  pool_ref,  # [slots, H, P, N]
+  y_ref,  # out [Nb, S, H, P]
+  st_ref,  # out [Nb, S, H, P, N] fp32
+  *,
+  block_p: int,
+  heads_per_group: int,
+  num_steps: int,
+):
+  b = pl.program_id(0)
+  h = pl.program_id(1)
+  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  g = h // heads_per_group
+  a_h = a_ref[h]
+  d_h = d_ref[h]
+  state0 = pool_ref[ridx_ref[b], h, ps, :].astype(jnp.float32)
+
+  def body(i, state):
+    xt = x_ref[b, i, h, ps].astype(jnp.float32)
+    dtt = dt_ref[b, i, h]
+    bt = b_ref[b, i, g, :].astype(jnp.float32)
+    ct = c_ref[b, i, g, :].astype(jnp.float32)
+    state = jnp.exp(dtt * a_h) * state + (dtt * xt)[:, None] * bt[None, :]
+    y = jnp.sum(state * ct[None, :], axis=1) + d_h * xt
+    y_ref[b, i, h, ps] = y.astype(y_ref.dtype)
+    st_ref[b, i, h, ps, :] = state
+    return state
+
+  lax.fori_loop(0, num_steps, body, state0)
+
+
+def ssd_verify(
+  x,
+  dt,
+  A,
+  B,
+  C,
+  *,
+  D=None,
+  dt_bias=None,
+  dt_softplus=True,
+  state_pool,
+  read_indices,
+  block_p=None,
+  interpret=False,
+):
+  """Pallas multi-token verify: per-token outputs and states. See ``api.ssd_verify``."""
+  nb, steps, h, p = x.shape
+  g, n = B.shape[-2:]
+  bp = _block_p(p, block_p)
+  _check_pow2(state_size=n, block_p=bp)
+  dtp, a32, d32 = _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus)
+  kernel = functools.partial(_verify_kernel, block_p=bp, heads_per_group=h // g, num_steps=steps)
+  return pl.pallas_call(
+    kernel,
+    out_shape=[
+      jax.ShapeDtypeStruct((nb, steps, h, p), x.dtype),
+      jax.ShapeDtypeStruct((nb, steps, h, p, n), jnp.float32),
+    ],
+    grid=(nb, h, p // bp),
+    compiler_params=_compiler_params(num_warps=2),
+    interpret=interpret,
+    name="ssd_verify",
+  )(read_indices.astype(jnp.int32), a32, d32, x, dtp, B, C, state_pool)
