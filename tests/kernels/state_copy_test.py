@@ -162,22 +162,20 @@ def test_xla_traced_overlap_has_snapshot_semantics():
 
 
 @given(
-  num_slots=st.integers(2, 12),
   n=st.integers(1, 6),
   pad=st.integers(0, 3),
-  flat=st.integers(1, 300),
+  flat=st.sampled_from([1, 37, 300]),
   with_layers=st.booleans(),
   seed=st.integers(0, 2**16),
 )
-def test_random_batches_interpret_matches_xla_and_oracle(
-  num_slots, n, pad, flat, with_layers, seed
-):
+def test_random_batches_interpret_matches_xla_and_oracle(n, pad, flat, with_layers, seed):
   rng = np.random.default_rng(seed)
-  n = min(n, num_slots // 2)
-  if n == 0:
-    return
-  pool = jnp.asarray(rng.standard_normal((2, num_slots, flat)), jnp.float32)
+  num_slots = 12
   src, dst = _random_batch(rng, num_slots, n, pad)
+  # Pad every batch to 9 entries so few shapes get compiled.
+  src = np.concatenate([src, -np.ones(9 - len(src), np.int32)])
+  dst = np.concatenate([dst, -np.ones(9 - len(dst), np.int32)])
+  pool = jnp.asarray(rng.standard_normal((2, num_slots, flat)), jnp.float32)
   layers = rng.integers(0, 2, size=src.shape).astype(np.int32) if with_layers else None
   expect = _oracle(pool, src, dst, layers)
   for impl in IMPLS:

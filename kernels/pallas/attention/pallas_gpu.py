@@ -72,7 +72,8 @@ def _kernel(
   r = jnp.arange(rows, dtype=jnp.int32)
   row_ok = (r // group) < count
   row_pos = pos0 + r // group
-  q = plgpu.load(q_ref.at[h, pl.ds(first * group, rows), :], mask=row_ok[:, None], other=0)
+  row_mask = jnp.broadcast_to(row_ok[:, None], (rows, head_dim))
+  q = plgpu.load(q_ref.at[h, pl.ds(first * group, rows), :], mask=row_mask, other=0)
   fp32 = q.dtype == jnp.float32
   precision = jax.lax.Precision.HIGHEST if fp32 else None
 
@@ -119,9 +120,7 @@ def _kernel(
   )
   acc, _, denom = jax.lax.fori_loop(c_lo, c_hi, body, init)
   out = acc / jnp.where(denom > 0, denom, 1.0)[:, None]
-  plgpu.store(
-    o_ref.at[h, pl.ds(first * group, rows), :], out.astype(o_ref.dtype), mask=row_ok[:, None]
-  )
+  plgpu.store(o_ref.at[h, pl.ds(first * group, rows), :], out.astype(o_ref.dtype), mask=row_mask)
 
 
 @functools.partial(

@@ -168,7 +168,7 @@ def copy_state_slots(
   _validate_concrete(src, dst, layers, shifts, num_layers, num_slots, num_rows)
 
   if impl == "xla":
-    out = reference.copy_state_slots_reference(leaves, src, dst, layers=layers, shifts=shifts)
+    out = reference.copy_state_slots_reference_jit(leaves, src, dst, layers=layers, shifts=shifts)
   else:
     # One launch: a shared shift vector; pools without a shift ignore it.
     shift_arrays = [sh for sh in shifts if sh is not None]
