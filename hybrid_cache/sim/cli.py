@@ -28,6 +28,7 @@ from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import core_available
 from hybrid_cache.sim.policies import parse_policy
+from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
 
 def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) -> None:
@@ -84,7 +85,13 @@ def simulate(
       (int(x > 0), r.num_input_tokens, int(x)) for r, x in zip(trace.requests, reused.tolist())
     ]
   elif policy.kind == "vllm_plus":
-    raise ValueError(f"policy {policy.name!r} (Marconi's vLLM+ baseline) is not implemented yet")
+    hist, vtree = run_vllm_plus(trace, model, capacity_bytes, block_size)
+    triples = [(int(h), n, r) for h, n, r in hist]
+    extra |= {
+      "states_admitted": vtree.states_admitted,
+      "states_evicted": vtree.states_evicted,
+      "final_tree_bytes": vtree.tree_bytes,
+    }
   else:
     hist, tree = run_marconi(trace, model, capacity_bytes, policy.version, policy.alpha)
     triples = [(int(h), n, r) for h, n, r in hist]

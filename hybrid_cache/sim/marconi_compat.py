@@ -4,7 +4,8 @@ Policies (the names of the CLI):
   marconi_compat_sglang        V1: leaf + branch states, LRU over leaves, whole path refreshed.
   marconi_compat_static:<a>    V3: FLOP-aware eviction with a fixed alpha.
   marconi_compat               V2: alpha = 0 until tuned once by replaying the bootstrap window
-                               under V3 for alpha in {0, 0.1, ..., 2.0} (vLLM+ is not built yet).
+                               under V3 for alpha in {0, 0.1, ..., 2.0}.
+  (marconi_compat_vllm, vLLM+, lives in `vllm_plus.py`.)
 
 One tree holds KV and states; every non-root node = one recurrent checkpoint (the state after
 its last token) + the KV of its edge. Requests replay strictly in order:
