@@ -1,7 +1,8 @@
 """State-copy bandwidth: Pallas slot-copy kernel vs XLA gather/scatter vs plain d2d copies.
 
   python -m experiments.bench_state_copy [--layers 18] [--heads 16] [--dk 128] [--dv 128]
-      [--copies 1,8,64] [--conv_dim 6144] [--max_tiles 1024,4096,8192] [--repeats 20] [--small]
+      [--copies 1,8,64] [--conv_dim 6144] [--pallas_cfgs "1024,4;4096,4;8192,8"] [--repeats 20]
+      [--small]
 
 Pool: fp32 recurrent state ``[L, S, H, d_k, d_v]`` (Qwen3.5-0.8B-like default: 18 GDN layers x
 16 heads x 128 x 128 = 18 MiB per slot), optionally with a bf16 conv pool ``[L, S, 3, conv_dim]``
@@ -9,7 +10,8 @@ copied in the same launch. ``S = 2 * copies + 2`` slots; each batch copies ``cop
 slots (all layers). Bandwidth counts bytes read + written: ``2 * payload / time``.
 
 Rows printed per batch size:
-  pallas[tile]  ``copy_state_slots(implementation="pallas")`` under ``jit`` with the pool donated
+  pallas[t,w]   ``copy_state_slots(implementation="pallas", max_tile=t, num_warps=w)`` under
+                ``jit`` with the pool donated
   xla           ``copy_state_slots(implementation="xla")`` (gather + scatter), pool donated
   at_set        ``pool.at[:, dst].set(pool[:, src])`` written inline, pool donated
   d2d_copy      ``jnp.copy`` of a contiguous buffer of the payload size (the d2d reference rate)
@@ -44,7 +46,7 @@ def _time(fn, state, repeats):
   return statistics.median(times), state
 
 
-def _bench_batch(n, layers, heads, dk, dv, conv_dim, max_tiles, repeats, pallas_impl):
+def _bench_batch(n, layers, heads, dk, dv, conv_dim, pallas_cfgs, repeats, pallas_impl):
   """Rows for one batch of ``n`` copies (every method)."""
   slots = 2 * n + 2
   pools = (jnp.zeros((layers, slots, heads, dk, dv), jnp.float32),)
@@ -68,8 +70,8 @@ def _bench_batch(n, layers, heads, dk, dv, conv_dim, max_tiles, repeats, pallas_
     )
     return state
 
-  def pallas_copy(p, s, d, tile):
-    return api.copy_state_slots(p, s, d, implementation=pallas_impl, max_tile=tile)
+  def pallas_copy(p, s, d, tile, warps):
+    return api.copy_state_slots(p, s, d, implementation=pallas_impl, max_tile=tile, num_warps=warps)
 
   def xla_copy(p, s, d):
     return api.copy_state_slots(p, s, d, implementation="xla")
@@ -77,9 +79,13 @@ def _bench_batch(n, layers, heads, dk, dv, conv_dim, max_tiles, repeats, pallas_
   def at_set(p, s, d):
     return tuple(x.at[:, d].set(x[:, s]) for x in p)
 
-  for tile in max_tiles:
-    f = jax.jit(pallas_copy, donate_argnums=0, static_argnames="tile")
-    pools = add(f"pallas[{tile}]", lambda p, f=f, tile=tile: f(p, src, dst, tile=tile), pools)
+  for tile, warps in pallas_cfgs:
+    f = jax.jit(pallas_copy, donate_argnums=0, static_argnames=("tile", "warps"))
+    pools = add(
+      f"pallas[{tile},{warps}]",
+      lambda p, f=f, tile=tile, warps=warps: f(p, src, dst, tile=tile, warps=warps),
+      pools,
+    )
   for name, g in (("xla", xla_copy), ("at_set", at_set)):
     f = jax.jit(g, donate_argnums=0)
     pools = add(name, lambda p, f=f: f(p, src, dst), pools)
@@ -100,7 +106,7 @@ def state_copy(
   dv=128,
   copies=(1, 8, 64),
   conv_dim=0,
-  max_tiles=(1024, 4096, 8192),
+  pallas_cfgs=((1024, 4), (4096, 4), (8192, 8)),
   repeats=20,
 ):
   """Runs the benchmark; returns a list of result dicts (one per batch size and method)."""
@@ -109,7 +115,7 @@ def state_copy(
   results = []
   for n in copies:
     results.extend(
-      _bench_batch(n, layers, heads, dk, dv, conv_dim, max_tiles, repeats, pallas_impl)
+      _bench_batch(n, layers, heads, dk, dv, conv_dim, pallas_cfgs, repeats, pallas_impl)
     )
   return results
 
@@ -122,7 +128,9 @@ def main() -> None:
   p.add_argument("--dv", type=int, default=128)
   p.add_argument("--copies", default="1,8,64")
   p.add_argument("--conv_dim", type=int, default=0, help="also copy a bf16 [L,S,3,conv_dim] pool")
-  p.add_argument("--max_tiles", default="1024,4096,8192")
+  p.add_argument(
+    "--pallas_cfgs", default="1024,4;4096,4;8192,8", help="';'-separated max_tile,num_warps"
+  )
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--small", action="store_true", help="tiny CPU smoke-test sizes")
   a = p.parse_args()
@@ -133,11 +141,11 @@ def main() -> None:
     dv=a.dv,
     copies=tuple(int(x) for x in a.copies.split(",")),
     conv_dim=a.conv_dim,
-    max_tiles=tuple(int(x) for x in a.max_tiles.split(",")),
+    pallas_cfgs=tuple(tuple(int(x) for x in c.split(",")) for c in a.pallas_cfgs.split(";")),
     repeats=a.repeats,
   )
   if a.small:
-    kw.update(layers=2, heads=2, dk=16, dv=16, copies=(1, 4), max_tiles=(256,), repeats=3)
+    kw.update(layers=2, heads=2, dk=16, dv=16, copies=(1, 4), pallas_cfgs=((256, 4),), repeats=3)
   dev = jax.devices()[0]
   print(f"device: {dev.device_kind} ({jax.default_backend()}), jax {jax.__version__}")
   print(f"{'copies':>6} {'method':<14} {'MiB':>8} {'us':>10} {'GB/s':>8} {'of_d2d':>7}")

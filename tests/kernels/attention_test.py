@@ -311,6 +311,21 @@ def test_pallas_kernel_lowers_for_cuda(dtype, window, hq, hkv, d, bs):
   assert "xla.gpu.triton" in text
 
 
+@pytest.mark.parametrize("hq", [4, 16, 64])
+def test_pallas_decode_kernel_lowers_for_cuda(hq):
+  n, nb, bs, hkv, d = 32, 64, 16, 4, 256
+  args = (
+    jax.ShapeDtypeStruct((n, hq, d), jnp.bfloat16),
+    jax.ShapeDtypeStruct((nb, bs, hkv, d), jnp.bfloat16),
+    jax.ShapeDtypeStruct((nb, bs, hkv, d), jnp.bfloat16),
+    jax.ShapeDtypeStruct((n, 8), jnp.int32),
+    jax.ShapeDtypeStruct((n,), jnp.int32),
+  )
+  f = lambda *a: api.paged_attention(*a, window=32, implementation="pallas")
+  text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "xla.gpu.triton" in text
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("window", [None, 24])

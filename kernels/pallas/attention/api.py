@@ -157,14 +157,18 @@ def paged_attention(
   """
   impl = resolve_implementation(implementation)
   _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window, scale)
-  if query_start_loc is None:
+  decode_only = query_start_loc is None
+  if decode_only:
     query_start_loc = np.arange(block_tables.shape[0] + 1, dtype=np.int32)
   if impl == "xla":
     return _reference_jit(
       q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window=window, scale=scale
     )
   group = q.shape[1] // k_pages.shape[2]
-  bq = pallas_gpu.pick_block_q(group) if block_q is None else block_q
+  if block_q is None:
+    # One query per sequence: the smallest tile that keeps the MMA at >= 16 rows.
+    block_q = max(1, -(-16 // group)) if decode_only else pallas_gpu.pick_block_q(group)
+  bq = block_q
   bk = pallas_gpu.pick_block_k(k_pages.shape[1]) if block_k is None else block_k
   if k_pages.shape[1] % bk:
     raise ValueError(f"block_k={bk} must divide block_size={k_pages.shape[1]}")

@@ -140,7 +140,7 @@ def paged_attention_pallas(
   block_q=None,
   block_k=None,
   interpret=False,
-  num_warps=4,
+  num_warps=None,
   num_stages=2,
 ):
   """Paged attention with the Pallas kernel; contract as in ``reference.py`` (inputs validated)."""
@@ -150,6 +150,8 @@ def paged_attention_pallas(
   block_q = pick_block_q(group) if block_q is None else block_q
   block_k = pick_block_k(block_size) if block_k is None else block_k
   scale = head_dim**-0.5 if scale is None else float(scale)
+  if num_warps is None:  # keep the fp32 accumulator [block_q * G, D] in registers
+    num_warps = 8 if block_q * group * head_dim > 64 * 128 else 4
   qsl = jnp.asarray(query_start_loc, jnp.int32)
   seq_lens = jnp.asarray(seq_lens, jnp.int32)
   blocks = query_blocks(qsl, seq_lens, num_tokens, block_q)
