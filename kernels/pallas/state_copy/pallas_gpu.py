@@ -44,7 +44,9 @@ def plan_tiles(flat_sizes, max_tile: int = DEFAULT_MAX_TILE, min_tile: int = 128
   return tuple(tiles), num_tiles
 
 
-def _kernel(*refs, num_pools, tiles, flat_sizes, row_sizes, num_layers, num_slots, num_rows):
+def _kernel(
+  *refs, num_pools, tiles, num_tiles, flat_sizes, row_sizes, num_layers, num_slots, num_rows
+):
   idx_refs = refs[:4]
   in_refs = refs[4 : 4 + num_pools]
   out_refs = refs[4 + num_pools :]
@@ -69,8 +71,12 @@ def _kernel(*refs, num_pools, tiles, flat_sizes, row_sizes, num_layers, num_slot
       ok = valid & (shift >= 0) & (shift < num_rows[p])
       off = jnp.where(ok, shift, 0) * row
     start = t * tile
-    offs = start + jnp.arange(tile, dtype=jnp.int32)
-    mask = ok & (offs < f - off)
+    if row is None and f == num_tiles * tile:
+      # Every program has a full tile: a uniform mask keeps accesses vectorised.
+      mask = jnp.broadcast_to(ok, (tile,))
+    else:
+      offs = start + jnp.arange(tile, dtype=jnp.int32)
+      mask = ok & (offs < f - off)
     vals = plgpu.load(in_refs[p].at[layer, src, pl.ds(start + off, tile)], mask=mask, other=0)
     plgpu.store(out_refs[p].at[layer, dst, pl.ds(start, tile)], vals, mask=mask)
 
@@ -131,6 +137,7 @@ def copy_state_slots_pallas(
     _kernel,
     num_pools=len(pools),
     tiles=tiles,
+    num_tiles=num_tiles,
     flat_sizes=flat_sizes,
     row_sizes=row_sizes,
     num_layers=num_layers,
