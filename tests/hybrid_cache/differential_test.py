@@ -1,0 +1,166 @@
+"""Differential test: JaxCacheManager vs ReferencePolicy driven by the same random operations.
+
+Configs come from a small fixed set (jit caches are reused across examples); every operation's
+result (or ValueError), the pool counters, every active request's view and the state
+invariants are compared after each step. The extended version is marked slow.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import os
+
+from hypothesis import Phase
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import initialize
+from hypothesis.stateful import invariant
+from hypothesis.stateful import precondition
+from hypothesis.stateful import rule
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.config import GroupSpec
+from hybrid_cache.invariants import check_invariants
+from hybrid_cache.manager import JaxCacheManager
+from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.types import ScheduleEntry
+
+_COMMON = dict(max_model_len=64, max_requests=len(("a", "b", "c", "d", "e")), max_num_batched_tokens=24)
+CONFIGS = (
+  CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=20, **_COMMON),
+  CacheConfig(groups=(GroupSpec("full"), GroupSpec("mamba")), block_size=4, num_blocks=28, **_COMMON),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+    block_size=4,
+    num_blocks=40,
+    pinning=True,
+    **_COMMON,
+  ),
+  CacheConfig(
+    groups=(GroupSpec("full", block_size=8), GroupSpec("swa", block_size=4, window=8)),
+    block_size=4,
+    num_blocks=32,
+    retention_interval=0,
+    watermark_blocks=2,
+    **_COMMON,
+  ),
+  CacheConfig(
+    groups=(GroupSpec("swa", window=4), GroupSpec("swa", window=4)),
+    block_size=2,
+    num_blocks=24,
+    pinning=True,
+    pin_min_drop_size=2,
+    **_COMMON,
+  ),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("mamba", mode="all"), GroupSpec("swa", window=6)),
+    block_size=4,
+    num_blocks=36,
+    full_sequence_must_fit=False,
+    **_COMMON,
+  ),
+)
+
+# Shrinking a stateful jax run is slow; set HC_SHRINK=1 to shrink a failure.
+_PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
+
+NAMES = ("a", "b", "c", "d", "e")
+FAMILIES = (tuple(range(100, 116)), tuple(range(200, 212)), (7,) * 10)
+
+prompts = st.builds(
+  lambda fam, cut, suffix: list(FAMILIES[fam][:cut]) + suffix,
+  st.integers(0, len(FAMILIES) - 1),
+  st.integers(0, 16),
+  st.lists(st.integers(0, 5), min_size=1, max_size=14),
+)
+
+
+class DifferentialMachine(RuleBasedStateMachine):
+  """Drives both managers with the same calls and compares everything they report."""
+
+  @initialize(ci=st.integers(0, len(CONFIGS) - 1))
+  def setup(self, ci):
+    self.config = CONFIGS[ci]
+    self.jax = JaxCacheManager(self.config)
+    self.ref = ReferencePolicy(self.config)
+
+  def _both(self, fn):
+    outs = []
+    for m in (self.jax, self.ref):
+      try:
+        outs.append(("ok", fn(m)))
+      except ValueError as e:
+        outs.append(("error", type(e).__name__))
+    assert outs[0] == outs[1], f"jax {outs[0]} != reference {outs[1]}"
+    return outs[0]
+
+  def _active(self):
+    return self.ref.active_requests()
+
+  @rule(name=st.sampled_from(NAMES), tokens=prompts)
+  def add(self, name, tokens):
+    self._both(lambda m: m.add_request(name, tokens))
+
+  @precondition(lambda self: self._active())
+  @rule(data=st.data())
+  def schedule(self, data):
+    active = list(self._active())
+    chosen = data.draw(st.lists(st.sampled_from(active), min_size=1, max_size=3, unique=True))
+    caps = data.draw(
+      st.lists(st.one_of(st.none(), st.integers(1, 20)), min_size=len(chosen), max_size=len(chosen))
+    )
+    entries = [ScheduleEntry(r, c) for r, c in zip(chosen, caps)]
+    self._both(lambda m: m.schedule(entries))
+
+  @precondition(lambda self: self._active())
+  @rule(data=st.data(), tokens=st.lists(st.integers(0, 5), min_size=1, max_size=3))
+  def append(self, data, tokens):
+    name = data.draw(st.sampled_from(list(self._active())))
+    self._both(lambda m: m.append_tokens(name, tokens))
+
+  @precondition(lambda self: self._active())
+  @rule(data=st.data())
+  def free(self, data):
+    name = data.draw(st.sampled_from(list(self._active())))
+    self._both(lambda m: m.free(name))
+
+  @precondition(lambda self: self._active())
+  @rule(data=st.data())
+  def preempt(self, data):
+    name = data.draw(st.sampled_from(list(self._active())))
+    self._both(lambda m: m.preempt(name))
+
+  @rule()
+  def reset(self):
+    self._both(lambda m: m.reset_prefix_cache())
+
+  @rule(tokens=prompts)
+  def lookup(self, tokens):
+    self._both(lambda m: m.lookup(tokens))
+
+  @invariant()
+  def same_views_and_clean_state(self):
+    if not hasattr(self, "jax"):
+      return
+    assert self.jax.pool_stats() == self.ref.pool_stats()
+    assert self.jax.active_requests() == self.ref.active_requests()
+    for r in self._active():
+      assert self.jax.request_view(r) == self.ref.request_view(r)
+    assert check_invariants(self.config, self.jax.state) == []
+
+
+TestDifferential = DifferentialMachine.TestCase
+TestDifferential.settings = settings(
+  max_examples=12, stateful_step_count=25, deadline=None, phases=_PHASES
+)
+
+
+class ExtendedMachine(DifferentialMachine):
+  pass
+
+
+TestDifferentialExtended = pytest.mark.slow(ExtendedMachine.TestCase)
+TestDifferentialExtended.settings = settings(
+  max_examples=150, stateful_step_count=40, deadline=None
+)
