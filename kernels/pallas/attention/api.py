@@ -153,7 +153,8 @@ def paged_attention(
   Raises:
     ValueError: bad shapes/dtypes/arguments, or (concrete values only) seq_lens beyond the block
       table capacity, a malformed query_start_loc, more queries than positions, or an attended
-      block table entry out of range. Traced values are not checked.
+      block table entry out of range. Traced values are not checked; concrete device arrays are
+      read on the host for the checks (a sync; call under ``jit`` to avoid it).
   """
   impl = resolve_implementation(implementation)
   _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window, scale)

@@ -117,10 +117,12 @@ def copy_state_slots(
       a half-padded entry, a slot (a (layer, slot) when ``layers`` is given) that is both a source
       and a destination in the batch, or a destination used twice.
 
-  Traced indices are not checked. Then entries with any index out of range are skipped (so -1
-  padding works), a slot that is both a source and a destination reads the pre-batch value in the
-  XLA path (gather before scatter) but races in the Pallas path (unspecified result), and duplicate
-  destinations give an unspecified one of the sources.
+  Concrete checks read the index values on the host (a device sync for device arrays; pass
+  numpy indices or call under ``jit`` to avoid it). Traced indices are not checked. Then entries
+  with any index out of range are skipped (so -1 padding works), a slot that is both a source and
+  a destination reads the pre-batch value in the XLA path (gather before scatter) but races in the
+  Pallas path (unspecified result), and duplicate destinations give an unspecified one of the
+  sources.
   """
   impl = resolve_implementation(implementation)
   leaves, treedef = jax.tree.flatten(pool)
