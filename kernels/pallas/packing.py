@@ -60,8 +60,9 @@ def resolve_checkpoints(
 ) -> tuple[int, int]:
   """Validates the checkpoint arguments; returns (every, M) with every = 0 when disabled.
 
-  M defaults to ``num_tokens // every`` (enough for any packing). When ``cu`` is concrete, a
-  sequence needing more than M checkpoints raises.
+  M (static slots per sequence) defaults to the largest ``L_n // every`` when ``cu`` is concrete
+  or None, else ``num_tokens // every``. Same convention as the GDN kernels: checkpoints beyond M
+  are dropped and the reported counts are ``min(L_n // every, M)``.
   """
   if checkpoint_every is None:
     if max_checkpoints not in (None, 0):
@@ -76,18 +77,14 @@ def resolve_checkpoints(
       f"checkpoint_every={checkpoint_every} must be a multiple of chunk_size={chunk_size}"
     )
   if max_checkpoints is None:
-    max_checkpoints = num_tokens // checkpoint_every
+    if cu is None:
+      max_checkpoints = num_tokens // checkpoint_every
+    elif is_concrete(cu):
+      max_checkpoints = int(np.max(np.diff(np.asarray(cu)) // checkpoint_every, initial=0))
+    else:
+      max_checkpoints = num_tokens // checkpoint_every
   if not isinstance(max_checkpoints, (int, np.integer)) or max_checkpoints < 0:
     raise ValueError(f"max_checkpoints={max_checkpoints!r} must be an int >= 0 or None")
-  if cu is None:
-    cu = np.array([0, num_tokens])
-  if is_concrete(cu):
-    need = int(np.max(np.diff(np.asarray(cu)) // checkpoint_every))
-    if need > max_checkpoints:
-      raise ValueError(
-        f"max_checkpoints={max_checkpoints} is too small: a sequence has {need} checkpoints "
-        f"at checkpoint_every={checkpoint_every}; allowed range >= {need}"
-      )
   return int(checkpoint_every), int(max_checkpoints)
 
 

@@ -51,13 +51,16 @@ def causal_conv1d(
     cu_seqlens: optional int32 [N+1] boundaries (None: one sequence); may be traced.
     checkpoint_every: None or positive int: also return the conv state after every
       checkpoint_every tokens of each sequence (same boundaries as the SSD/GDN scans).
-    max_checkpoints: slots M per sequence (default T // checkpoint_every).
+    max_checkpoints: static slots M per sequence. Default: the largest L_n // checkpoint_every
+      when cu_seqlens is concrete (or None), else T // checkpoint_every. Checkpoints beyond M
+      are dropped and counts is clipped to M (same convention as the GDN kernels).
     activation: "silu" or None.
     implementation: None | "xla" | "pallas" | "interpret".
 
   Returns:
     (y [T, D] in x.dtype, final_conv_state [N, D, K-1] in x.dtype,
-     (conv_checkpoints [N, M, D, K-1] in x.dtype, counts int32 [N])); unused slots are zero.
+     (conv_checkpoints [N, M, D, K-1] in x.dtype, counts int32 [N] = min(L_n // every, M)));
+     unused slots are zero.
 
   Raises:
     ValueError: bad shapes, activation, checkpoint arguments, cu_seqlens or implementation.

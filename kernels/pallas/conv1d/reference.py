@@ -46,7 +46,7 @@ def conv_oracle(
   cu = np.asarray([0, t_total] if cu_seqlens is None else cu_seqlens)
   n_seq = len(cu) - 1
   every = checkpoint_every or 0
-  m = 0 if not every else (t_total // every if max_checkpoints is None else max_checkpoints)
+  _, m = packing.resolve_checkpoints(every or None, max_checkpoints, t_total, cu, None)
   if conv_state is None:
     conv_state = jnp.zeros((n_seq, d, k - 1), x.dtype)
   conv_state = conv_state.astype(x.dtype)
@@ -64,8 +64,8 @@ def conv_oracle(
     lo, hi = int(cu[n]), int(cu[n + 1])
     finals.append(per_tok[hi - 1] if hi > lo else conv_state[n])
     if every:
-      counts[n] = (hi - lo) // every
-      for j in range(min(counts[n], m)):
+      counts[n] = min((hi - lo) // every, m)
+      for j in range(counts[n]):
         ckpts[n, j] = np.asarray(per_tok[lo + (j + 1) * every - 1].astype(jnp.float32))
   return y, jnp.stack(finals), (jnp.asarray(ckpts).astype(x.dtype), jnp.asarray(counts))
 
@@ -115,7 +115,7 @@ def conv_states_and_checkpoints(x, conv_state, cu, every: int, m: int):
   d, k1 = conv_state.shape[1:]
   if not every:
     return final, (jnp.zeros((n_seq, 0, d, k1), x.dtype), jnp.zeros((n_seq,), jnp.int32))
-  counts = (lengths // every).astype(jnp.int32)
+  counts = jnp.minimum(lengths // every, m).astype(jnp.int32)
   j = jnp.arange(m, dtype=jnp.int32)
   bnd = (j[None, :] + 1) * every + 0 * seqs[:, None]
   ck = states_at(x, conv_state, cu, seqs[:, None] + 0 * j[None, :], bnd)

@@ -76,14 +76,16 @@ def chunk_scan(
       one sequence. May be traced under jit.
     checkpoint_every: None or a positive multiple of chunk_size: also return the state after
       every checkpoint_every tokens of each sequence.
-    max_checkpoints: slots M per sequence (default T // checkpoint_every).
+    max_checkpoints: static slots M per sequence. Default: the largest L_n // checkpoint_every
+      when cu_seqlens is concrete (or None), else T // checkpoint_every. Checkpoints beyond M
+      are dropped and counts is clipped to M (same convention as the GDN kernels).
     chunk_size: tokens per chunk (power of two >= 16 for the Pallas path).
     implementation: None | "xla" | "pallas" | "interpret".
 
   Returns:
     (y [T, H, P] in x.dtype, final_state [N_seq, H, P, N] fp32,
      (states [N_seq, M, H, P, N] fp32, counts int32 [N_seq])): states[n, j] is the state after
-    (j+1)*checkpoint_every tokens of sequence n, counts[n] = L_n // checkpoint_every, unused
+    (j+1)*checkpoint_every tokens of sequence n, counts[n] = min(L_n // checkpoint_every, M), unused
     slots are zero (M = 0 when checkpoint_every is None).
 
   Raises:

@@ -215,9 +215,8 @@ def ssd_chunk_scan(
     y = yc[:t_total]
   else:
     y = jnp.take(yc, lay.token_slot, axis=0)
-  lengths_counts = (lengths // every).astype(jnp.int32) if every else jnp.zeros_like(lengths)
   states = outs[2] if m else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
-  return y, final, (states, lengths_counts)
+  return y, final, (states, ck_count)
 
 
 def _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus):

@@ -86,7 +86,7 @@ def ssd_oracle(
   cu = np.asarray([0, t_total] if cu_seqlens is None else cu_seqlens)
   n_seq = len(cu) - 1
   every = checkpoint_every or 0
-  m = 0 if not every else (t_total // every if max_checkpoints is None else max_checkpoints)
+  _, m = packing.resolve_checkpoints(every or None, max_checkpoints, t_total, cu, None)
   if initial_state is None:
     initial_state = jnp.zeros((n_seq, h, p, n_state), jnp.float32)
   seq = np.searchsorted(cu[1:], np.arange(t_total), side="right")
@@ -101,8 +101,8 @@ def ssd_oracle(
     lo, hi = int(cu[n]), int(cu[n + 1])
     finals.append(per_tok[hi - 1] if hi > lo else initial_state[n])
     if every:
-      counts[n] = (hi - lo) // every
-      for j in range(min(counts[n], m)):
+      counts[n] = min((hi - lo) // every, m)
+      for j in range(counts[n]):
         states[n, j] = np.asarray(per_tok[lo + (j + 1) * every - 1])
   return y, jnp.stack(finals), (jnp.asarray(states), jnp.asarray(counts))
 
@@ -213,7 +213,7 @@ def gather_checkpoints(h_out, lay: packing.ChunkLayout, cu, every: int, m: int):
   lengths = cu[1:] - cu[:-1]
   if not every:
     return jnp.zeros((n_seq, 0) + h_out.shape[1:], h_out.dtype), jnp.zeros((n_seq,), jnp.int32)
-  counts = (lengths // every).astype(jnp.int32)
+  counts = jnp.minimum(lengths // every, m).astype(jnp.int32)
   per = every // lay.chunk_size
   j = jnp.arange(m, dtype=jnp.int32)
   idx = lay.seq_chunk_start[:, None] + (j[None, :] + 1) * per - 1
