@@ -147,9 +147,15 @@ def ssd_chunk_scan(
   max_checkpoints=None,
   chunk_size=64,
   block_p=None,
+  num_warps=4,
+  num_stages=1,
   interpret=False,
 ):
-  """Pallas chunked SSD; same contract as ``api.chunk_scan`` (inputs assumed validated)."""
+  """Pallas chunked SSD; same contract as ``api.chunk_scan`` (inputs assumed validated).
+
+  Tuning: ``block_p`` (P-tile per program, default min(P, 64)), Triton ``num_warps`` and
+  ``num_stages``. Grid = (N_seq, H, P // block_p).
+  """
   t_total, h, p = x.shape
   g, n = B.shape[-2:]
   bp = _block_p(p, block_p)
@@ -195,7 +201,7 @@ def ssd_chunk_scan(
     kernel,
     out_shape=out_shape,
     grid=(n_seq, h, p // bp),
-    compiler_params=_compiler_params(),
+    compiler_params=_compiler_params(num_warps, num_stages),
     interpret=interpret,
     name="ssd_chunk_scan",
   )(
