@@ -259,6 +259,23 @@ def test_pallas_kernel_lowers_for_cuda(layers_given):
   assert "xla.gpu.triton" in text
 
 
+def test_donated_pool_is_updated_in_place():
+  """XLA: the donated pool aliases the output; Pallas: the kernel output aliases its operand."""
+  pool = jax.ShapeDtypeStruct((2, 8, 64), jnp.float32)
+  idx = jax.ShapeDtypeStruct((3,), jnp.int32)
+
+  def step(impl):
+    return jax.jit(
+      lambda p, s, d: api.copy_state_slots(p, s, d, implementation=impl), donate_argnums=0
+    )
+
+  hlo = step("xla").trace(pool, idx, idx).lower().compile().as_text()
+  assert "input_output_alias={ {}: (0, {}" in hlo
+  text = step("pallas").trace(pool, idx, idx).lower(lowering_platforms=("cuda",)).as_text()
+  assert "tf.aliasing_output = 0" in text
+  assert "output_operand_aliases" in text
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_gpu_pallas_matches_oracle(dtype):
