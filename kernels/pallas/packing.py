@@ -147,6 +147,9 @@ def chunk_layout(cu: jax.Array, num_seqs: int, num_tokens: int, chunk_size: int)
 
 def to_chunks(x: jax.Array, layout: ChunkLayout) -> jax.Array:
   """[T, ...] -> [num_chunks, C, ...] with zeros in padding slots."""
+  shape = (layout.num_chunks, layout.chunk_size) + x.shape[1:]
+  if x.shape[0] == 0:  # no tokens: every slot is padding
+    return jnp.zeros(shape, x.dtype)
   out = jnp.take(x, layout.gather_index, axis=0, mode="fill", fill_value=0)
   return out.reshape((layout.num_chunks, layout.chunk_size) + x.shape[1:])
 
