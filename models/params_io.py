@@ -24,9 +24,8 @@ def save_params(path: str | os.PathLike, model: HybridLM) -> None:
   """Writes `model`'s parameters to the new directory `path` (absolute or relative)."""
   path = os.path.abspath(os.fspath(path))
   _, state = nnx.split(model)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(path, nnx.to_pure_dict(state))
-    ckptr.wait_until_finished()
+  with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
+    ckptr.save(path, args=ocp.args.StandardSave(nnx.to_pure_dict(state)))
 
 
 def restore_params(path: str | os.PathLike, cfg: ModelConfig) -> HybridLM:
@@ -44,9 +43,9 @@ def restore_params(path: str | os.PathLike, cfg: ModelConfig) -> HybridLM:
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_default_sharding()),
     nnx.to_pure_dict(abs_state),
   )
-  with ocp.StandardCheckpointer() as ckptr:
+  with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as ckptr:
     try:
-      restored = ckptr.restore(path, ocp.args.StandardRestore(target))
+      restored = ckptr.restore(path, args=ocp.args.StandardRestore(target))
     except (ValueError, KeyError) as e:
       raise ValueError(f"checkpoint at path={path!r} does not match the config: {e}") from e
   nnx.replace_by_pure_dict(abs_state, restored)

@@ -50,12 +50,16 @@ class ToyDriver:
     pad_tokens: int | None = 256,
     pad_seqs: int = 4,
     max_blocks: int = 16,
+    ckpt_cols: int = 0,
   ):
     """Args:
     poison_value: if set, the null block and every SWA block a step drops from the window
       are filled with this value in the SWA layers' pages, so reading them would show.
     pad_tokens, pad_seqs, max_blocks: fixed step shapes (tokens, sequences incl. one
       padding sequence, block table columns), so every step reuses one compilation.
+    ckpt_cols: if > 0, every step passes a checkpoint table of this many columns (all -1
+      unless `step(checkpoints=True)`), so steps with and without checkpoints share one
+      compilation; needs block_size to be a multiple of 64.
     """
     self.cfg = model.cfg
     self.graphdef, self.params = runner.split_model(model)
@@ -65,6 +69,7 @@ class ToyDriver:
     self.implementation = implementation
     self.poison_value = poison_value
     self.pad_tokens, self.pad_seqs, self.max_blocks = pad_tokens, pad_seqs, max_blocks
+    self.ckpt_cols = ckpt_cols
     self._next = 1
     kinds = self.cfg.layer_kinds
     slots = self.cfg.layer_slot
@@ -140,13 +145,15 @@ class ToyDriver:
         )
       seqs.append(runner.SeqStep(req.tokens[start:end], start, tables, read, write, tuple(ckpts)))
     if self.poison_value is not None:
-      self._poison(sorted(set(dropped)))
+      # A block dropped by one request may still be in another's window (shared prefix).
+      live = {b for s in seqs for t in s.block_tables for b in t}
+      self._poison(sorted(set(dropped) - live))
     inputs = runner.build_step_inputs(
       self.cfg,
       seqs,
       bs,
-      ckpt_every=bs if checkpoints else None,
-      num_ckpt_cols=(self.pad_tokens // bs if self.pad_tokens else None) if checkpoints else 0,
+      ckpt_every=bs if (checkpoints or self.ckpt_cols) else None,
+      num_ckpt_cols=self.ckpt_cols or (None if checkpoints else 0),
       max_blocks=self.max_blocks,
       pad_tokens=self.pad_tokens,
       pad_seqs=self.pad_seqs,
