@@ -1,0 +1,118 @@
+"""Heads-sharded placement of the model's parameters and caches on a `jax.sharding.Mesh`.
+
+One mesh axis (named "model", or the mesh's only axis) splits attention KV heads, GDN value
+heads and Mamba2 heads; everything else (embeddings, norms, MLPs, conv states, step inputs) is
+replicated. The jitted step then runs under GSPMD propagation (mesh axes are made `Auto`), so
+the sharding changes where work happens, never what is computed.
+
+Example::
+
+  mesh = heads_mesh(4)                  # 4 devices on axis "model"
+  check_mesh(model_cfg, mesh)           # ValueError if 4 does not divide the heads
+  params = shard_params(params, mesh); cache = shard_cache(cache, mesh)
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from models.cache import ModelCache
+from models.config import ModelConfig
+
+AXIS = "model"
+
+# Parameter path suffixes whose kernels are split along heads: (module name, spec).
+_COLUMN = ("q_proj", "k_proj", "v_proj", "in_proj_z")  # [d, heads * dim]: split outputs
+_ROW = ("o_proj", "out_proj")  # [heads * dim, d]: split inputs
+
+
+def heads_mesh(num_devices: int | None = None) -> Mesh:
+  """A 1-D mesh over the first `num_devices` devices (all by default), axis "model", Auto."""
+  devs = jax.devices()
+  n = len(devs) if num_devices is None else num_devices
+  if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(devs):
+    raise ValueError(f"num_devices must be in [1, {len(devs)}], got {num_devices!r}")
+  return Mesh(np.asarray(devs[:n]), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _axis(mesh: Mesh) -> str:
+  if AXIS in mesh.axis_names:
+    return AXIS
+  if len(mesh.axis_names) == 1:
+    return mesh.axis_names[0]
+  raise ValueError(
+    f"mesh.axis_names must contain {AXIS!r} (or be a single axis), got {mesh.axis_names}"
+  )
+
+
+def as_auto(mesh: Mesh) -> Mesh:
+  """The same mesh with every axis `Auto` (GSPMD propagation; see ecosystem brief §6)."""
+  auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+  return Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
+def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
+  """Raises ValueError naming the field when the mesh axis size does not divide the heads."""
+  if not isinstance(mesh, Mesh):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  n = mesh.shape[_axis(mesh)]
+  fields = []
+  if cfg.count("AS"):
+    fields += ["num_heads", "num_kv_heads"]
+  if cfg.count("G"):
+    fields += ["gdn_num_k_heads", "gdn_num_v_heads"]
+  if cfg.count("M"):
+    fields += ["mamba_num_heads"]
+  for f in fields:
+    v = getattr(cfg, f)
+    if v % n:
+      raise ValueError(
+        f"mesh axis {_axis(mesh)!r} has {n} devices, which does not divide {f}={v}; "
+        f"use a mesh size that divides {f}"
+      )
+
+
+def _param_spec(path, leaf, axis: str) -> P:
+  names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  if getattr(leaf, "ndim", 0) == 2 and "kernel" in names:
+    if any(n in _COLUMN for n in names):
+      return P(None, axis)
+    if any(n in _ROW for n in names):
+      return P(axis, None)
+  return P()
+
+
+def shard_params(params, mesh: Mesh):
+  """`device_put` of an `nnx.State` with heads-split projection kernels (rest replicated)."""
+  axis = _axis(mesh)
+  specs = jax.tree_util.tree_map_with_path(lambda p, x: _param_spec(p, x, axis), params)
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+  return jax.device_put(params, shardings)
+
+
+def cache_shardings(mesh: Mesh) -> ModelCache:
+  """`NamedSharding`s of each `ModelCache` leaf: heads axes split, conv states replicated."""
+  a = _axis(mesh)
+  ns = lambda *s: NamedSharding(mesh, P(*s))
+  return ModelCache(
+    k=ns(None, None, None, a, None),
+    v=ns(None, None, None, a, None),
+    gdn_state=ns(None, None, a, None, None),
+    gdn_conv=ns(),
+    mamba_state=ns(None, None, a, None, None),
+    mamba_conv=ns(),
+  )
+
+
+def shard_cache(cache: ModelCache, mesh: Mesh) -> ModelCache:
+  """`device_put` of the cache with `cache_shardings(mesh)`."""
+  return jax.device_put(cache, cache_shardings(mesh))
+
+
+def replicate(tree, mesh: Mesh):
+  """`device_put` of a pytree, replicated on every device of the mesh."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))

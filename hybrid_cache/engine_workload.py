@@ -1,0 +1,154 @@
+"""Workloads for the engine and side-by-side runs of cache policies ("arms") on one workload.
+
+`serve` feeds requests with at most `concurrency` in flight (1 = each request arrives when
+the previous one finished), so arrival order, and hence what can hit, is deterministic.
+`compare_arms` runs the same workload under several cache configs: each arm first serves the
+workload once to compile every shape, then drops its prefix cache (`reset_prefix_cache`) and
+serves it again, timed. Outputs are compared with the arm named "off" (greedy tokens equal,
+logits max relative difference).
+
+Example::
+
+  prompts = shared_prefix_prompts(seed=0, num_prompts=20, prefix_len=500, suffix_len=24)
+  res = compare_arms("qwen35_tiny", {"off": dict(enable_prefix_caching=False),
+                                     "align_marconi": {}}, prompts, max_new_tokens=4)
+  res["align_marconi"]["cached_tokens"], res["align_marconi"]["wall_s"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hybrid_cache.engine import Engine
+from hybrid_cache.engine import RequestOutput
+from hybrid_cache.engine_config import cache_config_for
+
+# The three arms of the Marconi-admission experiments (CacheConfig overrides).
+STANDARD_ARMS: dict[str, dict[str, Any]] = {
+  "off": dict(enable_prefix_caching=False),
+  "align": dict(mode="align", marconi_junction=False),
+  "align_marconi": dict(mode="align", marconi_junction=True),
+}
+
+
+def shared_prefix_prompts(
+  seed: int, num_prompts: int, prefix_len: int, suffix_len: int, vocab: int = 256
+) -> list[list[int]]:
+  """`num_prompts` prompts: one random shared prefix, then a distinct random suffix each."""
+  rng = np.random.RandomState(seed)
+  prefix = rng.randint(0, vocab, prefix_len).tolist()
+  return [prefix + rng.randint(0, vocab, suffix_len).tolist() for _ in range(num_prompts)]
+
+
+def serve(
+  engine: Engine,
+  prompts: Sequence[Sequence[int]],
+  max_new_tokens: int,
+  *,
+  concurrency: int = 1,
+  return_logits: bool = False,
+  progress: bool = False,
+) -> list[RequestOutput]:
+  """Serves `prompts` in order with at most `concurrency` requests in flight."""
+  if concurrency < 1:
+    raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+  bar = None
+  if progress:
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(prompts), desc="requests", unit="req", leave=False)
+  ids: list[str] = []
+  nxt = 0
+  while nxt < len(prompts) or engine.has_unfinished():
+    while nxt < len(prompts) and engine.num_unfinished < concurrency:
+      ids.append(engine.add_request(prompts[nxt], max_new_tokens, return_logits=return_logits))
+      nxt += 1
+    done = engine.step()
+    if bar is not None:
+      bar.update(len(done))
+  if bar is not None:
+    bar.close()
+  outs = engine.outputs
+  return [outs[i] for i in ids]
+
+
+def _summary(engine: Engine, outs: Sequence[RequestOutput]) -> dict[str, Any]:
+  st = engine.stats
+  ttft = [o.ttft_s for o in outs if o.ttft_s is not None]
+  return {
+    "cached_tokens": st.cached_tokens,
+    "prefill_tokens_computed": st.prefill_tokens_computed,
+    "prompt_tokens": st.prompt_tokens,
+    "decode_tokens": st.decode_tokens,
+    "preemptions": st.preemptions,
+    "steps": st.steps,
+    "wall_s": st.wall_s,
+    "mean_ttft_s": float(np.mean(ttft)) if ttft else None,
+    "per_request_cached_tokens": [o.num_cached_tokens for o in outs],
+  }
+
+
+def run_arm(
+  model: Any,
+  cache_kwargs: Mapping[str, Any],
+  prompts: Sequence[Sequence[int]],
+  max_new_tokens: int,
+  *,
+  seed: int = 0,
+  concurrency: int = 1,
+  warmup: bool = True,
+  engine_kwargs: Mapping[str, Any] | None = None,
+  progress: bool = False,
+) -> tuple[dict[str, Any], list[RequestOutput]]:
+  """Serves the workload under one cache config; returns (summary, outputs)."""
+  cc = cache_config_for(model, **cache_kwargs)
+  engine = Engine(model, cc, seed=seed, **dict(engine_kwargs or {}))
+  if warmup:
+    serve(engine, prompts, max_new_tokens, concurrency=concurrency)
+    if not engine.manager.reset_prefix_cache():
+      raise RuntimeError("reset_prefix_cache failed: blocks still held after the warm-up")
+    engine.reset_stats()
+  outs = serve(
+    engine,
+    prompts,
+    max_new_tokens,
+    concurrency=concurrency,
+    return_logits=True,
+    progress=progress,
+  )
+  return _summary(engine, outs), outs
+
+
+def compare_arms(
+  model: Any,
+  arms: Mapping[str, Mapping[str, Any]],
+  prompts: Sequence[Sequence[int]],
+  max_new_tokens: int,
+  *,
+  common: Mapping[str, Any] | None = None,
+  **kwargs: Any,
+) -> dict[str, dict[str, Any]]:
+  """`run_arm` for each arm (cache kwargs = common | arm); adds `outputs_equal_to_off`,
+  `max_logit_rel_diff_vs_off` and `latency_ratio_vs_off` when an arm named "off" exists."""
+  results: dict[str, dict[str, Any]] = {}
+  outputs: dict[str, list[RequestOutput]] = {}
+  for name, kw in arms.items():
+    results[name], outputs[name] = run_arm(
+      model, {**dict(common or {}), **dict(kw)}, prompts, max_new_tokens, **kwargs
+    )
+  if "off" in outputs:
+    ref = outputs["off"]
+    for name, outs in outputs.items():
+      eq = all(a.output_tokens == b.output_tokens for a, b in zip(outs, ref, strict=True))
+      rel = max(
+        float(np.max(np.abs(a.logits - b.logits)) / np.max(np.abs(b.logits)))
+        for a, b in zip(outs, ref, strict=True)
+      )
+      results[name]["outputs_equal_to_off"] = bool(eq)
+      results[name]["max_logit_rel_diff_vs_off"] = rel
+      results[name]["latency_ratio_vs_off"] = results[name]["wall_s"] / results["off"]["wall_s"]
+  return results
