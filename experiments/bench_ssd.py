@@ -6,7 +6,8 @@ Usage (on a GPU machine):
 
 Shapes default to Nemotron-H-like Mamba2 layers: 64 heads of P = 64, state N = 128, 8 groups,
 bf16 inputs, fp32 state; ``--seqs`` packs that many equal-length sequences into the token count.
-Pallas configs are ``chunk,block_p,num_warps,num_stages``. mamba_ssm's Triton
+Pallas configs are ``chunk,block_p,num_warps,num_stages[,fused|parallel]`` (the two
+algorithms of ``kernels/pallas/ssd/pallas_gpu.py``). mamba_ssm's Triton
 ``mamba_chunk_scan_combined`` (chunk 256 by default, as in its Mamba2 module) runs on the same
 inputs when importable; otherwise "mamba_ssm not installed" is printed. Prints median time over
 ``--iters`` timed calls after a warm-up, tokens/s and the ratio to the XLA reference. Checks the
@@ -70,21 +71,25 @@ def bench_ssd(args):
     cu = jnp.asarray(np.linspace(0, t, args.seqs + 1).astype(np.int32))
     res, outs = {}, {}
 
-    def xla_fn(x, dt, a, b, c, d, bias):
+    cu = None if args.seqs == 1 else cu
+
+    def xla_fn(x, dt, a, b, c, d, bias, cu=cu):
       return api.chunk_scan(x, dt, a, b, c, D=d, dt_bias=bias, cu_seqlens=cu,
                             chunk_size=args.xla_chunk, implementation="xla")[:2]  # fmt: skip
 
     variants = [(f"xla chunk={args.xla_chunk}", jax.jit(xla_fn))]
     for cfg in args.pallas_cfgs.split(";"):
-      ch, bp, nw, ns = (int(v) for v in cfg.split(","))
+      fields = cfg.split(",")
+      ch, bp, nw, ns = (int(v) for v in fields[:4])
+      alg = fields[4] if len(fields) > 4 else "fused"
 
-      def pl_fn(x, dt, a, b, c, d, bias, ch=ch, bp=bp, nw=nw, ns=ns):
+      def pl_fn(x, dt, a, b, c, d, bias, ch=ch, bp=bp, nw=nw, ns=ns, alg=alg, cu=cu):
         return pallas_gpu.ssd_chunk_scan(
-          x, dt, a, b, c, D=d, dt_bias=bias, cu_seqlens=None if args.seqs == 1 else cu,
-          chunk_size=ch, block_p=bp, num_warps=nw, num_stages=ns,
+          x, dt, a, b, c, D=d, dt_bias=bias, cu_seqlens=cu,
+          chunk_size=ch, block_p=bp, num_warps=nw, num_stages=ns, algorithm=alg,
         )[:2]  # fmt: skip
 
-      variants.append((f"pallas C={ch} bp={bp} w={nw} s={ns}", jax.jit(pl_fn)))
+      variants.append((f"pallas {alg} C={ch} bp={bp} w={nw} s={ns}", jax.jit(pl_fn)))
     for name, fn in variants:
       try:
         res[name] = _time_jax(fn, jargs, args.iters)
@@ -160,8 +165,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
   p.add_argument("--mamba_chunk", type=int, default=256)
   p.add_argument(
     "--pallas_cfgs",
-    default="64,64,4,1;128,64,4,1;64,32,4,1;64,64,4,2",
-    help="';'-separated chunk,block_p,num_warps,num_stages",
+    default=(
+      "64,64,4,1;64,64,8,1;128,64,8,1;64,32,4,1;64,64,4,2;"
+      "64,64,4,1,parallel;128,64,4,1,parallel;64,32,4,1,parallel"
+    ),
+    help="';'-separated chunk,block_p,num_warps,num_stages[,fused|parallel]",
   )
 
 

@@ -110,6 +110,46 @@ def test_chunk_scan_matches_oracle_fp32(impl, case):
   assert _max_rel(states, _pad_slots(so, states.shape[1])) <= 2e-5
 
 
+@functools.cache
+def _parallel_jitted(static):
+  def f(inp, cu):
+    i = dict(inp)
+    x, dt, a, b, c = (i.pop(k) for k in ("x", "dt", "A", "B", "C"))
+    return pallas_gpu.ssd_chunk_scan(
+      x, dt, a, b, c, cu_seqlens=cu, algorithm="parallel", interpret=True, **i, **dict(static)
+    )
+
+  return jax.jit(f)
+
+
+def _run_parallel(inp, cu_seqlens=None, **kw):
+  cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens, jnp.int32)
+  return _parallel_jitted(tuple(sorted(kw.items())))(inp, cu)
+
+
+@pytest.mark.parametrize("case", ["packed_unaligned", "p128_groups"])
+def test_parallel_algorithm_matches_oracle(case):
+  t, h, p, g, n, chunk, cu, every = CASES[case]
+  inp = _inputs(0, t, h, p, g, n, len(cu) - 1)
+  y, final, (states, counts) = _run_parallel(
+    inp, cu_seqlens=cu, chunk_size=chunk, checkpoint_every=every
+  )
+  yo, fo, (so, co) = _oracle(inp, cu_seqlens=np.asarray(cu), checkpoint_every=every)
+  assert _max_rel(y, yo) <= 2e-5 and _max_rel(final, fo) <= 2e-5
+  np.testing.assert_array_equal(counts, co)
+  assert _max_rel(states, _pad_slots(so, states.shape[1])) <= 2e-5
+
+
+def test_parallel_algorithm_resume_is_bit_exact():
+  inp = _inputs(3, 96, 2, 16, 2, 16, 1)
+  y, final, (states, _) = _run_parallel(inp, chunk_size=16, checkpoint_every=32)
+  rest = {k: (v[64:] if k in ("x", "dt", "B", "C") else v) for k, v in inp.items()}
+  rest["initial_state"] = states[:, 1]
+  y2, final2, _ = _run_parallel(rest, chunk_size=16)
+  np.testing.assert_array_equal(np.asarray(y2), np.asarray(y[64:]))
+  np.testing.assert_array_equal(np.asarray(final2), np.asarray(final))
+
+
 @pytest.mark.parametrize("impl", ["xla", "interpret"])
 def test_chunk_scan_bf16(impl):
   t, h, p, g, n = 80, 4, 64, 2, 32
@@ -341,6 +381,17 @@ def test_pallas_kernels_lower_for_cuda(dtype):
     return _run(inp, "pallas", chunk_size=64, cu_seqlens=cu, checkpoint_every=64, max_checkpoints=2)
 
   assert "ssd_chunk_scan" in _lower_cuda(prefill, inp, cu).as_text()
+
+  def prefill_parallel(inp, cu):
+    i = dict(inp)
+    x, dt, a, b, c = (i.pop(k) for k in ("x", "dt", "A", "B", "C"))
+    return pallas_gpu.ssd_chunk_scan(
+      x, dt, a, b, c, cu_seqlens=cu, chunk_size=64, checkpoint_every=64, max_checkpoints=2,
+      algorithm="parallel", **i,
+    )  # fmt: skip
+
+  text = _lower_cuda(prefill_parallel, inp, cu).as_text()
+  assert "ssd_chunk_state" in text and "ssd_state_pass" in text and "ssd_chunk_output" in text
   one = {k: v for k, v in inp.items() if k != "initial_state"}
   _lower_cuda(lambda inp: _run(inp, "pallas", chunk_size=64), one)  # single-sequence path
   nb = 3
@@ -404,6 +455,15 @@ def test_gpu_chunk_scan_nemotron_shapes(dtype):
   assert _rel_rms(y, yo) <= 5e-3
   assert _rel_rms(final, fo) <= 5e-3
   assert _rel_rms(states, _pad_slots(so, states.shape[1])) <= 5e-3
+  i = dict(inp)
+  x, dt, a, b, c = (i.pop(k) for k in ("x", "dt", "A", "B", "C"))
+  y2, f2, (s2, c2) = pallas_gpu.ssd_chunk_scan(
+    x, dt, a, b, c, cu_seqlens=jnp.asarray(cu), chunk_size=64, checkpoint_every=128,
+    algorithm="parallel", **i,
+  )  # fmt: skip
+  np.testing.assert_array_equal(c2, co)
+  assert _rel_rms(y2, yo) <= 5e-3 and _rel_rms(f2, fo) <= 5e-3
+  assert _rel_rms(s2, _pad_slots(so, s2.shape[1])) <= 5e-3
 
 
 @pytest.mark.gpu

@@ -149,13 +149,20 @@ def ssd_chunk_scan(
   block_p=None,
   num_warps=4,
   num_stages=1,
+  algorithm="fused",
   interpret=False,
 ):
   """Pallas chunked SSD; same contract as ``api.chunk_scan`` (inputs assumed validated).
 
-  Tuning: ``block_p`` (P-tile per program, default min(P, 64)), Triton ``num_warps`` and
-  ``num_stages``. Grid = (N_seq, H, P // block_p).
+  ``algorithm``: "fused" (one kernel, grid (N_seq, H, P // block_p), sequential over a
+  sequence's chunks) or "parallel" (three kernels: chunk-local states over a (chunks, H,
+  P-tiles) grid, a sequential state pass over (N_seq, H, P-tiles, N-tiles), then outputs over
+  (chunks, H, P-tiles); more parallelism for few long sequences at the cost of writing and
+  reading fp32 per-chunk states). Tuning: ``block_p`` (default min(P, 64)), Triton
+  ``num_warps`` and ``num_stages``.
   """
+  if algorithm not in ("fused", "parallel"):
+    raise ValueError(f"algorithm={algorithm!r} must be 'fused' or 'parallel'")
   t_total, h, p = x.shape
   g, n = B.shape[-2:]
   bp = _block_p(p, block_p)
@@ -182,6 +189,17 @@ def ssd_chunk_scan(
     initial_state = jnp.zeros((n_seq, h, p, n), jnp.float32)
   lengths = cu[1:] - cu[:-1]
   ck_count = jnp.minimum(lengths // every, m).astype(jnp.int32) if every else lengths * 0
+  if algorithm == "parallel":
+    yc, final, states = _parallel_scan(
+      lay, ck_count, a32, d32, xc, dtc, bc, cc, initial_state.astype(jnp.float32),
+      heads_per_group=h // g, block_p=bp, every=every, max_ckpt=m, num_warps=num_warps,
+      num_stages=num_stages, interpret=interpret,
+    )  # fmt: skip
+    if cu_seqlens is None:
+      y = yc[:t_total]
+    else:
+      y = jnp.take(yc, lay.token_slot, axis=0)
+    return y, final, (states, ck_count)
 
   out_shape = [
     jax.ShapeDtypeStruct((nc * q, h, p), x.dtype),
@@ -223,6 +241,170 @@ def ssd_chunk_scan(
     y = jnp.take(yc, lay.token_slot, axis=0)
   states = outs[2] if m else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
   return y, final, (states, ck_count)
+
+
+def _chunk_state_kernel(
+  acum_ref,  # [H, NC*C] fp32 in-chunk cumsum of dt*A
+  alast_ref,  # [H, NC] fp32 chunk totals
+  x_ref,  # [NC*C, H, P]
+  dt_ref,  # [H, NC*C] fp32
+  b_ref,  # [NC*C, G, N]
+  s_ref,  # out [NC, H, P, N] fp32 chunk-local states
+  *,
+  chunk: int,
+  block_p: int,
+  heads_per_group: int,
+):
+  c = pl.program_id(0)
+  h = pl.program_id(1)
+  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  g = h // heads_per_group
+  ts = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+  xb = x_ref[ts, h, ps]
+  wk = jnp.exp(alast_ref[h, c] - acum_ref[h, ts]) * dt_ref[h, ts]
+  xw = (xb.astype(jnp.float32) * wk[:, None]).astype(xb.dtype)
+  s_ref[c, h, ps, :] = _dot(xw, b_ref[ts, g, :].astype(xb.dtype), 0, 0)
+
+
+def _state_pass_kernel(
+  start_ref,  # [N] first chunk of each sequence
+  nchunk_ref,  # [N]
+  ckcount_ref,  # [N]
+  decay_ref,  # [H, NC] fp32 exp(chunk total)
+  s_ref,  # [NC, H, P, N] fp32 chunk-local states (aliased with hin_ref)
+  init_ref,  # [N_seq, H, P, N]
+  hin_ref,  # out [NC, H, P, N]: state entering each chunk
+  fin_ref,  # out [N_seq, H, P, N]
+  *ck_refs,  # out [N_seq, M, H, P, N] (only when M > 0)
+  block_p: int,
+  block_n: int,
+  per_ckpt: int,
+  max_ckpt: int,
+):
+  sq = pl.program_id(0)
+  h = pl.program_id(1)
+  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  ns = pl.ds(pl.program_id(3) * block_n, block_n)
+  c0 = start_ref[sq]
+
+  def body(ci, state):
+    c = c0 + ci
+    local = s_ref[c, h, ps, ns]  # read before the aliased write of the same tile
+    hin_ref[c, h, ps, ns] = state
+    state = decay_ref[h, c] * state + local
+    if max_ckpt:
+      done = ci + 1
+      j = lax.div(done, per_ckpt) - 1
+
+      @pl.when((lax.rem(done, per_ckpt) == 0) & (j < max_ckpt))
+      def _():
+        ck_refs[0][sq, j, h, ps, ns] = state
+
+    return state
+
+  state = lax.fori_loop(0, nchunk_ref[sq], body, init_ref[sq, h, ps, ns])
+  fin_ref[sq, h, ps, ns] = state
+  if max_ckpt:
+    zeros = jnp.zeros(state.shape, jnp.float32)
+
+    def zero_body(j, carry):
+      ck_refs[0][sq, j, h, ps, ns] = zeros
+      return carry
+
+    lax.fori_loop(ckcount_ref[sq], max_ckpt, zero_body, 0)
+
+
+def _chunk_output_kernel(
+  acum_ref,  # [H, NC*C]
+  d_ref,  # [H]
+  x_ref,  # [NC*C, H, P]
+  dt_ref,  # [H, NC*C]
+  b_ref,  # [NC*C, G, N]
+  c_ref,  # [NC*C, G, N]
+  hin_ref,  # [NC, H, P, N] fp32
+  y_ref,  # out [NC*C, H, P]
+  *,
+  chunk: int,
+  block_p: int,
+  heads_per_group: int,
+):
+  c = pl.program_id(0)
+  h = pl.program_id(1)
+  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  g = h // heads_per_group
+  ts = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+  rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+  cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+  xb = x_ref[ts, h, ps]
+  dtb = dt_ref[h, ts]
+  acum = acum_ref[h, ts]
+  cb_in = c_ref[ts, g, :]
+  cbm = _dot(cb_in, b_ref[ts, g, :], 1, 1)
+  lmat = jnp.exp(jnp.where(rows >= cols, acum[:, None] - acum[None, :], -jnp.inf))
+  w = (cbm * lmat * dtb[None, :]).astype(xb.dtype)
+  y = _dot(w, xb, 1, 0)
+  y += jnp.exp(acum)[:, None] * _dot(cb_in.astype(jnp.float32), hin_ref[c, h, ps, :], 1, 1)
+  y += d_ref[h] * xb.astype(jnp.float32)
+  y_ref[ts, h, ps] = y.astype(y_ref.dtype)
+
+
+def _parallel_scan(
+  lay, ck_count, a32, d32, xc, dtc, bc, cc, init, *, heads_per_group, block_p, every,
+  max_ckpt, num_warps, num_stages, interpret,
+):  # fmt: skip
+  """Three-kernel SSD (chunk states -> sequential state pass -> outputs)."""
+  nc, q = lay.num_chunks, lay.chunk_size
+  h, t_pad = dtc.shape
+  p, n = xc.shape[-1], bc.shape[-1]
+  n_seq = init.shape[0]
+  da = (dtc * a32[:, None]).reshape(h, nc, q)
+  acum = jnp.cumsum(da, axis=-1)
+  alast = acum[..., -1]
+  acum = acum.reshape(h, t_pad)
+  cp = _compiler_params(num_warps, num_stages)
+  common = dict(chunk=q, block_p=block_p, heads_per_group=heads_per_group)
+  s_loc = pl.pallas_call(
+    functools.partial(_chunk_state_kernel, **common),
+    out_shape=jax.ShapeDtypeStruct((nc, h, p, n), jnp.float32),
+    grid=(nc, h, p // block_p),
+    compiler_params=cp,
+    interpret=interpret,
+    name="ssd_chunk_state",
+  )(acum, alast, xc, dtc, bc)
+  bn = min(n, 64)
+  bp2 = min(p, 64)
+  out_shape = [
+    jax.ShapeDtypeStruct((nc, h, p, n), jnp.float32),
+    jax.ShapeDtypeStruct((n_seq, h, p, n), jnp.float32),
+  ]
+  if max_ckpt:
+    out_shape.append(jax.ShapeDtypeStruct((n_seq, max_ckpt, h, p, n), jnp.float32))
+  outs = pl.pallas_call(
+    functools.partial(
+      _state_pass_kernel,
+      block_p=bp2,
+      block_n=bn,
+      per_ckpt=max(every // q, 1),
+      max_ckpt=max_ckpt,
+    ),  # fmt: skip
+    out_shape=out_shape,
+    grid=(n_seq, h, p // bp2, n // bn),
+    input_output_aliases={4: 0},
+    compiler_params=_compiler_params(4, 1),
+    interpret=interpret,
+    name="ssd_state_pass",
+  )(lay.seq_chunk_start, lay.seq_num_chunks, ck_count, jnp.exp(alast), s_loc, init)
+  h_in, final = outs[0], outs[1]
+  states = outs[2] if max_ckpt else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
+  yc = pl.pallas_call(
+    functools.partial(_chunk_output_kernel, **common),
+    out_shape=jax.ShapeDtypeStruct(xc.shape, xc.dtype),
+    grid=(nc, h, p // block_p),
+    compiler_params=cp,
+    interpret=interpret,
+    name="ssd_chunk_output",
+  )(acum, d32, xc, dtc, bc, cc, h_in)
+  return yc, final, states
 
 
 def _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus):
