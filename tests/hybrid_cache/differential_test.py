@@ -7,10 +7,10 @@ invariants are compared after each step. The extended version is marked slow.
 
 from __future__ import annotations
 
-import hypothesis.strategies as st
-import pytest
 import os
 
+import hypothesis.strategies as st
+import pytest
 from hypothesis import Phase
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine
@@ -26,10 +26,14 @@ from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 
-_COMMON = dict(max_model_len=64, max_requests=len(("a", "b", "c", "d", "e")), max_num_batched_tokens=24)
+_COMMON = dict(
+  max_model_len=64, max_requests=len(("a", "b", "c", "d", "e")), max_num_batched_tokens=24
+)
 CONFIGS = (
   CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=20, **_COMMON),
-  CacheConfig(groups=(GroupSpec("full"), GroupSpec("mamba")), block_size=4, num_blocks=28, **_COMMON),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("mamba")), block_size=4, num_blocks=28, **_COMMON
+  ),
   CacheConfig(
     groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
     block_size=4,
