@@ -1,0 +1,86 @@
+"""Engine benchmark on CPU: prefill and decode tokens/s of each preset, and the shared-prefix
+latency ratio (align + Marconi admission vs caching off) measured side by side in one run.
+
+  python -m experiments.bench_engine [--presets=qwen35_tiny,...] [--num_prompts=20]
+
+Prints a table and the command; every number comes from this one process (compilations are
+excluded: each configuration runs once untimed first).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from hybrid_cache import engine_workload
+from hybrid_cache.engine import Engine
+from hybrid_cache.engine_config import cache_config_for
+from models.config import PRESETS
+
+_PRESETS = flags.DEFINE_list("presets", sorted(PRESETS), "Presets to time.")
+_PREFILL = flags.DEFINE_integer("prefill_len", 256, "Prompt tokens per request (throughput).")
+_BATCH = flags.DEFINE_integer("batch", 4, "Concurrent requests (throughput).")
+_DECODE = flags.DEFINE_integer("decode_len", 32, "Generated tokens per request (throughput).")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 20, "Shared-prefix prompts.")
+_PREFIX = flags.DEFINE_integer("prefix_len", 500, "Shared prefix length.")
+
+
+def throughput(preset: str, prefill_len: int, batch: int, decode_len: int) -> dict[str, float]:
+  """Prefill tok/s (all prompts at once, budget = batch * prompt) and decode tok/s."""
+  budget = batch * prefill_len
+  cc = cache_config_for(
+    preset,
+    enable_prefix_caching=False,
+    num_blocks=batch * (-(-(prefill_len + decode_len) // 16)) * 3 + 8,
+    max_num_batched_tokens=budget,
+    max_model_len=prefill_len + decode_len,
+    max_requests=batch,
+  )
+  eng = Engine(preset, cc, seed=0, token_buckets=(batch, budget), seq_buckets=(2 * batch,))
+  rng = np.random.RandomState(0)
+  prompts = [rng.randint(0, 256, prefill_len).tolist() for _ in range(batch)]
+  eng.generate(prompts, 2)  # compile
+  for p in prompts:
+    eng.add_request(p, decode_len)
+  t0 = time.perf_counter()
+  eng.step()  # one step: every prompt in full
+  t1 = time.perf_counter()
+  eng.run()
+  t2 = time.perf_counter()
+  decoded = batch * (decode_len - 1)
+  return {
+    "prefill_tok_s": batch * prefill_len / (t1 - t0),
+    "decode_tok_s": decoded / (t2 - t1),
+    "decode_step_ms": (t2 - t1) / (decode_len - 1) * 1e3,
+  }
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  print("command:", " ".join(["python -m experiments.bench_engine"] + sys.argv[1:]))
+  print(f"\n{'preset':18s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'decode step ms':>16s}")
+  for p in _PRESETS.value:
+    r = throughput(p, _PREFILL.value, _BATCH.value, _DECODE.value)
+    print(f"{p:18s}{r['prefill_tok_s']:15.0f}{r['decode_tok_s']:14.1f}{r['decode_step_ms']:16.1f}")
+  prompts = engine_workload.shared_prefix_prompts(0, _NUM_PROMPTS.value, _PREFIX.value, 24)
+  arms = {k: engine_workload.STANDARD_ARMS[k] for k in ("off", "align_marconi")}
+  common = dict(num_blocks=512, max_num_batched_tokens=1024, max_model_len=1024, max_requests=1)
+  res = engine_workload.compare_arms(
+    "qwen35_tiny", arms, prompts, 4, common=common, engine_kwargs=dict(max_num_seqs=1)
+  )
+  off, on = res["off"], res["align_marconi"]
+  print(
+    f"\nshared prefix ({_NUM_PROMPTS.value} prompts, prefix {_PREFIX.value}, qwen35_tiny): "
+    f"off {off['wall_s']:.3f}s, align+marconi {on['wall_s']:.3f}s, "
+    f"latency ratio {on['latency_ratio_vs_off']:.3f}, cached {on['cached_tokens']} tokens, "
+    f"outputs equal {on['outputs_equal_to_off']}"
+  )
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,87 @@
+"""Every .gin under configs/ parses, and every experiment config smoke-runs at tiny size."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import gin
+import pytest
+
+from experiments import run as run_lib
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+GIN_FILES = sorted(CONFIGS.rglob("*.gin"))
+
+_SMALL = [
+  "max_new_tokens = 1",
+  "cache_manager = 'reference'",
+  "progress = False",
+  "max_num_batched_tokens = 32",
+  "max_model_len = 128",
+]
+# Tiny bindings per experiment config (file stem -> bindings); a new config needs an entry.
+TINY = {
+  "quickstart": ["num_prompts = 3", "prefix_len = 40", "suffix_len = 5", *_SMALL],
+  "shared_prefix_divergence": [
+    "num_prompts = 3",
+    "prefix_len = 40",
+    "suffix_len = 20",
+    *_SMALL,
+  ],
+  "swa_pinning_sweep": [
+    "num_prefixes = (1, 2)",
+    "prefix_len = 40",
+    "num_blocks = 24",
+    *_SMALL,
+  ],
+}
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _is_experiment(path: pathlib.Path) -> bool:
+  return "run.run_experiment.experiment" in path.read_text()
+
+
+def test_configs_exist():
+  assert {p.stem for p in GIN_FILES if _is_experiment(p)} >= set(TINY)
+
+
+@pytest.mark.parametrize("path", GIN_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_gin_file_parses(path):
+  gin.add_config_file_search_path(str(CONFIGS))
+  gin.parse_config_files_and_bindings([str(path)], [], finalize_config=False)
+  if _is_experiment(path):
+    assert gin.query_parameter("run.run_experiment.experiment") is not None
+
+
+@pytest.mark.parametrize("path", [p for p in GIN_FILES if _is_experiment(p)], ids=lambda p: p.stem)
+def test_experiment_smoke_runs_at_tiny_size(path, tmp_path):
+  assert path.stem in TINY, f"add tiny bindings for {path.name} to TINY"
+  fn = next(
+    line.split("@", 1)[1].strip()
+    for line in path.read_text().splitlines()
+    if line.startswith("run.run_experiment.experiment")
+  )
+  binds = [f"{fn}.{b}" for b in TINY[path.stem]]
+  results = run_lib.execute([str(path)], binds, str(tmp_path))
+  assert (tmp_path / "config.gin").read_text().strip()
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["gin_files"] == [str(path)]
+  assert list(tmp_path.glob("*.png"))
+  if path.stem in ("quickstart", "shared_prefix_divergence"):
+    arms = saved["arms"]
+    assert set(arms) == {"off", "align", "align_marconi"}
+    for a in arms.values():
+      assert a["outputs_equal_to_off"] is True
+      for k in ("cached_tokens", "prefill_tokens_computed", "wall_s"):
+        assert k in a
+    assert arms["off"]["cached_tokens"] == 0
+    assert arms["align_marconi"]["cached_tokens"] > 0
+  assert results["gin_bindings"] == binds
