@@ -64,6 +64,21 @@ CONFIGS = (
     full_sequence_must_fit=False,
     **_COMMON,
   ),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+    block_size=4,
+    num_blocks=40,
+    use_eagle=True,
+    num_speculative_tokens=1,
+    **_COMMON,
+  ),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("mamba")),
+    block_size=4,
+    num_blocks=20,
+    enable_prefix_caching=False,
+    **_COMMON,
+  ),
 )
 
 # Shrinking a stateful jax run is slow; set HC_SHRINK=1 to shrink a failure.
