@@ -59,8 +59,23 @@ PREFILL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("t,h_k,h_v,d_k,d_v,cu,dtype,decay", PREFILL_CASES)
+# Cases covered elsewhere in interpret mode run only with -m slow (keeps the default run short).
+_SLOW_PREFILL = {
+  ("interpret", "unaligned-gqa-f32"),
+  ("interpret", "packed-gqa-empty-f32"),
+  ("interpret", "d128-packed-f32"),
+  ("xla", "d128-packed-f32"),
+}
+
+
+def _prefill_params():
+  for impl in IMPLS:
+    for case in PREFILL_CASES:
+      marks = [pytest.mark.slow] if (impl, case.id) in _SLOW_PREFILL else []
+      yield pytest.param(impl, *case.values, id=f"{case.id}-{impl}", marks=marks)
+
+
+@pytest.mark.parametrize("impl,t,h_k,h_v,d_k,d_v,cu,dtype,decay", list(_prefill_params()))
 def test_prefill_matches_oracle(impl, t, h_k, h_v, d_k, d_v, cu, dtype, decay):
   q, k, v, g, beta = make_inputs(t, h_k, h_v, d_k, d_v, dtype=dtype, decay=decay)
   n = 1 if cu is None else len(cu) - 1
@@ -112,7 +127,7 @@ def test_checkpoints_match_token_states(impl):
   np.testing.assert_array_equal(final[1], init[1])  # empty sequence keeps its state
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", ["xla", pytest.param("interpret", marks=pytest.mark.slow)])
 def test_checkpoint_interval_128_and_exact_end(impl):
   q, k, v, g, beta = make_inputs(256, 1, 1, 64, 64, seed=4)
   _, final, (states, counts) = api.chunk_gated_delta_rule(

@@ -59,6 +59,7 @@ def _check_qkv(q, k, v, g, beta, lead):
 
 
 def _check_indices(name, idx, n, num_slots):
+  idx = jnp.asarray(idx)
   if idx.ndim != 1 or idx.shape[0] != n:
     raise ValueError(f"{name} has shape {tuple(idx.shape)}; expected ({n},)")
   if not jnp.issubdtype(idx.dtype, jnp.integer):

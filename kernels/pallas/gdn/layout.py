@@ -27,8 +27,8 @@ class ChunkLayout:
     first: [N] first chunk slot of each sequence.
     count: [N] number of chunks of each sequence (ceil(L_n / C)).
     lengths: [N] sequence lengths L_n.
-    token_chunk: [T] chunk slot of every token.
-    token_pos: [T] position of every token inside its chunk.
+    token_chunk: [T] chunk slot of every token (None unless ``with_tokens``).
+    token_pos: [T] position of every token inside its chunk (None unless ``with_tokens``).
   """
 
   seq: jax.Array
@@ -38,8 +38,8 @@ class ChunkLayout:
   first: jax.Array
   count: jax.Array
   lengths: jax.Array
-  token_chunk: jax.Array
-  token_pos: jax.Array
+  token_chunk: jax.Array | None
+  token_pos: jax.Array | None
 
 
 def num_chunk_slots(num_tokens: int, num_seqs: int, chunk: int) -> int:
@@ -47,8 +47,13 @@ def num_chunk_slots(num_tokens: int, num_seqs: int, chunk: int) -> int:
   return num_tokens // chunk + num_seqs
 
 
-def chunk_layout(cu_seqlens: jax.Array, num_tokens: int, chunk: int) -> ChunkLayout:
-  """Builds the chunk tables for ``cu_seqlens`` (int32[N+1], cu[0]=0, cu[N]=T)."""
+def chunk_layout(
+  cu_seqlens: jax.Array, num_tokens: int, chunk: int, with_tokens: bool = True
+) -> ChunkLayout:
+  """Builds the chunk tables for ``cu_seqlens`` (int32[N+1], cu[0]=0, cu[N]=T).
+
+  ``with_tokens=False`` skips the per-token tables (``token_chunk``/``token_pos`` are None).
+  """
   cu = cu_seqlens.astype(jnp.int32)
   n = cu.shape[0] - 1
   nc = num_chunk_slots(num_tokens, n, chunk)
@@ -63,11 +68,13 @@ def chunk_layout(cu_seqlens: jax.Array, num_tokens: int, chunk: int) -> ChunkLay
   local = jnp.where(used, slots - first[seq_c], 0)
   start = jnp.where(used, cu[seq_c] + local * chunk, 0)
   length = jnp.where(used, jnp.clip(lengths[seq_c] - local * chunk, 0, chunk), 0)
-  tok = jnp.arange(num_tokens, dtype=jnp.int32)
-  tseq = jnp.clip(jnp.searchsorted(cu, tok, side="right").astype(jnp.int32) - 1, 0, n - 1)
-  tloc = tok - cu[tseq]
-  token_chunk = first[tseq] + tloc // chunk
-  token_pos = tloc % chunk
+  token_chunk = token_pos = None
+  if with_tokens:
+    tok = jnp.arange(num_tokens, dtype=jnp.int32)
+    tseq = jnp.clip(jnp.searchsorted(cu, tok, side="right").astype(jnp.int32) - 1, 0, n - 1)
+    tloc = tok - cu[tseq]
+    token_chunk = (first[tseq] + tloc // chunk).astype(jnp.int32)
+    token_pos = (tloc % chunk).astype(jnp.int32)
   return ChunkLayout(
     seq=seq.astype(jnp.int32),
     start=start.astype(jnp.int32),
@@ -76,6 +83,6 @@ def chunk_layout(cu_seqlens: jax.Array, num_tokens: int, chunk: int) -> ChunkLay
     first=first.astype(jnp.int32),
     count=count.astype(jnp.int32),
     lengths=lengths.astype(jnp.int32),
-    token_chunk=token_chunk.astype(jnp.int32),
-    token_pos=token_pos.astype(jnp.int32),
+    token_chunk=token_chunk,
+    token_pos=token_pos,
   )

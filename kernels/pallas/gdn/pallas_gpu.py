@@ -15,6 +15,10 @@ Prefill (chunk C = 64) is two kernels:
 Decode and verify are one fused recurrent kernel each (grid = N x H_v x d_v/BV) reading states
 from a pool by slot index; decode writes the pool in place (``input_output_aliases``).
 
+Precision: gates, norms, G and the state are fp32. On GPU the big matmuls take operands in the
+input dtype (bf16 inputs: bf16 operands, fp32 accumulation; fp32 inputs: TF32) and the inverse is
+TF32 (like fla); in interpret mode every dot is IEEE fp32 (``Precision.HIGHEST``).
+
 Triton-backend rules followed (kernels.md §6.3): power-of-2 block shapes, no scratch memory,
 no value slicing (scalars extracted by masked reductions), state carried in ``fori_loop``.
 Interpret mode clamps dynamic slices, so the wrappers pad the token axis by one chunk there.
@@ -22,6 +26,7 @@ Interpret mode clamps dynamic slices, so the wrappers pad the token axis by one 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -62,7 +67,7 @@ def _precisions(interpret):
 def _intra_kernel(
   start_ref, len_ref, q_ref, k_ref, v_ref, g_ref, b_ref,
   w_ref, u_ref, kt_ref, qt_ref, uo_ref, gcum_ref,
-  *, chunk, group, scale, cdt, inv_prec, mm_prec,
+  *, chunk, group, scale, cdt, inv_prec, mm_prec, inv_steps,
 ):  # fmt: skip
   c = pl.program_id(0)
   h = pl.program_id(1)
@@ -76,14 +81,15 @@ def _intra_kernel(
   ts = pl.ds(start, chunk)
   mk = jnp.broadcast_to(valid[:, None], (chunk, d_k))
   mv = jnp.broadcast_to(valid[:, None], (chunk, d_v))
-  q = plgpu.load(q_ref.at[ts, hk, :], mask=mk, other=0).astype(f32)
+  # Ordered so that every output is stored as soon as it is known (fewer live tiles).
   k = plgpu.load(k_ref.at[ts, hk, :], mask=mk, other=0).astype(f32)
-  v = plgpu.load(v_ref.at[ts, h, :], mask=mv, other=0).astype(f32)
   g = plgpu.load(g_ref.at[ts, h], mask=valid, other=0).astype(f32)
   beta = plgpu.load(b_ref.at[ts, h], mask=valid, other=0).astype(f32)
-  qn = _l2norm(q) * scale
   kn = _l2norm(k)
   big_g = jnp.cumsum(g)
+  gcum_ref[...] = big_g
+  g_last = jnp.sum(jnp.where(rows == chunk - 1, big_g, 0.0))
+  kt_ref[...] = (jnp.exp(g_last - big_g)[:, None] * kn).astype(kt_ref.dtype)
   ri = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
   ci = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
   gamma = jnp.exp(jnp.where(ri >= ci, big_g[:, None] - big_g[None, :], -jnp.inf))
@@ -93,28 +99,26 @@ def _intra_kernel(
   eye = jnp.where(ri == ci, 1.0, 0.0).astype(f32)
   t_inv = eye - a
   p = a
-  for _ in range(chunk.bit_length() - 2):  # A^2, A^4, ..., A^(C/2)
+  for _ in range(inv_steps):  # A^2, A^4, ..., A^(C/2)
     p = _dot(p, p, precision=inv_prec)
     t_inv = _dot(t_inv, eye + p, precision=inv_prec)
   tc = t_inv.astype(cdt)
   w = _dot(tc, ((beta * jnp.exp(big_g))[:, None] * kn).astype(cdt), precision=mm_prec)
-  u = _dot(tc, (beta[:, None] * v).astype(cdt), precision=mm_prec)
-  g_last = jnp.sum(jnp.where(rows == chunk - 1, big_g, 0.0))
-  kt = jnp.exp(g_last - big_g)[:, None] * kn
-  pm = _dot(qn.astype(cdt), kc, tb=True, precision=mm_prec) * gamma
-  pc = pm.astype(cdt)
-  qt = jnp.exp(big_g)[:, None] * qn - _dot(pc, w.astype(cdt), precision=mm_prec)
-  uo = _dot(pc, u.astype(cdt), precision=mm_prec)
   w_ref[...] = w.astype(w_ref.dtype)
+  v = plgpu.load(v_ref.at[ts, h, :], mask=mv, other=0).astype(f32)
+  u = _dot(tc, (beta[:, None] * v).astype(cdt), precision=mm_prec)
   u_ref[...] = u.astype(u_ref.dtype)
-  kt_ref[...] = kt.astype(kt_ref.dtype)
+  q = plgpu.load(q_ref.at[ts, hk, :], mask=mk, other=0).astype(f32)
+  qn = _l2norm(q) * scale
+  pc = (_dot(qn.astype(cdt), kc, tb=True, precision=mm_prec) * gamma).astype(cdt)
+  qt = jnp.exp(big_g)[:, None] * qn - _dot(pc, w.astype(cdt), precision=mm_prec)
   qt_ref[...] = qt.astype(qt_ref.dtype)
-  uo_ref[...] = uo.astype(uo_ref.dtype)
-  gcum_ref[...] = big_g
+  uo_ref[...] = _dot(pc, u.astype(cdt), precision=mm_prec).astype(uo_ref.dtype)
 
 
 def _inter_kernel(
-  first_ref, count_ref, len_ref, init_ref, w_ref, u_ref, kt_ref, qt_ref, uo_ref, gcum_ref,
+  first_ref, count_ref, start_ref, len_ref, init_ref, w_ref, u_ref, kt_ref, qt_ref, uo_ref,
+  gcum_ref,
   *rest, chunk, bv, ckpt_every, max_ckpt, cdt, mm_prec,
 ):  # fmt: skip
   if max_ckpt:
@@ -134,7 +138,8 @@ def _inter_kernel(
     w = w_ref[c, h, :, :]
     v_new = u_ref[c, h, :, vs].astype(f32) - _dot(w, sb, precision=mm_prec)
     o = _dot(qt_ref[c, h, :, :], sb, precision=mm_prec) + uo_ref[c, h, :, vs].astype(f32)
-    o_ref[c, h, :, vs] = o.astype(o_ref.dtype)
+    rows_ok = jnp.broadcast_to((rows < len_ref[c])[:, None], o.shape)
+    plgpu.store(o_ref.at[pl.ds(start_ref[c], chunk), h, vs], o.astype(o_ref.dtype), mask=rows_ok)
     g_last = jnp.sum(jnp.where(rows == chunk - 1, gcum_ref[c, h, :], 0.0))
     kt = kt_ref[c, h, :, :]
     s = jnp.exp(g_last) * s + _dot(kt, v_new.astype(cdt), ta=True, precision=mm_prec)
@@ -161,20 +166,29 @@ def _pad_tokens(x, rows):
   jax.jit,
   static_argnames=(
     "checkpoint_every", "max_checkpoints", "scale", "interpret", "block_v", "num_warps",
-    "num_stages",
+    "num_stages", "intra_warps", "stop_after", "inv_steps",
   ),
 )  # fmt: skip
 def chunk_gated_delta_rule_pallas(
   q, k, v, g, beta, *, initial_state, cu_seqlens, checkpoint_every, max_checkpoints, scale,
-  interpret=False, block_v=32, num_warps=4, num_stages=2,
+  interpret=False, block_v=16, num_warps=4, num_stages=3, intra_warps=4, stop_after=None,
+  inv_steps=None,
 ):  # fmt: skip
-  """Pallas chunked prefill; same contract as ``reference.chunk_gated_delta_rule_xla``."""
+  """Pallas chunked prefill; same contract as ``reference.chunk_gated_delta_rule_xla``.
+
+  Tuning (static): ``block_v`` (d_v tile of the sequential kernel), ``num_warps`` /
+  ``num_stages`` (sequential kernel), ``intra_warps`` (parallel kernel). ``stop_after``
+  ("layout" | "intra" | "inter") returns intermediates early and ``inv_steps`` truncates the
+  product-form inverse (wrong results); both for profiling only.
+  """
   t, h_v, d_v = v.shape
   h_k, d_k = q.shape[1:]
   n = initial_state.shape[0]
   cdt = v.dtype
-  lay = layout_lib.chunk_layout(cu_seqlens, t, CHUNK)
+  lay = layout_lib.chunk_layout(cu_seqlens, t, CHUNK, with_tokens=False)
   nc = lay.seq.shape[0]
+  if stop_after == "layout":
+    return dataclasses.astuple(lay)
   inv_prec, mm_prec = _precisions(interpret)
   if interpret:  # dynamic slices clamp in interpret mode: give every chunk a full window.
     q, k, v, g, beta = (_pad_tokens(x, CHUNK) for x in (q, k, v, g, beta))
@@ -185,6 +199,7 @@ def chunk_gated_delta_rule_pallas(
     functools.partial(
       _intra_kernel, chunk=CHUNK, group=h_v // h_k, scale=scale, cdt=cdt,
       inv_prec=inv_prec, mm_prec=mm_prec,
+      inv_steps=CHUNK.bit_length() - 2 if inv_steps is None else inv_steps,
     ),
     grid=(nc, h_v),
     in_specs=[full] * 7,
@@ -197,18 +212,32 @@ def chunk_gated_delta_rule_pallas(
       mk_shape(d_v, cdt), jax.ShapeDtypeStruct((nc, h_v, CHUNK), f32),
     ],
     interpret=interpret,
-    compiler_params=_params(interpret, num_warps, num_stages),
+    compiler_params=_params(interpret, intra_warps, 1),
     name="gdn_chunk_intra",
   )  # fmt: skip
   w, u, kt, qt, uo, gcum = intra(lay.start, lay.length, q, k, v, g, beta)
+  if stop_after == "intra":
+    return w, u, kt, qt, uo, gcum
 
   bv = min(block_v, d_v)
   m = max_checkpoints if checkpoint_every is not None else 0
   out_shape = [
-    jax.ShapeDtypeStruct((nc, h_v, CHUNK, d_v), cdt),
+    jax.ShapeDtypeStruct((q.shape[0], h_v, d_v), cdt),  # token layout (+C rows if interpret)
     jax.ShapeDtypeStruct((n, h_v, d_k, d_v), f32),
   ]
-  inputs = [lay.first, lay.count, lay.length, initial_state.astype(f32), w, u, kt, qt, uo, gcum]
+  inputs = [
+    lay.first,
+    lay.count,
+    lay.start,
+    lay.length,
+    initial_state.astype(f32),
+    w,
+    u,
+    kt,
+    qt,
+    uo,
+    gcum,
+  ]
   aliases = {}
   if m:
     inputs.append(jnp.zeros((n, m, h_v, d_k, d_v), f32))
@@ -229,9 +258,10 @@ def chunk_gated_delta_rule_pallas(
     name="gdn_chunk_inter",
   )  # fmt: skip
   outs = inter(*inputs)
-  o_chunks, final = outs[0], outs[1]
+  if stop_after == "inter":
+    return outs
+  o, final = outs[0][:t], outs[1]
   states = outs[2] if m else jnp.zeros((n, m, h_v, d_k, d_v), f32)
-  o = o_chunks[lay.token_chunk, :, lay.token_pos]
   if checkpoint_every is None:
     counts = jnp.zeros((n,), jnp.int32)
   else:
@@ -267,14 +297,17 @@ def _decode_kernel(
   pool_out_ref[write_ref[n], h, :, vs] = s
 
 
-@functools.partial(
-  jax.jit, static_argnames=("scale", "interpret", "block_v", "num_warps"), donate_argnames=()
-)
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "block_v", "num_warps"))
 def decode_pallas(
   q, k, v, g, beta, *, state_pool, read_indices, write_indices, scale, interpret=False,
   block_v=32, num_warps=4,
 ):  # fmt: skip
-  """Fused recurrent decode; the pool is aliased to the output (donate it to update in place)."""
+  """Fused recurrent decode; the pool is aliased to the output.
+
+  The update is in place when the caller's enclosing ``jit`` donates ``state_pool``; otherwise
+  XLA copies the pool once before the kernel (this wrapper does not donate, so eager callers
+  keep a valid input array).
+  """
   n, h_v, d_v = v.shape
   h_k = q.shape[1]
   bv = min(block_v, d_v)
