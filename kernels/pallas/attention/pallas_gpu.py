@@ -3,7 +3,8 @@
 Why not ``jax.experimental.pallas.ops.gpu.paged_attention``: it serves one decode query per
 sequence, with pages laid out ``[H_kv, num_pages, page_size, D]`` and no sliding window; ours needs
 ragged multi-token queries, windows and the ``[num_blocks, block_size, H_kv, D]`` layout shared with
-the cache manager. This kernel is the simple flash-decoding form:
+the cache manager. ``decode_attention`` and ``attention``/``attention_mgpu`` there take dense
+(unpaged) K/V. This kernel is the simple flash-attention form over pages:
 
 * Queries are regrouped per kv head, ``[H_kv, T*G, D]`` (G = H_q / H_kv; row ``r`` = token
   ``r // G``, head ``r % G``), and split into query blocks of ``block_q`` tokens that never cross a
