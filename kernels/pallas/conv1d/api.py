@@ -118,6 +118,8 @@ def causal_conv1d_update(
   for name, idx in (("read_indices", read_indices), ("write_indices", write_indices)):
     if idx.shape != (nb,):
       raise ValueError(f"{name} has shape {tuple(idx.shape)}; expected ({nb},)")
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+      raise ValueError(f"{name} has dtype {idx.dtype}; expected an integer dtype")
     if packing.is_concrete(idx):
       lo, hi = int(jnp.min(idx)), int(jnp.max(idx))
       if lo < 0 or hi >= state_pool.shape[0]:

@@ -127,6 +127,8 @@ def _validate_pool(state_pool, h, p, n, read_indices, write_indices, batch):
       continue
     if idx.shape != (batch,):
       raise _shape_err(name, idx, (batch,))
+    if not jnp.issubdtype(idx.dtype, jnp.integer):
+      raise ValueError(f"{name} has dtype {idx.dtype}; expected an integer dtype")
     if packing.is_concrete(idx):
       lo, hi = int(jnp.min(idx)), int(jnp.max(idx))
       if lo < 0 or hi >= state_pool.shape[0]:
