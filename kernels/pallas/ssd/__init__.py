@@ -1,0 +1,1 @@
+"""Mamba2 (SSD) scan: token oracle, chunked XLA form, Pallas GPU kernels; public API in api.py."""

@@ -1,8 +1,9 @@
 """Pallas (Triton backend) Mamba2 SSD kernels: chunked prefill, decode, verify.
 
-Prefill: one program per (sequence, head, P-tile) loops over the sequence's chunks and keeps the
-fp32 state tile [BP, N] in registers (a ``fori_loop`` carry: the Triton backend has no scratch
-memory). Per chunk of C tokens with in-chunk cumsum a = cumsum(dt*A) (<= 0):
+Prefill, algorithm "fused" (default): one program per (sequence, head, P-tile) loops over the
+sequence's chunks and keeps the fp32 state tile [BP, N] in registers (a ``fori_loop`` carry:
+the Triton backend has no scratch memory). Per chunk of C tokens with in-chunk cumsum
+a = cumsum(dt*A) (<= 0):
 
   y     = ((C Bᵀ) ⊙ exp(a_i - a_j)[i>=j] ⊙ dt_j) x + exp(a) ⊙ (C Sᵀ) + D x
   S_new = exp(a_C) S + (x ⊙ exp(a_C - a) dt)ᵀ B
@@ -11,7 +12,11 @@ Only non-positive quantities are exponentiated; the upper triangle is masked bef
 Inputs are re-laid out by XLA into padded chunks (chunks never straddle sequences, padding has
 dt = 0 so it leaves the state unchanged); checkpoints are written only at checkpoint chunks and
 unused slots are zeroed in-kernel. Every load/dot shape is a power of two (C, BP, N >= 16).
-All kernels also run under ``interpret=True`` (CPU).
+Algorithm "parallel" splits the same math into three kernels (chunk-local states, a sequential
+state pass over chunks, chunk outputs) for more parallelism with few long sequences.
+The two algorithms agree to rounding, not bit for bit: resume bit-exactness holds within one.
+Decode/verify: one program per (sequence, head, P-tile), state read from / written to a slot
+pool (decode aliases the pool in place). All kernels also run under ``interpret=True`` (CPU).
 """
 
 from __future__ import annotations
