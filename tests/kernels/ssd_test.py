@@ -110,6 +110,21 @@ def test_chunk_scan_matches_oracle_fp32(impl, case):
   assert _max_rel(states, _pad_slots(so, states.shape[1])) <= 2e-5
 
 
+@pytest.mark.parametrize("impl", ["xla", "interpret"])
+@pytest.mark.parametrize("dt_shift", [-12.0, 6.0])
+def test_extreme_decay_is_finite_and_matches(impl, dt_shift):
+  # dt_shift=6: per-token dt*A down to about -24, per-chunk cumsum to about -400 (exp underflow);
+  # dt_shift=-12: almost no decay and tiny inputs.
+  t, h, p, g, n, chunk, cu, every = CASES["packed_unaligned"]
+  inp = _inputs(21, t, h, p, g, n, len(cu) - 1)
+  inp["dt"] = inp["dt"] + dt_shift
+  y, final, (states, _) = _run(inp, impl, chunk_size=chunk, cu_seqlens=cu, checkpoint_every=every)
+  yo, fo, (so, _) = _oracle(inp, cu_seqlens=np.asarray(cu), checkpoint_every=every)
+  assert np.all(np.isfinite(np.asarray(y))) and np.all(np.isfinite(np.asarray(final)))
+  assert _max_rel(y, yo) <= 2e-5 and _max_rel(final, fo) <= 2e-5
+  assert _max_rel(states, _pad_slots(so, states.shape[1])) <= 2e-5
+
+
 @functools.cache
 def _parallel_jitted(static):
   def f(inp, cu):
