@@ -6,6 +6,8 @@ Usage (on a GPU machine):
 ``--op gdn``: chunked GDN prefill (bf16 in, fp32 state) of one sequence at Qwen3.5-0.8B linear
 attention shapes (16 key/value heads, d_k = d_v = 128): our Pallas kernel vs the chunked XLA
 reference vs fla's Triton ``chunk_gated_delta_rule`` (when ``fla`` and torch are importable).
+``--op ssd``: Mamba2 SSD prefill via ``experiments/bench_ssd.py`` defaults (64 heads, P=64,
+N=128, 8 groups, bf16); run that module directly for its own options (packing, configs).
 Prints ms per call and tokens/s: the mean over ``--iters`` back-to-back calls after one warm-up
 call (JAX: host clock around the batch; torch: CUDA events around the batch).
 """
@@ -125,7 +127,16 @@ def _bench_fla(q, k, v, g, beta, iters):
     return _time_torch(fn, iters)
 
 
-OPS = {"gdn": bench_gdn}
+def bench_ssd(args):
+  """Mamba2 SSD prefill (Nemotron-H-like shapes); see ``experiments/bench_ssd.py``."""
+  from experiments import bench_ssd as ssd_bench  # noqa: PLC0415
+
+  p = argparse.ArgumentParser()
+  ssd_bench.add_args(p)
+  return ssd_bench.bench_ssd(p.parse_args(["--tokens", args.tokens, "--iters", str(args.iters)]))
+
+
+OPS = {"gdn": bench_gdn, "ssd": bench_ssd}
 
 
 def main():

@@ -9,15 +9,15 @@ bf16 inputs, fp32 state; ``--seqs`` packs that many equal-length sequences into 
 Pallas configs are ``chunk,block_p,num_warps,num_stages[,fused|parallel]`` (the two
 algorithms of ``kernels/pallas/ssd/pallas_gpu.py``). mamba_ssm's Triton
 ``mamba_chunk_scan_combined`` (chunk 256 by default, as in its Mamba2 module) runs on the same
-inputs when importable; otherwise "mamba_ssm not installed" is printed. Prints median time over
-``--iters`` timed calls after a warm-up, tokens/s and the ratio to the XLA reference. Checks the
+inputs when importable; otherwise "mamba_ssm not installed" is printed. Prints the mean time per
+call over ``--iters`` back-to-back calls after one warm-up call (JAX: host clock around the
+batch; torch: CUDA events), tokens/s and the ratio to the XLA reference. Checks the
 Pallas output against XLA (relative RMS) so a fast-but-wrong config is visible.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -27,13 +27,12 @@ import numpy as np
 
 
 def _time_jax(fn, args, iters):
+  """Mean seconds per call over ``iters`` back-to-back calls (same method as bench_kernels)."""
   jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+  t0 = time.perf_counter()
+  outs = [fn(*args) for _ in range(iters)]
+  jax.block_until_ready(outs)
+  return (time.perf_counter() - t0) / iters
 
 
 def _inputs(t, h, p, g, n, seed=0):
@@ -142,15 +141,13 @@ def _bench_mamba(x, dt, a, b, c, d, bias, args):
   with torch.no_grad():
     fn()
     torch.cuda.synchronize()
-    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for _ in range(args.iters):
-      start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-      start.record()
       fn()
-      end.record()
-      torch.cuda.synchronize()
-      times.append(start.elapsed_time(end) / 1e3)
-  return statistics.median(times)
+    end.record()
+    torch.cuda.synchronize()
+  return start.elapsed_time(end) / 1e3 / args.iters
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
