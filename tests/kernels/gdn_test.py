@@ -289,6 +289,7 @@ def _bad_prefill_calls():
   yield "initial_state", dict(ok, initial_state=jnp.zeros((2, 2, 64, 64)))
   yield "initial_state", dict(ok, initial_state=jnp.zeros((1, 2, 64, 64), jnp.bfloat16))
   yield "implementation", dict(ok, implementation="cuda")
+  yield "d_v", dict(ok, v=v[:, :, :48], implementation="interpret")
 
 
 @pytest.mark.parametrize("name,kwargs", list(_bad_prefill_calls()))

@@ -81,6 +81,18 @@ def _check_pool(state_pool, h_v, d_k, d_v):
     raise ValueError(f"state_pool has dtype {state_pool.dtype}; expected float32")
 
 
+def _check_pallas_dims(impl, d_k, d_v):
+  """The Triton backend needs power-of-2 block shapes (kernels.md §6.3)."""
+  if impl == "xla":
+    return
+  for name, d in (("q/k head dim d_k", d_k), ("v head dim d_v", d_v)):
+    if d < 16 or d & (d - 1):
+      raise ValueError(
+        f"{name}={d} is not supported by implementation={impl!r}: it must be a power of 2 "
+        ">= 16; use implementation='xla'"
+      )
+
+
 def _default_scale(scale, d_k):
   return d_k**-0.5 if scale is None else float(scale)
 
@@ -181,6 +193,7 @@ def chunk_gated_delta_rule(
   cu, n = validate_prefill(q, k, v, g, beta, initial_state, cu_seqlens, checkpoint_every)
   t, h_v, d_v = v.shape
   d_k = q.shape[-1]
+  _check_pallas_dims(impl, d_k, d_v)
   m = resolve_max_checkpoints(t, cu_seqlens, checkpoint_every, max_checkpoints)
   if initial_state is None:
     initial_state = jnp.zeros((n, h_v, d_k, d_v), jnp.float32)
@@ -223,6 +236,7 @@ def fused_recurrent_gated_delta_rule_decode(
   _check_pool(state_pool, v.shape[1], q.shape[2], v.shape[2])
   _check_indices("read_indices", read_indices, n, state_pool.shape[0])
   _check_indices("write_indices", write_indices, n, state_pool.shape[0])
+  _check_pallas_dims(impl, q.shape[-1], v.shape[-1])
   scale = _default_scale(scale, q.shape[-1])
   read_indices = jnp.asarray(read_indices, jnp.int32)
   write_indices = jnp.asarray(write_indices, jnp.int32)
@@ -274,6 +288,7 @@ def gated_delta_rule_verify(
   _check_qkv(q, k, v, g, beta, (n, kk))
   _check_pool(state_pool, v.shape[2], q.shape[3], v.shape[3])
   _check_indices("read_indices", read_indices, n, state_pool.shape[0])
+  _check_pallas_dims(impl, q.shape[-1], v.shape[-1])
   scale = _default_scale(scale, q.shape[-1])
   read_indices = jnp.asarray(read_indices, jnp.int32)
   if impl == "xla":
