@@ -9,9 +9,11 @@ a = cumsum(dt*A) (<= 0):
   S_new = exp(a_C) S + (x ⊙ exp(a_C - a) dt)ᵀ B
 
 Only non-positive quantities are exponentiated; the upper triangle is masked before ``exp``.
-Inputs are re-laid out by XLA into padded chunks (chunks never straddle sequences, padding has
-dt = 0 so it leaves the state unchanged); checkpoints are written only at checkpoint chunks and
-unused slots are zeroed in-kernel. Every load/dot shape is a power of two (C, BP, N >= 16).
+The fused kernel reads the packed tokens in place with masked row gathers (chunks never straddle
+sequences; rows past a sequence end load as zeros, dt = 0 leaves the state unchanged); the
+parallel one uses an XLA re-layout into padded chunks. Checkpoints are written only at
+checkpoint chunks and unused slots are zeroed in-kernel. Every load/dot shape is a power of two
+(C, BP, N >= 16).
 Algorithm "parallel" splits the same math into three kernels (chunk-local states, a sequential
 state pass over chunks, chunk outputs) for more parallelism with few long sequences.
 The two algorithms agree to rounding, not bit for bit: resume bit-exactness holds within one.
@@ -61,19 +63,20 @@ def _dot(a, b, contract_a: int, contract_b: int):
 
 
 def _prefill_kernel(
-  start_ref,  # [N] first chunk id of each sequence
+  cu_ref,  # [N+1] sequence boundaries
   nchunk_ref,  # [N] chunks per sequence
   ckcount_ref,  # [N] checkpoints to write per sequence (<= M)
   a_ref,  # [H] fp32
   d_ref,  # [H] fp32
-  x_ref,  # [NC*C, H, P]
-  dt_ref,  # [H, NC*C] fp32 (processed)
-  b_ref,  # [NC*C, G, N]
-  c_ref,  # [NC*C, G, N]
+  x_ref,  # [T, H, P] packed tokens
+  dt_ref,  # [H, T] fp32 (processed)
+  b_ref,  # [T, G, N]
+  c_ref,  # [T, G, N]
   init_ref,  # [N_seq, H, P, N] fp32
-  y_ref,  # out [NC*C, H, P]
+  y_ref,  # out [T, H, P]
   fin_ref,  # out [N_seq, H, P, N] fp32
   *ck_refs,  # out [N_seq, M, H, P, N] fp32 (only when M > 0)
+  num_tokens: int,
   chunk: int,
   block_p: int,
   heads_per_group: int,
@@ -84,7 +87,8 @@ def _prefill_kernel(
   h = pl.program_id(1)
   p0 = pl.program_id(2) * block_p
   g = h // heads_per_group
-  c0 = start_ref[s]
+  seq_start = cu_ref[s]
+  seq_end = cu_ref[s + 1]
   nch = nchunk_ref[s]
   a_h = a_ref[h]
   d_h = d_ref[h]
@@ -94,13 +98,23 @@ def _prefill_kernel(
   causal = rows >= cols
   state0 = init_ref[s, h, ps, :].astype(jnp.float32)
 
+  offs = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+  pcols = p0 + lax.broadcasted_iota(jnp.int32, (1, block_p), 1)
+  ncols = lax.broadcasted_iota(jnp.int32, (1, init_ref.shape[-1]), 1)
+
   def body(ci, state):
-    t0 = pl.multiple_of((c0 + ci) * chunk, chunk)
-    ts = pl.ds(t0, chunk)
-    xb = x_ref[ts, h, ps]  # [C, BP]
-    dtb = dt_ref[h, ts]  # [C] fp32
-    bb = b_ref[ts, g, :]  # [C, N]
-    cb_in = c_ref[ts, g, :]
+    # Tokens of chunk ci of this sequence, read in place from the packed layout. Rows past the
+    # sequence end load as zeros (dt = 0 leaves the state unchanged) and are not stored.
+    tok = seq_start + ci * chunk + offs
+    valid = tok < seq_end
+    tok_c = jnp.minimum(tok, num_tokens - 1)  # in-bounds addresses for loads
+    v2 = valid[:, None]
+    # Array indices on every axis (interpret mode cannot mix gathers with slices).
+    rows = tok_c[:, None]
+    xb = pltriton.load(x_ref.at[rows, h, pcols], mask=v2, other=0)  # [C, BP]
+    dtb = pltriton.load(dt_ref.at[h, tok_c], mask=valid, other=0.0)  # [C] fp32
+    bb = pltriton.load(b_ref.at[rows, g, ncols], mask=v2, other=0)  # [C, N]
+    cb_in = pltriton.load(c_ref.at[rows, g, ncols], mask=v2, other=0)
     da = dtb * a_h
     acum = jnp.cumsum(da)
     a_last = jnp.sum(da)
@@ -111,7 +125,8 @@ def _prefill_kernel(
     y = _dot(w, xb, 1, 0)  # [C, BP]
     y += jnp.exp(acum)[:, None] * _dot(cb_in.astype(jnp.float32), state, 1, 1)
     y += d_h * xb.astype(jnp.float32)
-    y_ref[ts, h, ps] = y.astype(y_ref.dtype)
+    # Unclipped rows: masked-out rows never alias another token's row (interpret-mode safe).
+    pltriton.store(y_ref.at[tok[:, None], h, pcols], y.astype(y_ref.dtype), mask=v2)
     xw = (xb.astype(jnp.float32) * (jnp.exp(a_last - acum) * dtb)[:, None]).astype(xb.dtype)
     state = jnp.exp(a_last) * state + _dot(xw, bb.astype(xb.dtype), 0, 0)  # [BP, N]
     if max_ckpt:
@@ -176,29 +191,31 @@ def ssd_chunk_scan(
   every, m = packing.resolve_checkpoints(
     checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size
   )
-  lay = packing.chunk_layout(cu, n_seq, t_total, chunk_size)
-  nc, q = lay.num_chunks, chunk_size
-  if cu_seqlens is None:  # one sequence: chunks are a plain zero-padded view of the tokens
-    pad = nc * q - t_total
-    to_chunks = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-  else:
-    to_chunks = lambda a: packing.to_chunks(a, lay).reshape((nc * q,) + a.shape[1:])
+  q = chunk_size
   dtp = reference.process_dt(dt, dt_bias, dt_softplus)
-  xc = to_chunks(x)
-  dtc = to_chunks(dtp).T  # [H, NC*C]: per-token scalars contiguous per head
-  bc = to_chunks(B.astype(x.dtype))
-  cc = to_chunks(C.astype(x.dtype))
   a32 = A.astype(jnp.float32)
   d32 = jnp.zeros((h,), jnp.float32) if D is None else D.astype(jnp.float32)
   if initial_state is None:
     initial_state = jnp.zeros((n_seq, h, p, n), jnp.float32)
+  initial_state = initial_state.astype(jnp.float32)
   lengths = cu[1:] - cu[:-1]
   ck_count = jnp.minimum(lengths // every, m).astype(jnp.int32) if every else lengths * 0
+  if t_total == 0:
+    states = jnp.zeros((n_seq, m, h, p, n), jnp.float32)
+    return jnp.zeros(x.shape, x.dtype), initial_state, (states, ck_count)
+
   if algorithm == "parallel":
+    lay = packing.chunk_layout(cu, n_seq, t_total, q)
+    nc = lay.num_chunks
+    if cu_seqlens is None:  # one sequence: chunks are a plain zero-padded view of the tokens
+      pad = nc * q - t_total
+      to_chunks = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+    else:
+      to_chunks = lambda a: packing.to_chunks(a, lay).reshape((nc * q,) + a.shape[1:])
     yc, final, states = _parallel_scan(
-      lay, ck_count, a32, d32, xc, dtc, bc, cc, initial_state.astype(jnp.float32),
-      heads_per_group=h // g, block_p=bp, every=every, max_ckpt=m, num_warps=num_warps,
-      num_stages=num_stages, interpret=interpret,
+      lay, ck_count, a32, d32, to_chunks(x), to_chunks(dtp).T, to_chunks(B.astype(x.dtype)),
+      to_chunks(C.astype(x.dtype)), initial_state, heads_per_group=h // g, block_p=bp,
+      every=every, max_ckpt=m, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
     )  # fmt: skip
     if cu_seqlens is None:
       y = yc[:t_total]
@@ -206,14 +223,16 @@ def ssd_chunk_scan(
       y = jnp.take(yc, lay.token_slot, axis=0)
     return y, final, (states, ck_count)
 
+  # Fused: the kernel reads and writes the packed token layout in place.
   out_shape = [
-    jax.ShapeDtypeStruct((nc * q, h, p), x.dtype),
+    jax.ShapeDtypeStruct((t_total, h, p), x.dtype),
     jax.ShapeDtypeStruct((n_seq, h, p, n), jnp.float32),
   ]
   if m:
     out_shape.append(jax.ShapeDtypeStruct((n_seq, m, h, p, n), jnp.float32))
   kernel = functools.partial(
     _prefill_kernel,
+    num_tokens=t_total,
     chunk=q,
     block_p=bp,
     heads_per_group=h // g,
@@ -228,24 +247,19 @@ def ssd_chunk_scan(
     interpret=interpret,
     name="ssd_chunk_scan",
   )(
-    lay.seq_chunk_start,
-    lay.seq_num_chunks,
+    cu,
+    ((lengths + q - 1) // q).astype(jnp.int32),
     ck_count,
     a32,
     d32,
-    xc,
-    dtc,
-    bc,
-    cc,
-    initial_state.astype(jnp.float32),
+    x,
+    dtp.T,  # [H, T]: per-token scalars contiguous per head
+    B.astype(x.dtype),
+    C.astype(x.dtype),
+    initial_state,
   )
-  yc, final = outs[0], outs[1]
-  if cu_seqlens is None:
-    y = yc[:t_total]
-  else:
-    y = jnp.take(yc, lay.token_slot, axis=0)
   states = outs[2] if m else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
-  return y, final, (states, ck_count)
+  return outs[0], outs[1], (states, ck_count)
 
 
 def _chunk_state_kernel(
