@@ -9,14 +9,17 @@ a = cumsum(dt*A) (<= 0):
   S_new = exp(a_C) S + (x ⊙ exp(a_C - a) dt)ᵀ B
 
 Only non-positive quantities are exponentiated; the upper triangle is masked before ``exp``.
-The fused kernel reads the packed tokens in place with masked row gathers (chunks never straddle
-sequences; rows past a sequence end load as zeros, dt = 0 leaves the state unchanged); the
-parallel one uses an XLA re-layout into padded chunks. Checkpoints are written only at
-checkpoint chunks and unused slots are zeroed in-kernel. Every load/dot shape is a power of two
-(C, BP, N >= 16).
-Algorithm "parallel" splits the same math into three kernels (chunk-local states, a sequential
-state pass over chunks, chunk outputs) for more parallelism with few long sequences.
-The two algorithms agree to rounding, not bit for bit: resume bit-exactness holds within one.
+Chunks never straddle sequences. Kernels read and write the packed token layout in place with
+masked row gathers; rows past a sequence end load as zeros (dt = 0 leaves the state unchanged)
+and are not stored. Checkpoints are written only at checkpoint chunks; unused slots are zeroed
+in-kernel. Every load/dot shape is a power of two (C, BP, N >= 16).
+
+Algorithm "parallel" splits the same math into three kernels (chunk-local states over
+(chunk slots, H, P-tiles); a sequential state pass over (N_seq, H, P-tiles, N-tiles); chunk
+outputs) for more parallelism with few long sequences, at the cost of writing and reading fp32
+per-chunk states. The two algorithms agree to rounding, not bit for bit: resume bit-exactness
+holds within one algorithm.
+
 Decode/verify: one program per (sequence, head, P-tile), state read from / written to a slot
 pool (decode aliases the pool in place). All kernels also run under ``interpret=True`` (CPU).
 """
@@ -206,21 +209,12 @@ def ssd_chunk_scan(
 
   if algorithm == "parallel":
     lay = packing.chunk_layout(cu, n_seq, t_total, q)
-    nc = lay.num_chunks
-    if cu_seqlens is None:  # one sequence: chunks are a plain zero-padded view of the tokens
-      pad = nc * q - t_total
-      to_chunks = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-    else:
-      to_chunks = lambda a: packing.to_chunks(a, lay).reshape((nc * q,) + a.shape[1:])
-    yc, final, states = _parallel_scan(
-      lay, ck_count, a32, d32, to_chunks(x), to_chunks(dtp).T, to_chunks(B.astype(x.dtype)),
-      to_chunks(C.astype(x.dtype)), initial_state, heads_per_group=h // g, block_p=bp,
-      every=every, max_ckpt=m, num_warps=num_warps, num_stages=num_stages, interpret=interpret,
+    dtc = packing.to_chunks(dtp, lay).reshape(lay.num_chunks * q, h).T  # [H, NC*C], small
+    y, final, states = _parallel_scan(
+      lay, ck_count, a32, d32, x, dtc, B.astype(x.dtype), C.astype(x.dtype), initial_state,
+      heads_per_group=h // g, block_p=bp, every=every, max_ckpt=m, num_warps=num_warps,
+      num_stages=num_stages, interpret=interpret,
     )  # fmt: skip
-    if cu_seqlens is None:
-      y = yc[:t_total]
-    else:
-      y = jnp.take(yc, lay.token_slot, axis=0)
     return y, final, (states, ck_count)
 
   # Fused: the kernel reads and writes the packed token layout in place.
@@ -262,27 +256,40 @@ def ssd_chunk_scan(
   return outs[0], outs[1], (states, ck_count)
 
 
+def _chunk_rows(gidx_ref, c, chunk: int, num_tokens: int):
+  """Token rows of chunk slot c: (rows [C], in-bounds rows [C], valid [C])."""
+  tok = gidx_ref[pl.ds(pl.multiple_of(c * chunk, chunk), chunk)]  # T marks padding
+  return tok, jnp.minimum(tok, num_tokens - 1), tok < num_tokens
+
+
 def _chunk_state_kernel(
+  gidx_ref,  # [NC*C] int32 token of each chunk slot (T for padding)
   acum_ref,  # [H, NC*C] fp32 in-chunk cumsum of dt*A
   alast_ref,  # [H, NC] fp32 chunk totals
-  x_ref,  # [NC*C, H, P]
-  dt_ref,  # [H, NC*C] fp32
-  b_ref,  # [NC*C, G, N]
+  x_ref,  # [T, H, P] packed tokens
+  dt_ref,  # [H, NC*C] fp32 (chunk layout)
+  b_ref,  # [T, G, N]
   s_ref,  # out [NC, H, P, N] fp32 chunk-local states
   *,
+  num_tokens: int,
   chunk: int,
   block_p: int,
   heads_per_group: int,
 ):
   c = pl.program_id(0)
   h = pl.program_id(1)
-  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  p0 = pl.program_id(2) * block_p
   g = h // heads_per_group
   ts = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-  xb = x_ref[ts, h, ps]
+  _, tok_c, valid = _chunk_rows(gidx_ref, c, chunk, num_tokens)
+  rows, v2 = tok_c[:, None], valid[:, None]
+  pcols = p0 + lax.broadcasted_iota(jnp.int32, (1, block_p), 1)
+  ncols = lax.broadcasted_iota(jnp.int32, (1, s_ref.shape[-1]), 1)
+  xb = pltriton.load(x_ref.at[rows, h, pcols], mask=v2, other=0)
+  bb = pltriton.load(b_ref.at[rows, g, ncols], mask=v2, other=0)
   wk = jnp.exp(alast_ref[h, c] - acum_ref[h, ts]) * dt_ref[h, ts]
   xw = (xb.astype(jnp.float32) * wk[:, None]).astype(xb.dtype)
-  s_ref[c, h, ps, :] = _dot(xw, b_ref[ts, g, :].astype(xb.dtype), 0, 0)
+  s_ref[c, h, pl.ds(p0, block_p), :] = _dot(xw, bb.astype(xb.dtype), 0, 0)
 
 
 def _state_pass_kernel(
@@ -334,54 +341,65 @@ def _state_pass_kernel(
 
 
 def _chunk_output_kernel(
+  gidx_ref,  # [NC*C] int32
   acum_ref,  # [H, NC*C]
   d_ref,  # [H]
-  x_ref,  # [NC*C, H, P]
+  x_ref,  # [T, H, P]
   dt_ref,  # [H, NC*C]
-  b_ref,  # [NC*C, G, N]
-  c_ref,  # [NC*C, G, N]
+  b_ref,  # [T, G, N]
+  c_ref,  # [T, G, N]
   hin_ref,  # [NC, H, P, N] fp32
-  y_ref,  # out [NC*C, H, P]
+  y_ref,  # out [T, H, P]
   *,
+  num_tokens: int,
   chunk: int,
   block_p: int,
   heads_per_group: int,
 ):
   c = pl.program_id(0)
   h = pl.program_id(1)
-  ps = pl.ds(pl.program_id(2) * block_p, block_p)
+  p0 = pl.program_id(2) * block_p
   g = h // heads_per_group
   ts = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-  rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
-  cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
-  xb = x_ref[ts, h, ps]
+  tok, tok_c, valid = _chunk_rows(gidx_ref, c, chunk, num_tokens)
+  rows, v2 = tok_c[:, None], valid[:, None]
+  pcols = p0 + lax.broadcasted_iota(jnp.int32, (1, block_p), 1)
+  ncols = lax.broadcasted_iota(jnp.int32, (1, hin_ref.shape[-1]), 1)
+  sub = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+  col = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+  xb = pltriton.load(x_ref.at[rows, h, pcols], mask=v2, other=0)
+  cb_in = pltriton.load(c_ref.at[rows, g, ncols], mask=v2, other=0)
+  bb = pltriton.load(b_ref.at[rows, g, ncols], mask=v2, other=0)
   dtb = dt_ref[h, ts]
   acum = acum_ref[h, ts]
-  cb_in = c_ref[ts, g, :]
-  cbm = _dot(cb_in, b_ref[ts, g, :], 1, 1)
-  lmat = jnp.exp(jnp.where(rows >= cols, acum[:, None] - acum[None, :], -jnp.inf))
+  cbm = _dot(cb_in, bb, 1, 1)
+  lmat = jnp.exp(jnp.where(sub >= col, acum[:, None] - acum[None, :], -jnp.inf))
   w = (cbm * lmat * dtb[None, :]).astype(xb.dtype)
   y = _dot(w, xb, 1, 0)
-  y += jnp.exp(acum)[:, None] * _dot(cb_in.astype(jnp.float32), hin_ref[c, h, ps, :], 1, 1)
+  h_in = hin_ref[c, h, pl.ds(p0, block_p), :]
+  y += jnp.exp(acum)[:, None] * _dot(cb_in.astype(jnp.float32), h_in, 1, 1)
   y += d_ref[h] * xb.astype(jnp.float32)
-  y_ref[ts, h, ps] = y.astype(y_ref.dtype)
+  # Unclipped rows: padding slots (row T) are out of range and masked, never aliasing a token.
+  pltriton.store(y_ref.at[tok[:, None], h, pcols], y.astype(y_ref.dtype), mask=v2)
 
 
 def _parallel_scan(
-  lay, ck_count, a32, d32, xc, dtc, bc, cc, init, *, heads_per_group, block_p, every,
+  lay, ck_count, a32, d32, x, dtc, b, c, init, *, heads_per_group, block_p, every,
   max_ckpt, num_warps, num_stages, interpret,
 ):  # fmt: skip
-  """Three-kernel SSD (chunk states -> sequential state pass -> outputs)."""
+  """Three-kernel SSD (chunk states -> sequential state pass -> outputs); x, b, c and the
+  returned y are in the packed token layout, dtc [H, NC*C] in the chunk layout."""
   nc, q = lay.num_chunks, lay.chunk_size
   h, t_pad = dtc.shape
-  p, n = xc.shape[-1], bc.shape[-1]
+  t_total, _, p = x.shape
+  n = b.shape[-1]
   n_seq = init.shape[0]
   da = (dtc * a32[:, None]).reshape(h, nc, q)
   acum = jnp.cumsum(da, axis=-1)
   alast = acum[..., -1]
   acum = acum.reshape(h, t_pad)
   cp = _compiler_params(num_warps, num_stages)
-  common = dict(chunk=q, block_p=block_p, heads_per_group=heads_per_group)
+  common = dict(num_tokens=t_total, chunk=q, block_p=block_p, heads_per_group=heads_per_group)
   s_loc = pl.pallas_call(
     functools.partial(_chunk_state_kernel, **common),
     out_shape=jax.ShapeDtypeStruct((nc, h, p, n), jnp.float32),
@@ -389,7 +407,7 @@ def _parallel_scan(
     compiler_params=cp,
     interpret=interpret,
     name="ssd_chunk_state",
-  )(acum, alast, xc, dtc, bc)
+  )(lay.gather_index, acum, alast, x, dtc, b)
   bn = min(n, 64)
   bp2 = min(p, 64)
   out_shape = [
@@ -415,15 +433,15 @@ def _parallel_scan(
   )(lay.seq_chunk_start, lay.seq_num_chunks, ck_count, jnp.exp(alast), s_loc, init)
   h_in, final = outs[0], outs[1]
   states = outs[2] if max_ckpt else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
-  yc = pl.pallas_call(
+  y = pl.pallas_call(
     functools.partial(_chunk_output_kernel, **common),
-    out_shape=jax.ShapeDtypeStruct(xc.shape, xc.dtype),
+    out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
     grid=(nc, h, p // block_p),
     compiler_params=cp,
     interpret=interpret,
     name="ssd_chunk_output",
-  )(acum, d32, xc, dtc, bc, cc, h_in)
-  return yc, final, states
+  )(lay.gather_index, acum, d32, x, dtc, b, c, h_in)
+  return y, final, states
 
 
 def _prep_step(x, dt, A, B, C, D, dt_bias, dt_softplus):
