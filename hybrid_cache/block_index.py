@@ -47,42 +47,40 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
 def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array) -> CacheState:
   """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
 
-  Sets the block's `block_group`/`block_hash`; the index insertion is sequential (a while loop
-  over the inserted entries only) so that several keys landing in one bucket take distinct ways.
+  Sets the block's `block_group`/`block_hash` and adds index entries without a per-key loop:
+  keys landing in one bucket are ranked (stable sort by bucket) and take that bucket's empty
+  ways in order; insertion sequence numbers follow list order.
   """
   nb = state.ref_cnt.shape[0]
-  buckets = state.index_entry.shape[0]
+  buckets, ways = state.index_entry.shape[:2]
+  k = ids.shape[0]
   valid = ids > 0
   idx = jnp.where(valid, ids, nb)
   state = state.replace(
     block_group=state.block_group.at[idx].set(group, mode="drop"),
     block_hash=state.block_hash.at[idx].set(keys, mode="drop"),
   )
-  count = jnp.sum(valid).astype(jnp.int32)
-  order = jnp.nonzero(valid, size=ids.shape[0], fill_value=0)[0]
-  bks = bucket_of(keys, group, buckets)
-
-  def body(carry):
-    i, ent, hsh, seq, ovf = carry
-    j = order[i]
-    bk = bks[j]
-    empty = ent[bk, :, 0] < 0
-    w = jnp.argmax(empty)
-    ok = empty[w]
-    wi = jnp.where(ok, w, ent.shape[1])
-    ent = ent.at[bk, wi].set(jnp.stack([ids[j], seq]), mode="drop")
-    hsh = hsh.at[bk, wi].set(keys[j], mode="drop")
-    return i + 1, ent, hsh, seq + 1, ovf + jnp.where(ok, 0, 1)
-
   c = state.counters
-  _, ent, hsh, seq, ovf = jax.lax.while_loop(
-    lambda c: c[0] < count,
-    body,
-    (jnp.int32(0), state.index_entry, state.index_hash, c[C_SEQ], c[C_OVERFLOW]),
-  )
-  return state.replace(
-    index_entry=ent, index_hash=hsh, counters=c.at[C_SEQ].set(seq).at[C_OVERFLOW].set(ovf)
-  )
+  bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
+  order = jnp.argsort(bks, stable=True)
+  sb = bks[order]
+  i = jnp.arange(k)
+  run_start = jnp.where((i == 0) | (sb != jnp.roll(sb, 1)), i, 0)
+  rank_sorted = i - jax.lax.cummax(run_start)
+  rank = jnp.zeros((k,), jnp.int32).at[order].set(rank_sorted.astype(jnp.int32))
+  empty = state.index_entry[jnp.minimum(bks, buckets - 1), :, 0] < 0  # [k, W]
+  nth = jnp.cumsum(empty, axis=1) - 1
+  hit_way = empty & (nth == rank[:, None])
+  ok = valid & jnp.any(hit_way, axis=1)
+  way = jnp.argmax(hit_way, axis=1)
+  seq = c[C_SEQ] + jnp.cumsum(valid) - 1
+  bi = jnp.where(ok, bks, buckets)
+  ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
+  hsh = state.index_hash.at[bi, way].set(keys, mode="drop")
+  nvalid = jnp.sum(valid).astype(jnp.int32)
+  novf = jnp.sum(valid & ~ok).astype(jnp.int32)
+  counters = c.at[C_SEQ].add(nvalid).at[C_OVERFLOW].add(novf)
+  return state.replace(index_entry=ent, index_hash=hsh, counters=counters)
 
 
 def evict(state: CacheState, mask: jax.Array) -> CacheState:

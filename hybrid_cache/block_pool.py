@@ -117,3 +117,48 @@ def pin(state: CacheState, ids: jax.Array) -> CacheState:
   """Marks the non-null `ids` pinned (they go to the pinned tier when freed)."""
   nb = state.ref_cnt.shape[0]
   return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))
+
+
+def _smallest_mask(keys: jax.Array, k: jax.Array) -> jax.Array:
+  """bool mask of the `k` smallest keys (< BIG, unique): binary search on the key value."""
+  valid = keys < BIG
+  lo = jnp.min(jnp.where(valid, keys, BIG)) - 1
+  hi = jnp.max(jnp.where(valid, keys, -BIG))
+
+  def body(c):
+    lo, hi = c
+    mid = lo + (hi - lo) // 2
+    enough = jnp.sum(valid & (keys <= mid)) >= k
+    return jnp.where(enough, lo, mid), jnp.where(enough, mid, hi)
+
+  _, hi = jax.lax.while_loop(lambda c: c[1] - c[0] > 1, body, (lo, hi))
+  return valid & (keys <= hi) & (k > 0)
+
+
+def pop_many(state: CacheState, count: jax.Array, kmax: int):
+  """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
+
+  Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
+  pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
+  and their pinned flag.
+  """
+  nb = state.ref_cnt.shape[0]
+  qk = state.queue_key
+  n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+  k1 = jnp.minimum(count, n_norm)
+  k2 = count - k1
+  sel1 = _smallest_mask(qk[0], k1)
+  sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
+  sel = sel1 | sel2
+  ids = jnp.nonzero(sel, size=kmax, fill_value=0)[0].astype(jnp.int32)
+  cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
+  cls = jnp.where(jnp.arange(kmax) < jnp.sum(sel), cls, 2)
+  key = jnp.where(cls == 0, qk[0][ids], jnp.where(cls == 1, qk[1][ids], BIG))
+  order = jnp.lexsort((key, cls))
+  ids = jnp.where(jnp.arange(kmax) < count, ids[order], 0)
+  state = state.replace(
+    queue_key=jnp.where(sel[None, :], BIG, qk),
+    ref_cnt=jnp.where(sel, 1, state.ref_cnt),
+    block_aux=state.block_aux.at[:, 1].set(jnp.where(sel, 0, state.block_aux[:, 1])),
+  )
+  return block_index.evict(state, sel), ids

@@ -118,7 +118,11 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
 
 
 def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n):
-  """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6)."""
+  """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
+
+  All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
+  queue, so the concatenation is the queue's first `sum(counts)` blocks).
+  """
   info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
@@ -128,6 +132,7 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
   state = block_pool.touch(state, hit_ids.reshape(-1))
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]
+  bases, counts = [], []
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     hits_len = jnp.where(is_new, hit // bs, 0)
@@ -150,22 +155,33 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
         row = jnp.where(move & (pos == base + nrel), blk, row)
         row = jnp.where(move & (pos == j), 0, row)
         nrel = nrel + move.astype(jnp.int32)
-      fresh = jnp.where(grow, req - base - nrel, 0)
-      state, row = block_pool.pop_into(state, row, base + nrel, fresh)
+      bases.append(base + nrel)
+      counts.append(jnp.where(grow, req - base - nrel, 0))
       rg = rg.at[g, RG_LAST].set(jnp.where(grow, last_state, rg[g, RG_LAST]))
       length = jnp.maximum(length, req)
     elif spec.kind == "mamba" and spec.mode == "none":
       cnt = jnp.where(length == 0, 1 + s, 0)
-      state, row = block_pool.pop_into(state, row, length, cnt)
+      bases.append(length)
+      counts.append(cnt)
       length = length + cnt
     else:
       extra = bs * s if spec.kind == "mamba" else 0
       target = cdiv(need_tokens + extra, bs)
       cnt = jnp.maximum(target - length, 0)
-      state, row = block_pool.pop_into(state, row, length, cnt)
+      bases.append(length)
+      counts.append(cnt)
       length = length + cnt
     rows = rows.at[g].set(row)
     rg = rg.at[g, RG_LEN].set(length).at[g, RG_NCACHED].set(ncached)
+  counts = jnp.stack(counts)
+  offsets = jnp.cumsum(counts) - counts
+  kmax = lay.num_groups * lay.max_blocks
+  state, ids = block_pool.pop_many(state, jnp.sum(counts), kmax)
+  for g in range(lay.num_groups):
+    j = pos - bases[g]
+    take = (j >= 0) & (j < counts[g])
+    fresh = ids[jnp.clip(offsets[g] + j, 0, kmax - 1)]
+    rows = rows.at[g].set(jnp.where(take, fresh, rows[g]))
   state = state.replace(
     tables=state.tables.at[r].set(rows), req_group=state.req_group.at[r].set(rg)
   )
@@ -391,10 +407,8 @@ def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_toke
   ), stats(layout(config), state)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "preempt"), donate_argnums=(1,))
-def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
+def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
   """Frees a request's blocks tail first (group by group); preempt keeps it waiting."""
-  lay = layout(config)
   rows = state.tables[slot][:, ::-1]
   batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
   state = block_pool.free_ordered(state, rows.reshape(-1), batch)
@@ -411,6 +425,27 @@ def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool)
   )
   if not preempt:
     state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
+  return state
+
+
+def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
+  """One scheduler step with a single entry (no padding): the unit of a trace scan."""
+  lay = layout(config)
+  state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  (state, _), out = _entry(
+    lay,
+    config,
+    (state, jnp.int32(config.max_num_batched_tokens)),
+    (slot, max_tokens, jnp.bool_(True)),
+  )
+  return state, out
+
+
+@functools.partial(jax.jit, static_argnames=("config", "preempt"), donate_argnums=(1,))
+def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
+  """Jitted `release` plus the pool counters after it."""
+  lay = layout(config)
+  state = release(lay, state, slot, preempt)
   return state, stats(lay, state)
 
 

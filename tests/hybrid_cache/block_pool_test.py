@@ -22,6 +22,11 @@ def _queue(state) -> list[int]:
 
 
 def _pop(state, n):
+  state, ids = block_pool.pop_many(state, jnp.int32(n), 16)
+  return state, np.asarray(ids[:n]).tolist()
+
+
+def _pop_loop(state, n):
   row = jnp.zeros((16,), jnp.int32)
   state, row = block_pool.pop_into(state, row, jnp.int32(0), jnp.int32(n))
   return state, np.asarray(row[:n]).tolist()
@@ -75,3 +80,18 @@ def test_pinned_blocks_are_free_capacity_and_taken_last_oldest_first():
   state, got = _pop(state, 3)
   assert got == [1, 7, 3]  # normal queue first, then pinned oldest first (demotion)
   assert int(block_pool.num_free(state)) == 0
+
+
+def test_vectorised_pop_equals_the_per_block_loop():
+  state = init_state(CFG)
+  state, _ = _pop(state, 10)
+  state = block_pool.pin(state, jnp.asarray([2, 9]))
+  state = state.replace(block_group=state.block_group.at[jnp.asarray([4, 6])].set(0))
+  order = jnp.asarray([9, 8, 7, 6, 5, 4, 3, 2, 1, 10])
+  state = block_pool.free_ordered(state, order, jnp.asarray([0, 0, 0, 1, 1, 1, 1, 1, 2, 2]))
+  for n in (0, 1, 4, 8, 10):
+    a_state, a = _pop(state, n)
+    b_state, b = _pop_loop(state, n)
+    assert a == b
+    assert np.array_equal(np.asarray(a_state.queue_key), np.asarray(b_state.queue_key))
+    assert np.array_equal(np.asarray(a_state.ref_cnt), np.asarray(b_state.ref_cnt))
