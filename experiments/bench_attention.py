@@ -83,6 +83,17 @@ def attention(hq=8, hkv=2, d=256, block_size=16, window=None, repeats=10, scale_
   return rows
 
 
+def print_results(rows) -> None:
+  """Prints the rows returned by ``attention`` as a table."""
+  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+  print(f"{'case':<8} {'impl':<10} {'tokens':>7} {'us':>10} {'tok/s':>12} {'KV GB/s':>8}")
+  for r in rows:
+    print(
+      f"{r['case']:<8} {r['impl']:<10} {r['tokens']:>7} {r['us']:10.1f} {r['tok_s']:12.0f} "
+      f"{r['kv_gb_s']:8.1f}"
+    )
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--hq", type=int, default=8)
@@ -99,13 +110,7 @@ def main() -> None:
   )  # fmt: skip
   if a.small:
     kw.update(hq=4, hkv=2, d=16, repeats=2, scale_down=64)
-  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
-  print(f"{'case':<8} {'impl':<10} {'tokens':>7} {'us':>10} {'tok/s':>12} {'KV GB/s':>8}")
-  for r in attention(**kw):
-    print(
-      f"{r['case']:<8} {r['impl']:<10} {r['tokens']:>7} {r['us']:10.1f} {r['tok_s']:12.0f} "
-      f"{r['kv_gb_s']:8.1f}"
-    )
+  print_results(attention(**kw))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ attention shapes (16 key/value heads, d_k = d_v = 128): our Pallas kernel vs the
 reference vs fla's Triton ``chunk_gated_delta_rule`` (when ``fla`` and torch are importable).
 ``--op ssd``: Mamba2 SSD prefill via ``experiments/bench_ssd.py`` defaults (64 heads, P=64,
 N=128, 8 groups, bf16); run that module directly for its own options (packing, configs).
+``--op state_copy``: batched state-slot copy bandwidth (Pallas vs XLA vs d2d copy) via
+``experiments/bench_state_copy.py`` defaults (18 layers x 16 x 128 x 128 fp32 slots, 1/8/64 copies).
+``--op attention``: paged attention (Pallas vs XLA reference), ``experiments/bench_attention.py``.
 Prints ms per call and tokens/s: the mean over ``--iters`` back-to-back calls after one warm-up
 call (JAX: host clock around the batch; torch: CUDA events around the batch).
 """
@@ -136,7 +139,26 @@ def bench_ssd(args):
   return ssd_bench.bench_ssd(p.parse_args(["--tokens", args.tokens, "--iters", str(args.iters)]))
 
 
-OPS = {"gdn": bench_gdn, "ssd": bench_ssd}
+def bench_state_copy(args):
+  """State-slot copy bandwidth; see ``experiments/bench_state_copy.py`` (its own table format)."""
+  from experiments import bench_state_copy as sc_bench  # noqa: PLC0415
+
+  sc_bench.print_results(sc_bench.state_copy(repeats=args.iters))
+
+
+def bench_attention(args):
+  """Paged attention decode/prefill/mixed; see ``experiments/bench_attention.py``."""
+  from experiments import bench_attention as attn_bench  # noqa: PLC0415
+
+  attn_bench.print_results(attn_bench.attention(repeats=args.iters))
+
+
+OPS = {
+  "gdn": bench_gdn,
+  "ssd": bench_ssd,
+  "state_copy": bench_state_copy,
+  "attention": bench_attention,
+}
 
 
 def main():

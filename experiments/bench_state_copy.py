@@ -120,6 +120,17 @@ def state_copy(
   return results
 
 
+def print_results(rows) -> None:
+  """Prints the rows returned by ``state_copy`` as a table."""
+  print(f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+  print(f"{'copies':>6} {'method':<14} {'MiB':>8} {'us':>10} {'GB/s':>8} {'of_d2d':>7}")
+  for r in rows:
+    print(
+      f"{r['copies']:>6} {r['method']:<14} {r['payload_mib']:8.1f} {r['us']:10.1f} "
+      f"{r['gb_s']:8.1f} {r['of_d2d']:7.2f}"
+    )
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--layers", type=int, default=18)
@@ -146,14 +157,7 @@ def main() -> None:
   )
   if a.small:
     kw.update(layers=2, heads=2, dk=16, dv=16, copies=(1, 4), pallas_cfgs=((256, 4),), repeats=3)
-  dev = jax.devices()[0]
-  print(f"device: {dev.device_kind} ({jax.default_backend()}), jax {jax.__version__}")
-  print(f"{'copies':>6} {'method':<14} {'MiB':>8} {'us':>10} {'GB/s':>8} {'of_d2d':>7}")
-  for r in state_copy(**kw):
-    print(
-      f"{r['copies']:>6} {r['method']:<14} {r['payload_mib']:8.1f} {r['us']:10.1f} "
-      f"{r['gb_s']:8.1f} {r['of_d2d']:7.2f}"
-    )
+  print_results(state_copy(**kw))
 
 
 if __name__ == "__main__":
