@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.cost_model import MODELS
@@ -26,9 +27,24 @@ from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.oracle import oracle_reused
-from hybrid_cache.sim.policies import core_available
 from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
+
+DEFAULT_CORE_BLOCK = 64
+
+
+def _retention(text: str):
+  if text == "policy":
+    return "policy"
+  if text == "dense":
+    return None
+  try:
+    v = int(text)
+  except ValueError:
+    v = -1
+  if v < 0:
+    raise ValueError(f"retention must be 'policy', 'dense' or an integer >= 0, got {text!r}")
+  return v
 
 
 def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) -> None:
@@ -50,8 +66,13 @@ def simulate(
   capacity_bytes: float,
   policy_name: str,
   block_size: int | None = None,
+  core: dict | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
-  """Replays `trace`; returns (triples, extra summary fields incl. wall_s)."""
+  """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
+
+  `core` (core policies only): backend ("jax" | "reference"), retention ("policy", None or an
+  int), pinning (bool), token_budget (None = whole prompt per step); see `core_sim.py`.
+  """
   policy = parse_policy(policy_name)
   if policy.required_block_size is not None:
     if block_size is None:
@@ -61,6 +82,8 @@ def simulate(
         f"block_size must be {policy.required_block_size} for policy {policy.name}, "
         f"got {block_size}"
       )
+  if policy.kind == "core" and block_size is None:
+    block_size = DEFAULT_CORE_BLOCK
   block_size = block_size or 1
   if block_size < 1:
     raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -68,15 +91,7 @@ def simulate(
     raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
   extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
   if policy.kind == "core":
-    if not core_available():
-      raise ValueError(
-        f"policy {policy.name!r} runs on the jitted cache core: not available until "
-        "hybrid_cache.manager exists"
-      )
-    raise ValueError(
-      f"policy {policy.name!r}: the simulator is not wired to hybrid_cache.manager yet; "
-      "use a marconi_compat* policy or oracle"
-    )
+    return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
   check_capacity(trace, model, capacity_bytes)
   t0 = time.perf_counter()
   if policy.kind == "oracle":
@@ -107,6 +122,33 @@ def simulate(
   return triples, extra
 
 
+def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
+  core = dict(core or {})
+  backend = core.pop("backend", "jax")
+  retention = core.pop("retention", "policy")
+  pinning = core.pop("pinning", False)
+  budget = core.pop("token_budget", None)
+  if core:
+    raise ValueError(f"core options must be backend/retention/pinning/token_budget, got {core}")
+  check_capacity(trace, model, capacity_bytes)
+  core_sim.token_ids_fit(trace)
+  cfg, sizing = core_sim.build_config(
+    trace,
+    model,
+    capacity_bytes,
+    name,
+    block_size,
+    retention=retention,
+    pinning=pinning,
+    token_budget=budget,
+  )
+  t0 = time.perf_counter()
+  triples, counters = core_sim.run_core(trace, cfg, backend)
+  extra |= sizing | counters
+  extra["wall_s"] = time.perf_counter() - t0
+  return triples, extra
+
+
 def _atomic_write(path: str, text: str) -> None:
   tmp = f"{path}.tmp{os.getpid()}"
   try:
@@ -131,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-input", type=int, default=None, help="mooncake: drop longer inputs")
   p.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
+  p.add_argument(
+    "--backend", default="jax", help="core policies: jax (JaxCacheManager) or reference"
+  )
+  p.add_argument(
+    "--retention", default="policy", help="core policies: policy, dense, or an interval in tokens"
+  )
+  p.add_argument("--pinning", action="store_true", help="core policies: SWA/prefix pinned tier")
+  p.add_argument(
+    "--token-budget", type=int, default=None, help="core policies: tokens per step (None: prompt)"
+  )
   return p
 
 
@@ -149,7 +201,15 @@ def main(argv: list[str] | None = None) -> int:
       if not os.path.isfile(args.trace):
         raise ValueError(f"trace file {args.trace!r} does not exist")
       trace = trace_lib.load(args.trace, args.format, limit=args.limit, max_input=args.max_input)
-    triples, extra = simulate(trace, model, args.capacity_bytes, args.policy, args.block_size)
+    core = {
+      "backend": args.backend,
+      "retention": _retention(args.retention),
+      "pinning": args.pinning,
+      "token_budget": args.token_budget,
+    }
+    triples, extra = simulate(
+      trace, model, args.capacity_bytes, args.policy, args.block_size, core=core
+    )
     oracle = None
     if not args.no_oracle:
       oracle = oracle_reused(trace, extra["block_size"]).tolist()

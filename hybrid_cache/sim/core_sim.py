@@ -1,0 +1,240 @@
+"""Replays a trace through the cache core (`types.CacheManager` protocol only).
+
+Policies (static config, `CORE_POLICY_CONFIGS`):
+  vllm_none            recurrent mode none (vLLM: no prefix caching for hybrids), LRU.
+  vllm_align           mode align, no Marconi junction, dense retention (vLLM 0.33 default).
+  vllm_align_marconi   mode align + Marconi junction (§4.4), dense retention.
+  vllm_all             mode all (a state at every block boundary = vLLM+ in block terms).
+  lru                  Marconi admission in block terms: align + junction + retention 0
+                       (replay boundary + junction states only), LRU free queue.
+  flop_aware           as lru with `eviction="flop_aware"` (needs the core to implement it).
+`retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
+turns on the SWA/prefix pinned tier (SPEC B1).
+
+Model -> groups: a "full" group if the model has full-attention layers, a "swa" group (its
+window) if it has sliding-window layers, a "mamba" group if it has recurrent layers. All groups
+share one pool of equal pages (vLLM's hybrid allocator): page bytes = max over groups of the
+group's block bytes (full/swa: KV of `block_size` tokens over its layers; mamba: one state of
+all recurrent layers), num_blocks = floor(capacity / page) + 1 (null block). The bytes a group
+leaves unused in its page are reported as `page_padding` per group.
+
+Each request (sequential, as Marconi): add_request(input) -> schedule until the prompt is
+computed (one step if `token_budget` is None, else chunks of at most that many tokens) ->
+append_tokens(output[:-1]) and schedule them in block-aligned chunks (each chunk ends on a
+block boundary, as one-token decode steps would; the last sampled token is never computed) ->
+free. Reused tokens = the first step's `hit.hit_tokens`.
+
+Tokens: the trace's token-level expansion (Mooncake: hash id * 512 + offset), so any
+block size that divides 512 hashes Mooncake blocks exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.config import GroupSpec
+from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.trace import Trace
+from hybrid_cache.sim.vllm_plus import request_tokens
+from hybrid_cache.types import ScheduleEntry
+
+BACKENDS = ("jax", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorePolicy:
+  mode: str
+  marconi_junction: bool
+  retention: int | None
+  eviction: str = "lru"
+
+
+CORE_POLICY_CONFIGS = {
+  "vllm_none": CorePolicy("none", False, None),
+  "vllm_align": CorePolicy("align", False, None),
+  "vllm_align_marconi": CorePolicy("align", True, None),
+  "vllm_all": CorePolicy("all", False, None),
+  "lru": CorePolicy("align", True, 0),
+  "flop_aware": CorePolicy("align", True, 0, "flop_aware"),
+}
+
+
+def model_groups(model: ModelConfig, mode: str) -> tuple[GroupSpec, ...]:
+  groups = []
+  if model.n_attn:
+    groups.append(GroupSpec("full"))
+  if model.n_swa:
+    groups.append(GroupSpec("swa", window=model.swa_window))
+  if model.n_recurrent:
+    groups.append(GroupSpec("mamba", mode=mode))
+  if not groups:
+    raise ValueError(f"model {model.name!r} has no attention, swa or recurrent layers")
+  return tuple(groups)
+
+
+def group_block_bytes(model: ModelConfig, groups, block_size: int) -> list[int]:
+  """Bytes one block of each group really uses (before page padding)."""
+  out = []
+  for g in groups:
+    if g.kind == "full":
+      out.append(model.kv_bytes_per_token * block_size)
+    elif g.kind == "swa":
+      out.append(model.swa_kv_bytes_per_token * block_size)
+    else:
+      out.append(model.state_bytes)
+  return out
+
+
+def build_config(
+  trace: Trace,
+  model: ModelConfig,
+  capacity_bytes: float,
+  policy: str,
+  block_size: int,
+  *,
+  retention: int | None | str = "policy",
+  pinning: bool = False,
+  token_budget: int | None = None,
+) -> tuple[CacheConfig, dict]:
+  """The CacheConfig of a core policy for this trace and budget, and the sizing summary."""
+  if policy not in CORE_POLICY_CONFIGS:
+    raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
+  if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+  if not capacity_bytes > 0:
+    raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
+  p = CORE_POLICY_CONFIGS[policy]
+  groups = model_groups(model, p.mode)
+  gb = group_block_bytes(model, groups, block_size)
+  page = max(gb)
+  num_blocks = int(capacity_bytes // page) + 1
+  longest = max((r.num_tokens for r in trace.requests), default=1)
+  blocks = -(-longest // block_size) + 1
+  need = 1 + sum(3 if g.kind == "mamba" and g.mode != "all" else blocks for g in groups)
+  if num_blocks < need:
+    raise ValueError(
+      f"capacity_bytes must be >= {(need - 1) * page} ({need - 1} pages of {page} B: the "
+      f"blocks every group holds for the longest request, {longest} tokens), "
+      f"got {capacity_bytes:g}"
+    )
+  mml = (-(-longest // block_size) + 1) * block_size
+  budget = mml if token_budget is None else token_budget
+  if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
+    raise ValueError(f"token_budget must be None or an integer >= {block_size}, got {budget!r}")
+  ret = p.retention if retention == "policy" else retention
+  cfg = CacheConfig(
+    groups=groups,
+    num_blocks=num_blocks,
+    block_size=block_size,
+    retention_interval=ret,
+    max_num_batched_tokens=budget,
+    max_model_len=mml,
+    marconi_junction=p.marconi_junction,
+    eviction=p.eviction,
+    pinning=pinning,
+    max_requests=1,
+  )
+  sizing = {
+    "num_blocks": num_blocks,
+    "page_bytes": page,
+    "groups": [g.kind for g in groups],
+    "page_padding": [1 - b / page for b in gb],
+    "retention_interval": ret,
+    "marconi_junction": p.marconi_junction,
+    "recurrent_mode": p.mode,
+    "eviction": p.eviction,
+    "pinning": pinning,
+  }
+  return cfg, sizing
+
+
+def make_manager(config: CacheConfig, backend: str):
+  if backend == "jax":
+    from hybrid_cache.manager import JaxCacheManager
+
+    try:
+      return JaxCacheManager(config)
+    except NotImplementedError as e:
+      raise ValueError(f"backend 'jax': {e}") from None
+  if backend == "reference":
+    from hybrid_cache.reference_policy import ReferencePolicy
+
+    if config.eviction != "lru":
+      raise ValueError(
+        f"backend 'reference' implements eviction='lru' only, got {config.eviction!r}"
+      )
+    return ReferencePolicy(config)
+  raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def _run_to(m, name: str, target: int, step_tokens: Callable[[int], int | None]):
+  """Schedules `name` until `target` tokens are computed; returns the first entry."""
+  first = None
+  computed = -1
+  while True:
+    e = m.schedule([ScheduleEntry(name, step_tokens(max(computed, 0)))]).entries[0]
+    if first is None:
+      first = e
+    if e.scheduled_tokens == 0:
+      raise ValueError(f"request {name!r} made no progress ({e.reason}); capacity too small for it")
+    computed = e.num_computed_tokens
+    if computed >= target:
+      return first
+
+
+def run_core(
+  trace: Trace,
+  config: CacheConfig,
+  backend: str = "jax",
+  on_request: Callable[[int, object], None] | None = None,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace` on a fresh manager; returns (triples, counters).
+
+  `on_request(i, manager)` runs after every request is freed (e.g. the invariant checker).
+  """
+  m = make_manager(config, backend)
+  B = config.block_size
+  mamba = [i for i, g in enumerate(config.groups) if g.kind == "mamba"]
+  triples = []
+  mamba_allocated = 0
+  t0 = time.perf_counter()
+  for i, r in enumerate(trace.requests):
+    toks = request_tokens(r)
+    n_in = r.num_input_tokens
+    name = f"r{i}"
+    m.add_request(name, toks[:n_in])
+    first = _run_to(m, name, n_in, lambda c: None)
+    reused = first.hit.hit_tokens if first.hit is not None else 0
+    triples.append((int(reused > 0), n_in, int(reused)))
+    out = toks[n_in : len(toks) - 1]
+    if len(out):
+      m.append_tokens(name, out)
+      _run_to(m, name, len(toks) - 1, lambda c: B - c % B)
+    if mamba:
+      v = m.request_view(name)
+      mamba_allocated += sum(v.num_real_blocks[g] for g in mamba)
+    m.free(name)
+    if on_request is not None:
+      on_request(i, m)
+  wall = time.perf_counter() - t0
+  st = m.pool_stats()
+  counters = {
+    "backend": backend,
+    "replay_s": wall,
+    "final_cached_blocks_per_group": list(st.cached_blocks_per_group),
+    "final_pinned_blocks": st.num_pinned_blocks,
+    "recurrent_blocks_held_at_finish": mamba_allocated,
+  }
+  return triples, counters
+
+
+def token_ids_fit(trace: Trace) -> None:
+  """ValueError if a token id does not fit the core's int32 token range."""
+  mx = max((int(np.max(request_tokens(r))) for r in trace.requests if r.num_tokens), default=0)
+  if mx >= 2**31:
+    raise ValueError(f"trace token ids must be < 2**31 for the core, got {mx}")

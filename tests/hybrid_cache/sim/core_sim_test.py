@@ -1,0 +1,130 @@
+"""Core-backed simulator policies: hand-checked hits, sizing, backends agree, oracle bound,
+and the state invariants after every simulated request (soak)."""
+
+import dataclasses
+
+import pytest
+
+from hybrid_cache import invariants
+from hybrid_cache.sim import core_sim
+from hybrid_cache.sim import synthetic
+from hybrid_cache.sim import trace as T
+from hybrid_cache.sim.cli import simulate
+from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.oracle import oracle_reused
+
+M7B = get_model("marconi_7b")
+# 1 attention + 1 recurrent layer, d = N = 1: KV 4 B/token, one state 34 B.
+TINY = dataclasses.replace(
+  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
+)
+ATTN_ONLY = dataclasses.replace(TINY, name="tiny_attn", n_recurrent=0)
+
+
+def _trace(*reqs):
+  return T.Trace(tuple(T.token_request(i, o) for i, o in reqs))
+
+
+# R0 computes [1..16] (align: chunks end at 12 = floor(15/4)*4, then 16). R1 shares blocks
+# [1-4] [5-8] then diverges; R2 shares the same 8 tokens (third occurrence).
+SHARED = _trace(
+  (list(range(1, 17)), []),
+  (list(range(1, 9)) + list(range(30, 38)), []),
+  (list(range(1, 9)) + list(range(40, 48)), []),
+)
+
+
+@pytest.mark.parametrize(
+  "policy, model, expected",
+  [
+    ("vllm_none", TINY, [0, 0, 0]),  # no recurrent state is ever cached
+    ("vllm_align", TINY, [0, 0, 0]),  # states only at 12 and 16 (R0), 12 and 16 (R1)
+    ("vllm_align_marconi", TINY, [0, 0, 8]),  # R1 cuts a chunk at the junction 8
+    ("lru", TINY, [0, 0, 8]),  # same admission, sparse retention
+    ("vllm_all", TINY, [0, 8, 8]),  # a state at every block boundary
+    ("vllm_align", ATTN_ONLY, [0, 8, 8]),  # attention only: longest block prefix
+  ],
+)
+def test_hand_checked_hits(policy, model, expected):
+  tri, extra = simulate(SHARED, model, 34 * 100, policy, 4, core={"backend": "reference"})
+  assert [r for _, _, r in tri] == expected
+  assert extra["backend"] == "reference" and extra["block_size"] == 4
+
+
+def test_sizing_pages_and_padding():
+  cfg, sizing = core_sim.build_config(SHARED, TINY, 34 * 100 + 33, "lru", 4)
+  # page = max(KV 4 B x 4 tokens = 16, state 34) = 34 B -> 100 pages + the null block.
+  assert cfg.num_blocks == 101 and sizing["page_bytes"] == 34
+  assert sizing["groups"] == ["full", "mamba"]
+  assert sizing["page_padding"] == pytest.approx([1 - 16 / 34, 0.0])
+  assert cfg.retention_interval == 0 and cfg.marconi_junction
+  cfg2, _ = core_sim.build_config(SHARED, TINY, 3400, "vllm_align", 4, retention=8)
+  assert cfg2.retention_interval == 8 and not cfg2.marconi_junction
+  with pytest.raises(ValueError, match="capacity_bytes must be >="):
+    core_sim.build_config(SHARED, TINY, 34 * 5, "vllm_all", 4)
+  with pytest.raises(ValueError, match="policy must be one of"):
+    core_sim.build_config(SHARED, TINY, 3400, "magic", 4)
+  with pytest.raises(ValueError, match="backend must be one of"):
+    core_sim.make_manager(cfg, "gpu")
+
+
+def _chat(n, seed=0):
+  return synthetic.chat(
+    seed=seed,
+    num_sessions=max(1, n // 2),
+    min_turns=4,
+    max_turns=12,
+    user_mean=12.0,
+    out_mean=10.0,
+    vocab=50,
+    max_context=96,
+  ).head(n)
+
+
+@pytest.mark.parametrize("policy", ["vllm_align_marconi", "lru"])
+def test_jax_and_reference_backends_agree(policy):
+  tr = _chat(40)
+  cap = 34 * 60  # forces evictions
+  a, ea = simulate(tr, TINY, cap, policy, 4, core={"backend": "reference"})
+  b, eb = simulate(tr, TINY, cap, policy, 4, core={"backend": "jax"})
+  assert a == b
+  assert ea["final_cached_blocks_per_group"] == eb["final_cached_blocks_per_group"]
+  assert sum(r for _, _, r in a) > 0
+
+
+@pytest.mark.parametrize("policy", ["vllm_align", "vllm_align_marconi", "vllm_all", "lru"])
+def test_bounded_by_oracle(policy):
+  tr = _chat(120, seed=3)
+  o = oracle_reused(tr, 4).tolist()
+  tri, _ = simulate(tr, TINY, 34 * 80, policy, 4, core={"backend": "reference"})
+  assert all(r <= b for (_, _, r), b in zip(tri, o))
+
+
+def test_flop_aware_needs_the_core():
+  with pytest.raises(ValueError, match="flop_aware"):
+    simulate(SHARED, TINY, 3400, "flop_aware", 4, core={"backend": "reference"})
+
+
+def _soak(n):
+  tr = _chat(n, seed=7)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
+  bad = []
+
+  def check(i, m):
+    errs = invariants.check_invariants(m.config, m.state)
+    if errs:
+      bad.append((i, errs))
+
+  tri, counters = core_sim.run_core(tr, cfg, "jax", on_request=check)
+  assert bad == []
+  assert len(tri) == n and sum(r for _, _, r in tri) > 0
+  assert counters["final_cached_blocks_per_group"][1] > 0
+
+
+def test_invariants_soak_1k():
+  _soak(1000)
+
+
+@pytest.mark.slow
+def test_invariants_soak_10k():
+  _soak(10_000)
