@@ -506,3 +506,25 @@ def test_gpu_decode_and_verify():
   assert _rel_rms(pool_d[write], sx[:, 0]) <= 2e-3
   untouched = np.setdiff1d(np.arange(8), np.asarray(write))
   np.testing.assert_array_equal(np.asarray(pool_d[untouched]), np.asarray(pool[untouched]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", ["fused", "parallel"])
+def test_gpu_resume_from_checkpoint_is_bit_exact(algorithm):
+  t, h, p, g, n, chunk = 512, 8, 64, 2, 128, 64
+  inp = _inputs(18, t, h, p, g, n, 1, dtype=jnp.bfloat16)
+
+  def run(inp, **kw):
+    i = dict(inp)
+    x, dt, a, b, c = (i.pop(k) for k in ("x", "dt", "A", "B", "C"))
+    return pallas_gpu.ssd_chunk_scan(
+      x, dt, a, b, c, chunk_size=chunk, algorithm=algorithm, **i, **kw
+    )
+
+  y, final, (states, _) = run(inp, checkpoint_every=128)
+  split = 256  # checkpoint j = 1
+  rest = {k: (v[split:] if k in ("x", "dt", "B", "C") else v) for k, v in inp.items()}
+  rest["initial_state"] = states[:, 1]
+  y2, final2, _ = run(rest)
+  np.testing.assert_array_equal(np.asarray(y2), np.asarray(y[split:]))
+  np.testing.assert_array_equal(np.asarray(final2), np.asarray(final))
