@@ -69,11 +69,14 @@ def run_ablation(
   capacities,
   policies,
   model_name="marconi_7b",
-  block_size=64,
+  block_size=None,
   backend="reference",
   log=print,
 ) -> list[dict]:
-  """One record per (trace, policy, capacity); the oracle once per trace (capacity None)."""
+  """One record per (trace, policy, capacity); the oracle once per trace (capacity None).
+
+  block_size: the core policies' block size (None: `DEFAULT_BLOCK_SIZES` per trace, else 64).
+  """
   model = get_model(model_name)
   records = []
   for tname, tr in traces.items():
@@ -91,7 +94,7 @@ def run_ablation(
             model,
             cap,
             pol,
-            block_size if core else None,
+            (block_size or DEFAULT_BLOCK_SIZES.get(tname, 64)) if core else None,
             core={"backend": backend} if core else None,
           )
         except ValueError as e:
