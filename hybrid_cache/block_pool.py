@@ -119,17 +119,26 @@ def pin(state: CacheState, ids: jax.Array) -> CacheState:
   return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))
 
 
-def _smallest_mask(keys: jax.Array, k: jax.Array) -> jax.Array:
-  """bool mask of the `k` smallest keys (< BIG, unique): binary search on the key value."""
+def _smallest_mask(keys: jax.Array, k: jax.Array, pivots: int = 3) -> jax.Array:
+  """bool mask of the `k` smallest keys (< BIG, unique).
+
+  A (pivots+1)-ary search on the key value: each round counts keys below `pivots` thresholds
+  at once (one [pivots, NB] compare), so a key range R takes about log_{pivots+1}(R) rounds.
+  """
   valid = keys < BIG
-  lo = jnp.min(jnp.where(valid, keys, BIG)) - 1
-  hi = jnp.max(jnp.where(valid, keys, -BIG))
+  lo = jnp.min(jnp.where(valid, keys, BIG)) - 1  # count(<= lo) = 0 < k
+  hi = jnp.max(jnp.where(valid, keys, -BIG))  # count(<= hi) >= k
+  j = jnp.arange(1, pivots + 1, dtype=jnp.int32)
 
   def body(c):
     lo, hi = c
-    mid = lo + (hi - lo) // 2
-    enough = jnp.sum(valid & (keys <= mid)) >= k
-    return jnp.where(enough, lo, mid), jnp.where(enough, mid, hi)
+    step = jnp.maximum((hi - lo) // (pivots + 1), 1)
+    mids = jnp.minimum(lo + step * j, hi)
+    counts = jnp.sum(valid[None, :] & (keys[None, :] <= mids[:, None]), axis=1)
+    enough = counts >= k
+    new_hi = jnp.min(jnp.where(enough, mids, hi))
+    new_lo = jnp.max(jnp.where(enough, lo, mids))
+    return new_lo, new_hi
 
   _, hi = jax.lax.while_loop(lambda c: c[1] - c[0] > 1, body, (lo, hi))
   return valid & (keys <= hi) & (k > 0)

@@ -286,7 +286,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
   def do(state):
     state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb))
     c = state.req_info[r, INFO_COMPUTED]
-    state = remove_skipped(lay, config, state, r, c)
+    state = jax.lax.cond(is_new, lambda s: s, lambda s: remove_skipped(lay, config, s, r, c), state)
     main = start + n
     need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
     count, impossible = admission.blocks_needed(
