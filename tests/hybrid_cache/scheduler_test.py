@@ -112,3 +112,26 @@ def test_swa_dense_caches_only_segment_tails_s09():
   pos = jnp.arange(8)
   mask = sliding_window.retention_mask(pos, 8, 1, 32, None, False, (jnp.int32(63), jnp.int32(0)))
   assert _set(mask) == {3, 7}
+
+
+def test_admission_counts_evictable_hits_s32():
+  from hybrid_cache import admission
+  from hybrid_cache.state import init_state
+
+  cfg = CacheConfig(groups=(GroupSpec("swa", window=4),), block_size=2, num_blocks=16)
+  cfg = cfg.replace(max_model_len=64)
+  lay = layout(cfg)
+  state = init_state(cfg)  # every block free (ref 0)
+  hit_ids = jnp.zeros((1, lay.max_blocks), jnp.int32).at[0, 0].set(5)
+  count, impossible = admission.blocks_needed(
+    lay, cfg, state, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
+    jnp.int32(4),
+  )  # fmt: skip
+  # one fresh block + the ref-0 hit block leaving the free queue
+  assert (int(count), bool(impossible)) == (2, False)
+  held = state.replace(ref_cnt=state.ref_cnt.at[5].set(1))
+  count, _ = admission.blocks_needed(
+    lay, cfg, held, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
+    jnp.int32(4),
+  )  # fmt: skip
+  assert int(count) == 1
