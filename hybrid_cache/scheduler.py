@@ -208,7 +208,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
     nca = rg[g, RG_NCACHED]
     sel = (pos >= nca) & (pos < upto) & (row > 0) & (state.block_group[row] < 0)
     if spec.kind == "swa":
-      need = -(-(spec.window - 1) // bs)
+      need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
         pos, bs, need, lay.sbs, config.retention_interval, spec.eagle, boundaries
       )

@@ -65,7 +65,11 @@ CONFIGS = (
     **_COMMON,
   ),
   CacheConfig(
-    groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+    groups=(
+      GroupSpec("full", block_size=8),
+      GroupSpec("swa", block_size=4, window=4),
+      GroupSpec("mamba", block_size=8),
+    ),
     block_size=4,
     num_blocks=40,
     use_eagle=True,
