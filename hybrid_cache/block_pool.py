@@ -171,3 +171,32 @@ def pop_many(state: CacheState, count: jax.Array, kmax: int):
     block_aux=state.block_aux.at[:, 1].set(jnp.where(sel, 0, state.block_aux[:, 1])),
   )
   return block_index.evict(state, sel), ids
+
+
+RENORM_LIMIT = 1 << 29
+
+
+def maybe_renormalise(state: CacheState) -> CacheState:
+  """Re-packs queue keys as ranks when the head/tail counters drift near the int32 range.
+
+  Order-preserving, so the free queue and pinned tier are unchanged; runs (one argsort) only
+  after ~2^29 head or tail insertions.
+  """
+  c = state.counters
+  due = (c[C_TAIL] > RENORM_LIMIT) | (c[C_HEAD] < -RENORM_LIMIT) | (c[C_PIN] > RENORM_LIMIT)
+
+  def renorm(state):
+    qk = state.queue_key
+    nb = qk.shape[1]
+    out = []
+    for row in range(2):
+      keys = qk[row]
+      order = jnp.argsort(keys)
+      rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
+      out.append(jnp.where(keys < BIG, rank + 1, BIG))
+    n0 = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+    n1 = jnp.sum(qk[1] < BIG).astype(jnp.int32)
+    c = state.counters.at[C_HEAD].set(1).at[C_TAIL].set(n0 + 1).at[C_PIN].set(n1 + 1)
+    return state.replace(queue_key=jnp.stack(out), counters=c)
+
+  return jax.lax.cond(due, renorm, lambda s: s, state)

@@ -373,6 +373,7 @@ def stats(lay: Layout, state: CacheState):
 def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, valid):
   """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E])."""
   lay = layout(config)
+  state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   (state, _), out = jax.lax.scan(
     functools.partial(_entry, lay, config),

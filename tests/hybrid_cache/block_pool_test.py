@@ -95,3 +95,24 @@ def test_vectorised_pop_equals_the_per_block_loop():
     assert a == b
     assert np.array_equal(np.asarray(a_state.queue_key), np.asarray(b_state.queue_key))
     assert np.array_equal(np.asarray(a_state.ref_cnt), np.asarray(b_state.ref_cnt))
+
+
+def test_renormalising_keys_keeps_the_queue_order():
+  from hybrid_cache.state import C_HEAD
+  from hybrid_cache.state import C_TAIL
+
+  state = init_state(CFG)
+  state, _ = _pop(state, 6)
+  state = block_pool.pin(state, jnp.asarray([2]))
+  state = state.replace(block_group=state.block_group.at[jnp.asarray([4, 6])].set(0))
+  state = block_pool.free_ordered(state, jnp.asarray([6, 5, 4, 3, 2]), jnp.zeros((5,), jnp.int32))
+  before = _queue(state)
+  far = state.replace(counters=state.counters.at[C_TAIL].set(block_pool.RENORM_LIMIT + 5))
+  after = block_pool.maybe_renormalise(far)
+  assert _queue(after) == before
+  assert int(after.counters[C_HEAD]) == 1 and int(after.counters[C_TAIL]) == len(before) + 1
+  state2, got = _pop(after, 3)
+  assert got == before[:3]
+  # untouched when the counters are far from the limit
+  same = block_pool.maybe_renormalise(state)
+  assert np.array_equal(np.asarray(same.queue_key), np.asarray(state.queue_key))
