@@ -78,8 +78,12 @@ def bench_gdn(args):
     res = {}
     variants = [("xla", dict(implementation="xla"))]
     for cfg in args.pallas_cfgs.split(";"):
-      bv, nw, ns, iw = ([int(x) for x in cfg.split(",")] + [4])[:4]
-      variants.append((f"pallas bv={bv} w={nw} s={ns} iw={iw}", dict(cfg=(bv, nw, ns, iw))))
+      fields = cfg.split(",")
+      bv, nw, ns, iw = ([int(x) for x in fields[:4]] + [4])[:4]
+      inv = {"b": "blocked", "p": "product"}[fields[4] if len(fields) > 4 else "p"]
+      variants.append(
+        (f"pallas bv={bv} w={nw} s={ns} iw={iw} inv={inv[0]}", dict(cfg=(bv, nw, ns, iw, inv)))
+      )
     for name, kw in variants:
       if "cfg" in kw:
         fn = _pallas_prefill_fn(t, h_v, d, *kw["cfg"])
@@ -99,7 +103,7 @@ def bench_gdn(args):
   return rows
 
 
-def _pallas_prefill_fn(t, h_v, d, block_v, num_warps, num_stages, intra_warps):
+def _pallas_prefill_fn(t, h_v, d, block_v, num_warps, num_stages, intra_warps, inverse):
   from kernels.pallas.gdn import pallas_gpu  # noqa: PLC0415
 
   def fn(q, k, v, g, b):
@@ -107,7 +111,7 @@ def _pallas_prefill_fn(t, h_v, d, block_v, num_warps, num_stages, intra_warps):
       q, k, v, g, b, initial_state=jnp.zeros((1, h_v, d, d), jnp.float32),
       cu_seqlens=jnp.asarray([0, t], jnp.int32), checkpoint_every=None, max_checkpoints=0,
       scale=d**-0.5, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
-      intra_warps=intra_warps,
+      intra_warps=intra_warps, inverse=inverse,
     )[:2]  # fmt: skip
 
   return jax.jit(fn)
@@ -171,7 +175,8 @@ def main():
   p.add_argument(
     "--pallas_cfgs",
     default="16,4,3,4",
-    help="';'-separated block_v,num_warps,num_stages[,intra_warps] of the Pallas kernels",
+    help="';'-separated block_v,num_warps,num_stages[,intra_warps[,inverse b|p]] of the Pallas"
+    " kernels (inverse: b = blocked 2x2, p = one 64x64 product form)",
   )
   args = p.parse_args()
   OPS[args.op](args)

@@ -329,6 +329,42 @@ def test_decode_bad_input_raises():
     )
 
 
+def _pallas_prefill(q, k, v, g, beta, init, cu, **kw):
+  return pallas_gpu.chunk_gated_delta_rule_pallas(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    initial_state=init,
+    cu_seqlens=jnp.asarray(cu, jnp.int32),
+    checkpoint_every=None,
+    max_checkpoints=0,
+    scale=q.shape[-1] ** -0.5,
+    interpret=True,
+    **kw,
+  )
+
+
+def test_pallas_blocked_and_product_inverse_agree():
+  """The 2x2-blocked inverse and the 64x64 product form give the same prefill (fp32)."""
+  cu = [0, 64, 64, 137, 150]
+  q, k, v, g, beta = make_inputs(150, 2, 4, 64, 64)
+  init = rand_state(len(cu) - 1, 4, 64, 64)
+  ob, fb, _ = _pallas_prefill(q, k, v, g, beta, init, cu, inverse="blocked")
+  op, fp, _ = _pallas_prefill(q, k, v, g, beta, init, cu, inverse="product")
+  ro, rf = oracle(q, k, v, g, beta, initial_state=init, cu_seqlens=cu)
+  assert max_abs(ob, ro) <= F32_ATOL and max_abs(fb, rf) <= F32_ATOL
+  assert max_abs(ob, op) <= 1e-6 and max_abs(fb, fp) <= 1e-6
+
+
+@pytest.mark.parametrize("kw", [dict(inverse="neumann"), dict(stop_after="output")])
+def test_pallas_prefill_bad_switch_raises(kw):
+  q, k, v, g, beta = make_inputs(64, 1, 1, 64, 64)
+  with pytest.raises(ValueError, match=next(iter(kw))):
+    _pallas_prefill(q, k, v, g, beta, rand_state(1, 1, 64, 64), [0, 64], **kw)
+
+
 def _lower_for_cuda(fn, *args, **kwargs):
   return jax.jit(functools.partial(fn, **kwargs)).trace(*args).lower(lowering_platforms=("cuda",))
 
@@ -345,24 +381,26 @@ def test_pallas_kernels_lower_for_cuda(dtype):
     spec((t, h_v), jnp.float32),
     spec((t, h_v), jnp.float32),
   )
-  lowered = _lower_for_cuda(
-    lambda q, k, v, g, b, s0, cu: pallas_gpu.chunk_gated_delta_rule_pallas(
-      q,
-      k,
-      v,
-      g,
-      b,
-      initial_state=s0,
-      cu_seqlens=cu,
-      checkpoint_every=128,
-      max_checkpoints=2,
-      scale=0.1,
-    ),
-    *tok,
-    spec((n, h_v, d, d), jnp.float32),
-    spec((n + 1,), jnp.int32),
-  )
-  assert "gdn_chunk_intra" in lowered.as_text() and "gdn_chunk_inter" in lowered.as_text()
+  for inverse in ("blocked", "product"):
+    lowered = _lower_for_cuda(
+      lambda q, k, v, g, b, s0, cu, inverse=inverse: pallas_gpu.chunk_gated_delta_rule_pallas(
+        q,
+        k,
+        v,
+        g,
+        b,
+        initial_state=s0,
+        cu_seqlens=cu,
+        checkpoint_every=128,
+        max_checkpoints=2,
+        scale=0.1,
+        inverse=inverse,
+      ),
+      *tok,
+      spec((n, h_v, d, d), jnp.float32),
+      spec((n + 1,), jnp.int32),
+    )
+    assert "gdn_chunk_intra" in lowered.as_text() and "gdn_chunk_inter" in lowered.as_text()
   pool = spec((8, h_v, d, d), jnp.float32)
   idx = spec((n,), jnp.int32)
   step = tuple(spec((n,) + x.shape[1:], x.dtype) for x in tok)

@@ -62,7 +62,8 @@ def chunk_layout(
   ends = jnp.cumsum(count)
   first = ends - count
   slots = jnp.arange(nc, dtype=jnp.int32)
-  seq = jnp.searchsorted(ends, slots, side="right").astype(jnp.int32)
+  # compare_all: one fused [NC, N] compare (the default scan method is a device while loop).
+  seq = jnp.searchsorted(ends, slots, side="right", method="compare_all").astype(jnp.int32)
   used = seq < n
   seq_c = jnp.minimum(seq, n - 1)
   local = jnp.where(used, slots - first[seq_c], 0)

@@ -6,7 +6,9 @@ Prefill (chunk C = 64) is two kernels:
   straight from the packed token arrays (masked rows), L2-normalises q and k in fp32, and
   computes the WY/UT quantities (``reference.chunk_intra``): W, K~ = exp(G_C - G) K,
   Q~ = exp(G) Q - P W, U and Uo = P U with P = (Q K^T) o Gamma, plus the cumulative log decay
-  G. T = (I + A)^-1 uses the matmul-only product form (I - A)(I + A^2)...(I + A^32).
+  G. T = (I + A)^-1 uses the matmul-only product form (I - A)(I + A^2)...(I + A^32);
+  ``inverse="blocked"`` instead inverts 2 x 2 blocks of C/2 (product form on the diagonal
+  blocks, T10 = -T11 A10 T00).
 * ``inter`` (grid = N x H_v x d_v/BV, sequential over the sequence's chunks): keeps the fp32
   state tile S[d_k, BV] in registers; per chunk ``V_new = U - W S``, ``O = Q~ S + Uo``,
   ``S <- exp(G_C) S + K~^T V_new``; writes O, fp32 checkpoints at interval boundaries and the
@@ -38,6 +40,8 @@ from jax.experimental.pallas import triton as plgpu
 from kernels.pallas.gdn import layout as layout_lib
 
 CHUNK = 64
+_INVERSES = ("blocked", "product")
+_STAGES = (None, "layout", "intra", "inter")
 _EPS = 1e-6
 f32 = jnp.float32
 
@@ -64,10 +68,75 @@ def _precisions(interpret):
   return lax.Precision.DEFAULT, lax.Precision.DEFAULT
 
 
+def _product_inverse(a, eye, steps, prec):
+  """(I + A)^-1 for strictly lower A (nilpotent, A^(2^(steps+1)) = 0) as the matmul-only product
+  (I - A)(I + A^2)(I + A^4)...(I + A^(2^steps))."""
+  t_inv = eye - a
+  p = a
+  for _ in range(steps):
+    p = _dot(p, p, precision=prec)
+    t_inv = _dot(t_inv, eye + p, precision=prec)
+  return t_inv
+
+
+def _tril_inverse_product(kc, beta, big_g, gamma, *, chunk, cdt, inv_prec, mm_prec):
+  """T = (I + A)^-1 in ``cdt`` with A = diag(beta) (K K^T o Gamma) strictly lower, C x C tiles."""
+  ri = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+  ci = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+  kk = _dot(kc, kc, tb=True, precision=mm_prec)
+  a = jnp.where(ri > ci, beta[:, None] * kk * gamma, 0.0)
+  eye = jnp.where(ri == ci, 1.0, 0.0).astype(f32)
+  return _product_inverse(a, eye, chunk.bit_length() - 2, inv_prec).astype(cdt)
+
+
+def _tril_inverse_blocked(kc, beta, big_g, *, chunk, cdt, inv_prec, mm_prec):
+  """Same T as ``_tril_inverse_product`` via 2 x 2 blocks of C/2 (about 4x fewer inverse flops).
+
+  T00 = (I + A00)^-1, T11 = (I + A11)^-1 (product form on C/2 tiles), T10 = -T11 A10 T00. The
+  half tiles are taken out of / put back into the C-row tiles with 0/1 selection matmuls in
+  ``cdt`` (exact: one nonzero term per output, fp32 accumulation; the blocks are rounded to
+  ``cdt`` first, as the product path rounds T), since Triton tiles cannot be sliced.
+  """
+  half = chunk // 2
+  r = lax.broadcasted_iota(jnp.int32, (chunk, half), 0)
+  c = lax.broadcasted_iota(jnp.int32, (chunk, half), 1)
+  sel0 = r == c  # [C, C/2]: row r is half-0 row c
+  sel1 = r == c + half
+  e0 = jnp.where(sel0, 1.0, 0.0).astype(cdt)
+  e1 = jnp.where(sel1, 1.0, 0.0).astype(cdt)
+
+  def take(sel, x):  # x[C] -> x[half rows] (exact masked reduction)
+    return jnp.sum(jnp.where(sel, x[:, None], 0.0), axis=0)
+
+  k0 = _dot(e0, kc, ta=True, precision=mm_prec).astype(cdt)  # [C/2, d_k]
+  k1 = _dot(e1, kc, ta=True, precision=mm_prec).astype(cdt)
+  g0, g1 = take(sel0, big_g), take(sel1, big_g)
+  b0, b1 = take(sel0, beta), take(sel1, beta)
+  hr = lax.broadcasted_iota(jnp.int32, (half, half), 0)
+  hc = lax.broadcasted_iota(jnp.int32, (half, half), 1)
+  eye = jnp.where(hr == hc, 1.0, 0.0).astype(f32)
+
+  def diag_block(kb, gb, bb):
+    gam = jnp.exp(jnp.where(hr > hc, gb[:, None] - gb[None, :], -jnp.inf))
+    a = bb[:, None] * _dot(kb, kb, tb=True, precision=mm_prec) * gam
+    return _product_inverse(a, eye, half.bit_length() - 2, inv_prec)
+
+  t00 = diag_block(k0, g0, b0)
+  t11 = diag_block(k1, g1, b1)
+  a10 = b1[:, None] * _dot(k1, k0, tb=True, precision=mm_prec) * jnp.exp(g1[:, None] - g0[None, :])
+  t10 = -_dot(t11, _dot(a10, t00, precision=inv_prec), precision=inv_prec)
+  row0 = _dot(t00.astype(cdt), e0, tb=True, precision=mm_prec)  # [C/2, C]
+  row1 = _dot(t10.astype(cdt), e0, tb=True, precision=mm_prec) + _dot(
+    t11.astype(cdt), e1, tb=True, precision=mm_prec
+  )
+  t = _dot(e0, row0.astype(cdt), precision=mm_prec) + _dot(e1, row1.astype(cdt), precision=mm_prec)
+  return t.astype(cdt)
+
+
 def _intra_kernel(
   start_ref, len_ref, q_ref, k_ref, v_ref, g_ref, b_ref,
   w_ref, u_ref, kt_ref, qt_ref, uo_ref, gcum_ref,
-  *, chunk, group, scale, cdt, inv_prec, mm_prec, inv_steps,
+  *, chunk, group, scale, cdt, inv_prec, mm_prec, inverse,
 ):  # fmt: skip
   c = pl.program_id(0)
   h = pl.program_id(1)
@@ -94,15 +163,14 @@ def _intra_kernel(
   ci = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
   gamma = jnp.exp(jnp.where(ri >= ci, big_g[:, None] - big_g[None, :], -jnp.inf))
   kc = kn.astype(cdt)
-  kk = _dot(kc, kc, tb=True, precision=mm_prec)
-  a = jnp.where(ri > ci, beta[:, None] * kk * gamma, 0.0)
-  eye = jnp.where(ri == ci, 1.0, 0.0).astype(f32)
-  t_inv = eye - a
-  p = a
-  for _ in range(inv_steps):  # A^2, A^4, ..., A^(C/2)
-    p = _dot(p, p, precision=inv_prec)
-    t_inv = _dot(t_inv, eye + p, precision=inv_prec)
-  tc = t_inv.astype(cdt)
+  if inverse == "blocked":
+    tc = _tril_inverse_blocked(
+      kc, beta, big_g, chunk=chunk, cdt=cdt, inv_prec=inv_prec, mm_prec=mm_prec
+    )
+  else:
+    tc = _tril_inverse_product(
+      kc, beta, big_g, gamma, chunk=chunk, cdt=cdt, inv_prec=inv_prec, mm_prec=mm_prec
+    )
   w = _dot(tc, ((beta * jnp.exp(big_g))[:, None] * kn).astype(cdt), precision=mm_prec)
   w_ref[...] = w.astype(w_ref.dtype)
   v = plgpu.load(v_ref.at[ts, h, :], mask=mv, other=0).astype(f32)
@@ -166,21 +234,27 @@ def _pad_tokens(x, rows):
   jax.jit,
   static_argnames=(
     "checkpoint_every", "max_checkpoints", "scale", "interpret", "block_v", "num_warps",
-    "num_stages", "intra_warps", "stop_after", "inv_steps",
+    "num_stages", "intra_warps", "inverse", "stop_after",
   ),
 )  # fmt: skip
 def chunk_gated_delta_rule_pallas(
   q, k, v, g, beta, *, initial_state, cu_seqlens, checkpoint_every, max_checkpoints, scale,
-  interpret=False, block_v=16, num_warps=4, num_stages=3, intra_warps=4, stop_after=None,
-  inv_steps=None,
+  interpret=False, block_v=16, num_warps=4, num_stages=3, intra_warps=4, inverse="product",
+  stop_after=None,
 ):  # fmt: skip
   """Pallas chunked prefill; same contract as ``reference.chunk_gated_delta_rule_xla``.
 
   Tuning (static): ``block_v`` (d_v tile of the sequential kernel), ``num_warps`` /
-  ``num_stages`` (sequential kernel), ``intra_warps`` (parallel kernel). ``stop_after``
-  ("layout" | "intra" | "inter") returns intermediates early and ``inv_steps`` truncates the
-  product-form inverse (wrong results); both for profiling only.
+  ``num_stages`` (sequential kernel), ``intra_warps`` (parallel kernel), ``inverse``
+  ("product": one C x C product form, the default; "blocked": 2 x 2 blocks of C/2, 4x fewer
+  inverse flops but more, smaller matmuls; measured no faster on H100, see BENCHMARKS.md;
+  same result up to rounding). ``stop_after`` ("layout" | "intra" | "inter", profiling only)
+  returns that stage's intermediates instead of the results.
   """
+  if inverse not in _INVERSES:
+    raise ValueError(f"inverse={inverse!r}; allowed: {_INVERSES}")
+  if stop_after not in _STAGES:
+    raise ValueError(f"stop_after={stop_after!r}; allowed: {_STAGES}")
   t, h_v, d_v = v.shape
   h_k, d_k = q.shape[1:]
   n = initial_state.shape[0]
@@ -199,7 +273,7 @@ def chunk_gated_delta_rule_pallas(
     functools.partial(
       _intra_kernel, chunk=CHUNK, group=h_v // h_k, scale=scale, cdt=cdt,
       inv_prec=inv_prec, mm_prec=mm_prec,
-      inv_steps=CHUNK.bit_length() - 2 if inv_steps is None else inv_steps,
+      inverse=inverse,
     ),
     grid=(nc, h_v),
     in_specs=[full] * 7,
