@@ -81,9 +81,12 @@ def bench_gdn(args):
       fields = cfg.split(",")
       bv, nw, ns, iw = ([int(x) for x in fields[:4]] + [4])[:4]
       inv = {"b": "blocked", "p": "product"}[fields[4] if len(fields) > 4 else "p"]
-      variants.append(
-        (f"pallas bv={bv} w={nw} s={ns} iw={iw} inv={inv[0]}", dict(cfg=(bv, nw, ns, iw, inv)))
-      )
+      out = {"s": "parallel", "f": "fused"}[fields[5] if len(fields) > 5 else "s"]
+      obv, ow, os_ = ([int(x) for x in fields[6:9]] + [64, 4, 2][len(fields[6:9]) :])[:3]
+      name = f"pallas bv={bv} w={nw} s={ns} iw={iw} inv={inv[0]} out={out[0]}"
+      if out == "parallel":
+        name += f" obv={obv} ow={ow} os={os_}"
+      variants.append((name, dict(cfg=(bv, nw, ns, iw, inv, out, obv, ow, os_))))
     for name, kw in variants:
       if "cfg" in kw:
         fn = _pallas_prefill_fn(t, h_v, d, *kw["cfg"])
@@ -103,7 +106,9 @@ def bench_gdn(args):
   return rows
 
 
-def _pallas_prefill_fn(t, h_v, d, block_v, num_warps, num_stages, intra_warps, inverse):
+def _pallas_prefill_fn(
+  t, h_v, d, block_v, num_warps, num_stages, intra_warps, inverse, output_pass, obv, ow, os_
+):
   from kernels.pallas.gdn import pallas_gpu  # noqa: PLC0415
 
   def fn(q, k, v, g, b):
@@ -111,7 +116,8 @@ def _pallas_prefill_fn(t, h_v, d, block_v, num_warps, num_stages, intra_warps, i
       q, k, v, g, b, initial_state=jnp.zeros((1, h_v, d, d), jnp.float32),
       cu_seqlens=jnp.asarray([0, t], jnp.int32), checkpoint_every=None, max_checkpoints=0,
       scale=d**-0.5, block_v=block_v, num_warps=num_warps, num_stages=num_stages,
-      intra_warps=intra_warps, inverse=inverse,
+      intra_warps=intra_warps, inverse=inverse, output_pass=output_pass, out_block_v=obv,
+      out_warps=ow, out_stages=os_,
     )[:2]  # fmt: skip
 
   return jax.jit(fn)
@@ -175,8 +181,10 @@ def main():
   p.add_argument(
     "--pallas_cfgs",
     default="16,4,3,4",
-    help="';'-separated block_v,num_warps,num_stages[,intra_warps[,inverse b|p]] of the Pallas"
-    " kernels (inverse: b = blocked 2x2, p = one 64x64 product form)",
+    help="';'-separated block_v,num_warps,num_stages[,intra_warps[,inverse b|p[,out s|f"
+    "[,out_block_v,out_warps,out_stages]]]] of the Pallas kernels (inverse: b = blocked 2x2,"
+    " p = one 64x64 product form; out: s = split, state kernel + parallel output kernel,"
+    " f = fused, O computed in the sequential kernel)",
   )
   args = p.parse_args()
   OPS[args.op](args)

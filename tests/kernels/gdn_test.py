@@ -338,11 +338,9 @@ def _pallas_prefill(q, k, v, g, beta, init, cu, **kw):
     beta,
     initial_state=init,
     cu_seqlens=jnp.asarray(cu, jnp.int32),
-    checkpoint_every=None,
-    max_checkpoints=0,
     scale=q.shape[-1] ** -0.5,
     interpret=True,
-    **kw,
+    **{"checkpoint_every": None, "max_checkpoints": 0, **kw},
   )
 
 
@@ -358,7 +356,31 @@ def test_pallas_blocked_and_product_inverse_agree():
   assert max_abs(ob, op) <= 1e-6 and max_abs(fb, fp) <= 1e-6
 
 
-@pytest.mark.parametrize("kw", [dict(inverse="neumann"), dict(stop_after="output")])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_pallas_parallel_and_fused_output_pass_bit_identical(dtype):
+  """The split path (state kernel + parallel output kernel) feeds the same operands to the same
+  dots as the fused sequential kernel: o, final state and fp32 checkpoints are bit-identical in
+  interpret mode (packed sequences, an empty one, partial chunks, two d_v tiles)."""
+  cu = [0, 64, 64, 137, 300]
+  q, k, v, g, beta = make_inputs(300, 2, 4, 64, 64, dtype=dtype, seed=9)
+  init = rand_state(len(cu) - 1, 4, 64, 64)
+  kw = dict(checkpoint_every=64, max_checkpoints=3, block_v=32, out_block_v=32)
+  fused = _pallas_prefill(q, k, v, g, beta, init, cu, output_pass="fused", **kw)
+  par = _pallas_prefill(q, k, v, g, beta, init, cu, output_pass="parallel", **kw)
+  for x, y in zip(jax.tree.leaves(fused), jax.tree.leaves(par), strict=True):
+    np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+  ro, rf = oracle(q, k, v, g, beta, initial_state=init, cu_seqlens=cu)
+  tol = F32_ATOL if dtype == jnp.float32 else None
+  if tol is None:
+    assert rel_rms(par[0], ro) <= BF16_REL_RMS and rel_rms(par[1], rf) <= BF16_REL_RMS
+  else:
+    assert max_abs(par[0], ro) <= tol and max_abs(par[1], rf) <= tol
+  np.testing.assert_array_equal(par[2][1], [1, 0, 1, 2])  # lengths 64, 0, 73, 163
+
+
+@pytest.mark.parametrize(
+  "kw", [dict(inverse="neumann"), dict(stop_after="output"), dict(output_pass="serial")]
+)
 def test_pallas_prefill_bad_switch_raises(kw):
   q, k, v, g, beta = make_inputs(64, 1, 1, 64, 64)
   with pytest.raises(ValueError, match=next(iter(kw))):
@@ -381,26 +403,35 @@ def test_pallas_kernels_lower_for_cuda(dtype):
     spec((t, h_v), jnp.float32),
     spec((t, h_v), jnp.float32),
   )
-  for inverse in ("blocked", "product"):
+  names = {"fused": ("gdn_chunk_inter",), "parallel": ("gdn_chunk_state", "gdn_chunk_output")}
+  for inverse, output_pass in [
+    ("blocked", "parallel"),
+    ("product", "parallel"),
+    ("product", "fused"),
+  ]:
     lowered = _lower_for_cuda(
-      lambda q, k, v, g, b, s0, cu, inverse=inverse: pallas_gpu.chunk_gated_delta_rule_pallas(
-        q,
-        k,
-        v,
-        g,
-        b,
-        initial_state=s0,
-        cu_seqlens=cu,
-        checkpoint_every=128,
-        max_checkpoints=2,
-        scale=0.1,
-        inverse=inverse,
+      lambda q, k, v, g, b, s0, cu, inverse=inverse, output_pass=output_pass: (
+        pallas_gpu.chunk_gated_delta_rule_pallas(
+          q,
+          k,
+          v,
+          g,
+          b,
+          initial_state=s0,
+          cu_seqlens=cu,
+          checkpoint_every=128,
+          max_checkpoints=2,
+          scale=0.1,
+          inverse=inverse,
+          output_pass=output_pass,
+        )
       ),
       *tok,
       spec((n, h_v, d, d), jnp.float32),
       spec((n + 1,), jnp.int32),
     )
-    assert "gdn_chunk_intra" in lowered.as_text() and "gdn_chunk_inter" in lowered.as_text()
+    text = lowered.as_text()
+    assert all(name in text for name in ("gdn_chunk_intra",) + names[output_pass])
   pool = spec((8, h_v, d, d), jnp.float32)
   idx = spec((n,), jnp.int32)
   step = tuple(spec((n,) + x.shape[1:], x.dtype) for x in tok)
@@ -461,6 +492,36 @@ def test_gpu_pallas_prefill_bf16_matches_oracle(t, cu):
   )
   assert rel_rms(xo, ro) <= BF16_REL_RMS and rel_rms(xf, rf) <= BF16_REL_RMS
   np.testing.assert_array_equal(counts, xc)
+
+
+@pytest.mark.gpu
+def test_gpu_pallas_parallel_and_fused_output_pass_agree():
+  """On GPU both output passes match the oracle; the state chain is the same code in both."""
+  cu = [0, 1000, 1000, 2300, 3000]
+  q, k, v, g, beta = make_inputs(3000, 4, 8, 128, 128, dtype=jnp.bfloat16, seed=13)
+  init = rand_state(len(cu) - 1, 8, 128, 128)
+  ro, rf = oracle(q, k, v, g, beta, initial_state=init, cu_seqlens=cu)
+  res = {}
+  for output_pass in ("fused", "parallel"):
+    res[output_pass] = pallas_gpu.chunk_gated_delta_rule_pallas(
+      q,
+      k,
+      v,
+      g,
+      beta,
+      initial_state=init,
+      cu_seqlens=jnp.asarray(cu, jnp.int32),
+      checkpoint_every=256,
+      max_checkpoints=5,
+      scale=128**-0.5,
+      output_pass=output_pass,
+    )
+    o, final, _ = res[output_pass]
+    assert rel_rms(o, ro) <= BF16_REL_RMS and rel_rms(final, rf) <= BF16_REL_RMS
+  (fo, ff, (fs, fc)), (po, pf, (ps, pc)) = res["fused"], res["parallel"]
+  assert rel_rms(po, fo) <= 1e-3
+  assert rel_rms(pf, ff) <= 1e-5 and rel_rms(ps, fs) <= 1e-5
+  np.testing.assert_array_equal(pc, fc)
 
 
 @pytest.mark.gpu

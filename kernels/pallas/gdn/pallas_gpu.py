@@ -1,6 +1,6 @@
 """Pallas (Triton backend) Gated DeltaNet kernels for GPU; also run with ``interpret=True``.
 
-Prefill (chunk C = 64) is two kernels:
+Prefill (chunk C = 64) is three kernels (fla's decomposition):
 
 * ``intra`` (grid = chunk slots x H_v, fully parallel): loads the chunk's raw q, k, v, g, beta
   straight from the packed token arrays (masked rows), L2-normalises q and k in fp32, and
@@ -9,10 +9,14 @@ Prefill (chunk C = 64) is two kernels:
   G. T = (I + A)^-1 uses the matmul-only product form (I - A)(I + A^2)...(I + A^32);
   ``inverse="blocked"`` instead inverts 2 x 2 blocks of C/2 (product form on the diagonal
   blocks, T10 = -T11 A10 T00).
-* ``inter`` (grid = N x H_v x d_v/BV, sequential over the sequence's chunks): keeps the fp32
-  state tile S[d_k, BV] in registers; per chunk ``V_new = U - W S``, ``O = Q~ S + Uo``,
-  ``S <- exp(G_C) S + K~^T V_new``; writes O, fp32 checkpoints at interval boundaries and the
-  final state.
+* ``state`` (grid = N x H_v x d_v/BV, sequential over the sequence's chunks): keeps the fp32
+  state tile S[d_k, BV] in registers; per chunk stores S (rounded to the input dtype) as the
+  chunk's entry state, then ``V_new = U - W S``, ``S <- exp(G_C) S + K~^T V_new`` (two dots per
+  step); writes fp32 checkpoints at interval boundaries and the final state.
+* ``output`` (grid = chunk slots x H_v x d_v/BVo, fully parallel): ``O = Q~ S_entry + Uo``.
+
+``output_pass="fused"`` (the previous layout, kept for comparison) replaces the last two by one
+sequential ``inter`` kernel that also computes O inside the loop (three dots per step).
 
 Decode and verify are one fused recurrent kernel each (grid = N x H_v x d_v/BV) reading states
 from a pool by slot index; decode writes the pool in place (``input_output_aliases``).
@@ -42,6 +46,7 @@ from kernels.pallas.gdn import layout as layout_lib
 CHUNK = 64
 _INVERSES = ("blocked", "product")
 _STAGES = (None, "layout", "intra", "inter")
+_OUTPUT_PASSES = ("parallel", "fused")
 _EPS = 1e-6
 f32 = jnp.float32
 
@@ -184,7 +189,7 @@ def _intra_kernel(
   uo_ref[...] = _dot(pc, u.astype(cdt), precision=mm_prec).astype(uo_ref.dtype)
 
 
-def _inter_kernel(
+def _fused_kernel(
   first_ref, count_ref, start_ref, len_ref, init_ref, w_ref, u_ref, kt_ref, qt_ref, uo_ref,
   gcum_ref,
   *rest, chunk, bv, ckpt_every, max_ckpt, cdt, mm_prec,
@@ -226,6 +231,65 @@ def _inter_kernel(
   final_ref[n, h, :, vs] = s
 
 
+def _state_kernel(
+  first_ref, count_ref, len_ref, init_ref, w_ref, u_ref, kt_ref, gcum_ref,
+  *rest, chunk, bv, ckpt_every, max_ckpt, cdt, mm_prec,
+):  # fmt: skip
+  """Sequential pass of the split path: only ``S <- exp(G_C) S + K~^T (U - W S)``.
+
+  Stores the state entering every chunk (rounded to ``cdt``, exactly the operand the fused path
+  feeds to ``Q~ S``) for the parallel output kernel; checkpoints and final state stay fp32.
+  """
+  if max_ckpt:
+    _, h_ref, final_ref, ckpt_ref = rest
+  else:
+    h_ref, final_ref = rest
+  n = pl.program_id(0)
+  h = pl.program_id(1)
+  vs = pl.ds(pl.program_id(2) * bv, bv)
+  first = first_ref[n]
+  count = count_ref[n]
+  rows = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+  def body(j, s):
+    c = first + j
+    sb = s.astype(cdt)
+    h_ref[c, h, :, vs] = sb
+    v_new = u_ref[c, h, :, vs].astype(f32) - _dot(w_ref[c, h, :, :], sb, precision=mm_prec)
+    g_last = jnp.sum(jnp.where(rows == chunk - 1, gcum_ref[c, h, :], 0.0))
+    s = jnp.exp(g_last) * s + _dot(
+      kt_ref[c, h, :, :], v_new.astype(cdt), ta=True, precision=mm_prec
+    )
+    if max_ckpt:
+      end = (j + 1) * chunk
+      slot = lax.div(end, jnp.int32(ckpt_every)) - 1
+      is_ck = (lax.rem(end, jnp.int32(ckpt_every)) == 0) & (len_ref[c] == chunk) & (slot < max_ckpt)
+
+      @pl.when(is_ck)
+      def _():
+        ckpt_ref[n, slot, h, :, vs] = s
+
+    return s
+
+  s = lax.fori_loop(0, count, body, init_ref[n, h, :, vs].astype(f32))
+  final_ref[n, h, :, vs] = s
+
+
+def _output_kernel(start_ref, len_ref, qt_ref, uo_ref, h_ref, o_ref, *, chunk, bv, mm_prec):
+  """Parallel output pass of the split path: ``O = Q~ S_entry + Uo`` for one (chunk, head, tile)."""
+  c = pl.program_id(0)
+  h = pl.program_id(1)
+  vs = pl.ds(pl.program_id(2) * bv, bv)
+  length = len_ref[c]
+
+  @pl.when(length > 0)
+  def _():
+    o = _dot(qt_ref[...], h_ref[...], precision=mm_prec) + uo_ref[...].astype(f32)
+    rows = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+    ok = jnp.broadcast_to((rows < length)[:, None], o.shape)
+    plgpu.store(o_ref.at[pl.ds(start_ref[c], chunk), h, vs], o.astype(o_ref.dtype), mask=ok)
+
+
 def _pad_tokens(x, rows):
   return jnp.pad(x, [(0, rows)] + [(0, 0)] * (x.ndim - 1))
 
@@ -234,13 +298,14 @@ def _pad_tokens(x, rows):
   jax.jit,
   static_argnames=(
     "checkpoint_every", "max_checkpoints", "scale", "interpret", "block_v", "num_warps",
-    "num_stages", "intra_warps", "inverse", "stop_after",
+    "num_stages", "intra_warps", "inverse", "stop_after", "output_pass", "out_block_v",
+    "out_warps", "out_stages",
   ),
 )  # fmt: skip
 def chunk_gated_delta_rule_pallas(
   q, k, v, g, beta, *, initial_state, cu_seqlens, checkpoint_every, max_checkpoints, scale,
   interpret=False, block_v=16, num_warps=4, num_stages=3, intra_warps=4, inverse="product",
-  stop_after=None,
+  stop_after=None, output_pass="parallel", out_block_v=64, out_warps=4, out_stages=2,
 ):  # fmt: skip
   """Pallas chunked prefill; same contract as ``reference.chunk_gated_delta_rule_xla``.
 
@@ -248,11 +313,18 @@ def chunk_gated_delta_rule_pallas(
   ``num_stages`` (sequential kernel), ``intra_warps`` (parallel kernel), ``inverse``
   ("product": one C x C product form, the default; "blocked": 2 x 2 blocks of C/2, 4x fewer
   inverse flops but more, smaller matmuls; measured no faster on H100, see BENCHMARKS.md;
-  same result up to rounding). ``stop_after`` ("layout" | "intra" | "inter", profiling only)
-  returns that stage's intermediates instead of the results.
+  same result up to rounding). ``output_pass``: "parallel" (default; the sequential kernel only
+  propagates the state and stores the ``cdt`` state entering each chunk, a separate kernel on
+  grid chunk slots x H_v x d_v/``out_block_v`` with ``out_warps`` / ``out_stages`` computes
+  O = Q~ S + Uo) or "fused" (the sequential kernel also computes O). Both feed the same
+  operands to the same dots, so o, final state and checkpoints agree up to matmul accumulation
+  order (bit-identical in interpret mode). ``stop_after`` ("layout" | "intra" | "inter",
+  profiling only) returns that stage's intermediates instead of the results.
   """
   if inverse not in _INVERSES:
     raise ValueError(f"inverse={inverse!r}; allowed: {_INVERSES}")
+  if output_pass not in _OUTPUT_PASSES:
+    raise ValueError(f"output_pass={output_pass!r}; allowed: {_OUTPUT_PASSES}")
   if stop_after not in _STAGES:
     raise ValueError(f"stop_after={stop_after!r}; allowed: {_STAGES}")
   t, h_v, d_v = v.shape
@@ -295,23 +367,17 @@ def chunk_gated_delta_rule_pallas(
 
   bv = min(block_v, d_v)
   m = max_checkpoints if checkpoint_every is not None else 0
-  out_shape = [
-    jax.ShapeDtypeStruct((q.shape[0], h_v, d_v), cdt),  # token layout (+C rows if interpret)
-    jax.ShapeDtypeStruct((n, h_v, d_k, d_v), f32),
-  ]
-  inputs = [
-    lay.first,
-    lay.count,
-    lay.start,
-    lay.length,
-    initial_state.astype(f32),
-    w,
-    u,
-    kt,
-    qt,
-    uo,
-    gcum,
-  ]
+  rows_o = q.shape[0]  # token layout (+C rows if interpret)
+  final_shape = jax.ShapeDtypeStruct((n, h_v, d_k, d_v), f32)
+  if output_pass == "fused":
+    kernel, name = _fused_kernel, "gdn_chunk_inter"
+    inputs = [lay.first, lay.count, lay.start, lay.length]
+    inputs += [initial_state.astype(f32), w, u, kt, qt, uo, gcum]
+    out_shape = [jax.ShapeDtypeStruct((rows_o, h_v, d_v), cdt), final_shape]
+  else:
+    kernel, name = _state_kernel, "gdn_chunk_state"
+    inputs = [lay.first, lay.count, lay.length, initial_state.astype(f32), w, u, kt, gcum]
+    out_shape = [jax.ShapeDtypeStruct((nc, h_v, d_k, d_v), cdt), final_shape]
   aliases = {}
   if m:
     inputs.append(jnp.zeros((n, m, h_v, d_k, d_v), f32))
@@ -319,7 +385,7 @@ def chunk_gated_delta_rule_pallas(
     aliases = {len(inputs) - 1: 2}
   inter = pl.pallas_call(
     functools.partial(
-      _inter_kernel, chunk=CHUNK, bv=bv, ckpt_every=checkpoint_every or CHUNK, max_ckpt=m,
+      kernel, chunk=CHUNK, bv=bv, ckpt_every=checkpoint_every or CHUNK, max_ckpt=m,
       cdt=cdt, mm_prec=mm_prec,
     ),
     grid=(n, h_v, d_v // bv),
@@ -329,11 +395,26 @@ def chunk_gated_delta_rule_pallas(
     input_output_aliases=aliases,
     interpret=interpret,
     compiler_params=_params(interpret, num_warps, num_stages),
-    name="gdn_chunk_inter",
+    name=name,
   )  # fmt: skip
   outs = inter(*inputs)
   if stop_after == "inter":
     return outs
+  if output_pass == "parallel":
+    obv = min(out_block_v, d_v)
+    qt_spec = pl.BlockSpec((None, None, CHUNK, d_k), lambda c, h, j: (c, h, 0, 0))
+    tile = lambda d: pl.BlockSpec((None, None, d, obv), lambda c, h, j: (c, h, 0, j))  # noqa: E731
+    output = pl.pallas_call(
+      functools.partial(_output_kernel, chunk=CHUNK, bv=obv, mm_prec=mm_prec),
+      grid=(nc, h_v, d_v // obv),
+      in_specs=[full, full, qt_spec, tile(CHUNK), tile(d_k)],
+      out_specs=full,
+      out_shape=jax.ShapeDtypeStruct((rows_o, h_v, d_v), cdt),
+      interpret=interpret,
+      compiler_params=_params(interpret, out_warps, out_stages),
+      name="gdn_chunk_output",
+    )  # fmt: skip
+    outs = [output(lay.start, lay.length, qt, uo, outs[0])] + list(outs[1:])
   o, final = outs[0][:t], outs[1]
   states = outs[2] if m else jnp.zeros((n, m, h_v, d_k, d_v), f32)
   if checkpoint_every is None:
