@@ -71,10 +71,11 @@ class JaxCacheManager:
     self.state: CacheState = init_state(config)
     self._reqs: dict[str, _Req] = {}
     self._free_slots = list(range(config.max_requests - 1, -1, -1))
-    self._stats = self._to_stats(jax.device_get(scheduler.pool_stats(config, self.state)))
+    self._stats = self._to_stats(scheduler.pool_stats(config, self.state))
 
   # ---- helpers ----
-  def _to_stats(self, s) -> PoolStats:
+  def _to_stats(self, packed) -> PoolStats:
+    s = scheduler.unpack_stats(jax.device_get(packed))
     return PoolStats(
       num_free_blocks=int(s["num_free"]),
       num_used_blocks=int(s["num_used"]),
@@ -108,7 +109,7 @@ class JaxCacheManager:
       np.int32(len(r.tokens)),
       np.int32(r.num_prompt),
     )
-    self._stats = self._to_stats(jax.device_get(s))
+    self._stats = self._to_stats(s)
 
   # ---- protocol ----
   def add_request(self, req, tokens, extras=None) -> None:
@@ -139,11 +140,12 @@ class JaxCacheManager:
     out = jax.device_get(
       scheduler.lookup_only(self.config, self.state, self._hash_row(h), np.int32(len(toks)))
     )
+    g = self._lay.num_groups
     return HitInfo(
-      hit_tokens=int(out["hit"]),
-      per_group_hit_tokens=tuple(int(x) for x in out["alone"]),
-      hit_blocks_per_group=tuple(int(x) for x in out["hit_blocks"]),
-      shared_prefix_boundary=int(out["spb"]),
+      hit_tokens=int(out[0]),
+      per_group_hit_tokens=tuple(int(x) for x in out[2 : 2 + g]),
+      hit_blocks_per_group=tuple(int(x) for x in out[2 + g : 2 + 2 * g]),
+      shared_prefix_boundary=int(out[1]),
     )
 
   def schedule(self, entries: Sequence[ScheduleEntry]) -> StepResult:
@@ -168,9 +170,10 @@ class JaxCacheManager:
       slots[i] = self._reqs[e.req].slot
       max_tok[i] = -1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2)
       valid[i] = True
-    self.state, out, st = scheduler.schedule_step(self.config, self.state, slots, max_tok, valid)
-    out, st = jax.device_get((out, st))
-    self._stats = self._to_stats(st)
+    self.state, packed = scheduler.schedule_step(self.config, self.state, slots, max_tok, valid)
+    packed = jax.device_get(packed)
+    out, _ = scheduler.unpack_step(self.config, packed)
+    self._stats = self._to_stats(packed[-1, : 4 + self._lay.num_groups])
     results, copies = [], []
     for i, e in enumerate(entries):
       r = self._reqs[e.req]
@@ -240,7 +243,7 @@ class JaxCacheManager:
     self.state, s = scheduler.release_request(
       self.config, self.state, np.int32(r.slot), preempt=preempt
     )
-    self._stats = self._to_stats(jax.device_get(s))
+    self._stats = self._to_stats(s)
     r.state_idx.clear()
     if preempt:
       r.status, r.num_computed = "preempted", 0
@@ -256,7 +259,6 @@ class JaxCacheManager:
 
   def reset_prefix_cache(self) -> bool:
     self.state, ok, s = scheduler.reset_prefix_cache(self.config, self.state)
-    ok, s = jax.device_get((ok, s))
     self._stats = self._to_stats(s)
     return bool(ok)
 

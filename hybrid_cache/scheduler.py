@@ -15,6 +15,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache import admission
 from hybrid_cache import block_index
@@ -369,9 +370,58 @@ def stats(lay: Layout, state: CacheState):
 # jitted entry points (config static, state donated)
 
 
+_ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
+_ENTRY_VECTORS = ("alone", "hit_blocks", "lens_before", "lens_after")
+
+
+def pack_stats(lay: Layout, st) -> jax.Array:
+  """i32[4 + G]: the pool counters as one array (one host transfer)."""
+  head = jnp.stack([st["num_free"], st["num_used"], st["num_free_cached"], st["num_pinned"]])
+  return jnp.concatenate([head, st["cached_per_group"]]).astype(jnp.int32)
+
+
+def unpack_stats(packed) -> dict:
+  """Host side of `pack_stats` (NumPy in, dict of ints/arrays out)."""
+  p = np.asarray(packed)
+  return dict(
+    num_free=p[0], num_used=p[1], num_free_cached=p[2], num_pinned=p[3], cached_per_group=p[4:]
+  )
+
+
+def _pack_step(lay: Layout, out, st) -> jax.Array:
+  """i32[E + 1, K]: every entry's outputs in one row, the pool counters in the last row."""
+  cols = [out[k].astype(jnp.int32)[:, None] for k in _ENTRY_SCALARS]
+  cols += [out[k].astype(jnp.int32) for k in _ENTRY_VECTORS]
+  cols.append(out["row"].reshape(out["row"].shape[0], -1))
+  body = jnp.concatenate(cols, axis=1)
+  tail = jnp.zeros((1, body.shape[1]), jnp.int32)
+  stats_row = pack_stats(lay, st)
+  tail = tail.at[0, : stats_row.shape[0]].set(stats_row)
+  return jnp.concatenate([body, tail], axis=0)
+
+
+def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
+  """Host side of the packed `schedule_step` output: (per-entry dict of arrays, stats)."""
+  lay = layout(config)
+  p = np.asarray(packed)
+  body, g = p[:-1], lay.num_groups
+  out, c = {}, 0
+  for k in _ENTRY_SCALARS:
+    out[k] = body[:, c]
+    c += 1
+  for k in _ENTRY_VECTORS:
+    out[k] = body[:, c : c + g]
+    c += g
+  out["row"] = body[:, c:].reshape(body.shape[0], g, lay.max_blocks)
+  return out, unpack_stats(p[-1, : 4 + g])
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
 def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, valid):
-  """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E])."""
+  """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E]).
+
+  Returns (state, packed i32[E + 1, K]); decode with `unpack_step`.
+  """
   lay = layout(config)
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
@@ -380,20 +430,24 @@ def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, val
     (state, jnp.int32(config.max_num_batched_tokens)),
     (slots, max_tokens, valid),
   )
-  return state, out, stats(lay, state)
+  return state, _pack_step(lay, out, stats(lay, state))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
-  """Read-only lookup for a fresh request (hashes u32[MH, 2])."""
+  """Read-only lookup for a fresh request (hashes u32[MH, 2]).
+
+  Returns i32[2 + 2G]: hit, shared-prefix boundary, per-group alone hits, hit blocks per group.
+  """
   lay = layout(config)
   lk = coordinator.lookup(lay, state, hashes, num_tokens)
-  return dict(
-    hit=lk["hit"],
-    alone=lk["alone"],
-    hit_blocks=jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
-    spb=lk["spb"],
-  )
+  return jnp.concatenate(
+    [
+      jnp.stack([lk["hit"], lk["spb"]]),
+      lk["alone"],
+      jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
+    ]
+  ).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
@@ -405,7 +459,7 @@ def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_toke
   info = info.at[INFO_PROMPT].set(num_prompt)
   return state.replace(
     req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(hashes)
-  ), stats(layout(config), state)
+  ), pack_stats(layout(config), stats(layout(config), state))
 
 
 def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
@@ -447,7 +501,7 @@ def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool)
   """Jitted `release` plus the pool counters after it."""
   lay = layout(config)
   state = release(lay, state, slot, preempt)
-  return state, stats(lay, state)
+  return state, pack_stats(lay, stats(lay, state))
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
@@ -468,9 +522,10 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
     counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),
   )
   state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
-  return state, ok, stats(lay, state)
+  return state, ok, pack_stats(lay, stats(lay, state))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def pool_stats(config: CacheConfig, state: CacheState):
-  return stats(layout(config), state)
+  lay = layout(config)
+  return pack_stats(lay, stats(lay, state))
