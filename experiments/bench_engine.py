@@ -71,7 +71,13 @@ def main(argv: Sequence[str]) -> None:
   arms = {k: engine_workload.STANDARD_ARMS[k] for k in ("off", "align_marconi")}
   common = dict(num_blocks=512, max_num_batched_tokens=1024, max_model_len=1024, max_requests=1)
   res = engine_workload.compare_arms(
-    "qwen35_tiny", arms, prompts, 4, common=common, engine_kwargs=dict(max_num_seqs=1)
+    "qwen35_tiny",
+    arms,
+    prompts,
+    4,
+    common=common,
+    repeats=3,
+    engine_kwargs=dict(max_num_seqs=1, token_buckets=(32, 512, 1024)),
   )
   off, on = res["off"], res["align_marconi"]
   print(

@@ -39,6 +39,8 @@ def run(
   max_num_batched_tokens: int = 512,
   max_model_len: int = 512,
   cache_manager: str = "jax",
+  repeats: int = 1,
+  token_buckets: tuple[int, ...] | None = (32, 512),
   progress: bool = True,
 ) -> dict[str, Any]:
   prompts = engine_workload.shared_prefix_prompts(seed, num_prompts, prefix_len, suffix_len)
@@ -56,8 +58,9 @@ def run(
     max_new_tokens,
     common=common,
     seed=seed,
+    repeats=repeats,
     concurrency=1,
-    engine_kwargs=dict(cache_manager=cache_manager, max_num_seqs=1),
+    engine_kwargs=dict(cache_manager=cache_manager, token_buckets=token_buckets, max_num_seqs=1),
     progress=progress,
   )
   for a in arms.values():

@@ -33,6 +33,8 @@ def run(
   max_model_len: int = 1024,
   concurrency: int = 1,
   cache_manager: str = "jax",
+  repeats: int = 1,
+  token_buckets: tuple[int, ...] | None = (32, 512, 1024),
   progress: bool = True,
 ) -> dict[str, Any]:
   prompts = engine_workload.shared_prefix_prompts(seed, num_prompts, prefix_len, suffix_len)
@@ -50,8 +52,11 @@ def run(
     max_new_tokens,
     common=common,
     seed=seed,
+    repeats=repeats,
     concurrency=concurrency,
-    engine_kwargs=dict(cache_manager=cache_manager, max_num_seqs=concurrency),
+    engine_kwargs=dict(
+      cache_manager=cache_manager, token_buckets=token_buckets, max_num_seqs=concurrency
+    ),
     progress=progress,
   )
   plotting.bar_chart(

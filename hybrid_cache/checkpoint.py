@@ -30,6 +30,19 @@ import orbax.checkpoint as ocp
 from hybrid_cache.engine import Engine
 
 
+def _nonempty(tree) -> dict[str, Any]:
+  """Flat {path: leaf} of the non-empty leaves (Orbax refuses zero-size arrays)."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(p): x for p, x in flat if x.size}
+
+
+def _merge(tree, restored: dict[str, Any]):
+  """`tree` with the leaves found in `restored` (by path) replaced."""
+  return jax.tree_util.tree_map_with_path(
+    lambda p, x: restored.get(jax.tree_util.keystr(p), x), tree
+  )
+
+
 def _meta(engine: Engine) -> dict[str, Any]:
   cc = engine.cache_config
   return {
@@ -64,7 +77,8 @@ def save_warm_cache(engine: Engine, path: str) -> str:
   path = os.path.abspath(path)
   os.makedirs(path, exist_ok=True)
   ckpt = ocp.StandardCheckpointer()
-  ckpt.save(os.path.join(path, "arrays"), {"cache_state": state, "model_cache": engine.cache})
+  arrays = {"cache_state": _nonempty(state), "model_cache": _nonempty(engine.cache)}
+  ckpt.save(os.path.join(path, "arrays"), arrays)
   ckpt.wait_until_finished()
   with open(os.path.join(path, "meta.json"), "w") as f:
     json.dump(_meta(engine), f, indent=1, sort_keys=True)
@@ -90,12 +104,11 @@ def restore_warm_cache(engine: Engine, path: str) -> None:
         f"({saved[key]!r:.200})"
       )
   state = _state_of(engine)
-  target = jax.tree.map(
-    ocp.utils.to_shape_dtype_struct, {"cache_state": state, "model_cache": engine.cache}
-  )
+  live = {"cache_state": _nonempty(state), "model_cache": _nonempty(engine.cache)}
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, live)
   out = ocp.StandardCheckpointer().restore(os.path.join(path, "arrays"), target)
-  engine.manager.state = out["cache_state"]
-  engine.cache = out["model_cache"]
+  engine.manager.state = _merge(state, out["cache_state"])
+  engine.cache = _merge(engine.cache, out["model_cache"])
   refresh = getattr(engine.manager, "reset_stats_from_state", None)
   if refresh is not None:
     refresh()

@@ -179,6 +179,18 @@ def _model_step(graphdef, params, cache, copy_src, copy_dst, inputs, sample_idx,
   return jnp.argmax(sel, axis=-1).astype(jnp.int32), sel, cache
 
 
+# Built models by (ModelConfig, seed): parameters are never donated, so engines of one model
+# share them, and sharing the graphdef object lets the jitted step skip re-tracing.
+_MODELS: dict[tuple[ModelConfig, int], tuple[Any, Any]] = {}
+
+
+def _split_model(cfg: ModelConfig, seed: int):
+  key = (cfg, seed)
+  if key not in _MODELS:
+    _MODELS[key] = runner.split_model(build_model(cfg, seed=seed))
+  return _MODELS[key]
+
+
 def _make_manager(kind: str | Callable[[CacheConfig], CacheManager], cfg: CacheConfig):
   if callable(kind):
     return kind(cfg)
@@ -251,7 +263,7 @@ class Engine:
       engine_sharding.check_mesh(self.model_config, mesh)
       self.mesh = engine_sharding.as_auto(mesh)
     self.manager = _make_manager(cache_manager, cache_config)
-    self.graphdef, params = runner.split_model(build_model(self.model_config, seed=seed))
+    self.graphdef, params = _split_model(self.model_config, seed)
     cache = cache_lib.init_cache(self.model_config, cache_config.num_blocks, self.block_size)
     if self.mesh is not None:
       params = engine_sharding.shard_params(params, self.mesh)

@@ -109,8 +109,11 @@ def cache_shardings(mesh: Mesh) -> ModelCache:
 
 
 def shard_cache(cache: ModelCache, mesh: Mesh) -> ModelCache:
-  """`device_put` of the cache with `cache_shardings(mesh)`."""
-  return jax.device_put(cache, cache_shardings(mesh))
+  """`device_put` of the cache with `cache_shardings(mesh)` (families without layers, whose
+  arrays are empty, are replicated)."""
+  rep = NamedSharding(mesh, P())
+  shardings = jax.tree.map(lambda x, s: s if x.shape[0] else rep, cache, cache_shardings(mesh))
+  return jax.device_put(cache, shardings)
 
 
 def replicate(tree, mesh: Mesh):

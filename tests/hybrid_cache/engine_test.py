@@ -144,7 +144,7 @@ def test_bad_input_raises_and_engine_keeps_serving():
     Engine("no_such_model")
   with pytest.raises(ValueError, match="layer_pattern"):
     ModelConfig(layer_pattern="GXA", num_layers=3)
-  with pytest.raises(ValueError, match="num_kv_heads"):
+  with pytest.raises(ValueError, match="does not divide num_heads=4"):
     Engine("qwen35_tiny", mesh=engine_sharding.heads_mesh(8))
   with pytest.raises(ValueError, match="window"):
     bad = (GroupSpec("swa", window=8), GroupSpec("full"))
