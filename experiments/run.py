@@ -25,6 +25,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
+if __name__ == "__main__":
+  # Under `python -m experiments.run`, gin files' `from experiments import run` must get this
+  # very module (same flags, same `run_experiment`), not a second copy.
+  import sys
+
+  sys.modules.setdefault("experiments.run", sys.modules[__name__])
+
 _CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin config files (relative to configs/ ok).")
