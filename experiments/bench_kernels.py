@@ -75,7 +75,6 @@ def bench_gdn(args):
       jnp.asarray(q, bf), jnp.asarray(k, bf), jnp.asarray(v, bf), jnp.asarray(g),
       jnp.asarray(beta),
     )  # fmt: skip
-    res = {}
     variants = [("xla", dict(implementation="xla"))]
     for cfg in args.pallas_cfgs.split(";"):
       fields = cfg.split(",")
@@ -87,22 +86,24 @@ def bench_gdn(args):
       if out == "parallel":
         name += f" obv={obv} ow={ow} os={os_}"
       variants.append((name, dict(cfg=(bv, nw, ns, iw, inv, out, obv, ow, os_))))
+
+    def report(name, sec, t=t):  # printed as soon as measured: a timed-out run keeps its rows
+      rows.append((t, name, sec))
+      print(f"  T={t:6d}  {name:32s} {sec * 1e3:9.3f} ms  {t / sec / 1e6:8.2f} M tok/s", flush=True)
+
     for name, kw in variants:
       if "cfg" in kw:
         fn = _pallas_prefill_fn(t, h_v, d, *kw["cfg"])
       else:
         fn = jax.jit(lambda *a, kw=kw: api.chunk_gated_delta_rule(*a, **kw)[:2])
       try:
-        res[name] = _time_jax(fn, jargs, args.iters)
+        report(name, _time_jax(fn, jargs, args.iters))
       except Exception as e:  # noqa: BLE001 - report and continue with the other variants
-        print(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
+        print(f"  {name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
     try:
-      res["fla chunk_gated_delta_rule"] = _bench_fla(q, k, v, g, beta, args.iters)
+      report("fla chunk_gated_delta_rule", _bench_fla(q, k, v, g, beta, args.iters))
     except Exception as e:  # noqa: BLE001
-      print(f"  fla: unavailable ({type(e).__name__}: {str(e)[:200]})")
-    for name, sec in res.items():
-      rows.append((t, name, sec))
-      print(f"  T={t:6d}  {name:32s} {sec * 1e3:9.3f} ms  {t / sec / 1e6:8.2f} M tok/s")
+      print(f"  fla: unavailable ({type(e).__name__}: {str(e)[:200]})", flush=True)
   return rows
 
 
