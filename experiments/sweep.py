@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 
-_GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files passed to every point.")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "Bindings for every point.")
+from experiments import run as run_lib
+
+# --gin_file, --gin_bindings and --workdir are experiments.run's flags (one flag registry).
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "NAME=[v1,v2,...] (Python literals).")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Parent directory of the points.")
 
 
 def parse_axis(spec: str) -> tuple[str, list]:
@@ -56,11 +56,12 @@ def point_dir(parent: str, bindings: Sequence[str]) -> str:
 
 def main(argv: Sequence[str]) -> None:
   del argv
+  parent = run_lib._WORKDIR.value or "runs/sweep"
   for binds in points(_SWEEP.value):
-    wd = point_dir(_WORKDIR.value, binds)
+    wd = point_dir(parent, binds)
     cmd = [sys.executable, "-m", "experiments.run", f"--workdir={wd}"]
-    cmd += [f"--gin_file={f}" for f in _GIN_FILE.value]
-    cmd += [f"--gin_bindings={b}" for b in list(_GIN_BINDINGS.value) + binds]
+    cmd += [f"--gin_file={f}" for f in run_lib._GIN_FILE.value]
+    cmd += [f"--gin_bindings={b}" for b in list(run_lib._GIN_BINDINGS.value) + binds]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
