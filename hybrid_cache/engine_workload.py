@@ -138,7 +138,8 @@ def compare_arms(
   engines = {}
   for name, kw in arms.items():
     engines[name] = _engine(model, {**dict(common or {}), **dict(kw)}, seed, engine_kwargs)
-    serve(engines[name], prompts, max_new_tokens, concurrency=concurrency)
+    # Warm up with the same options as the timed rounds (return_logits changes the jitted step).
+    serve(engines[name], prompts, max_new_tokens, concurrency=concurrency, return_logits=True)
   results: dict[str, dict[str, Any]] = {}
   outputs: dict[str, list[RequestOutput]] = {}
   for _ in range(repeats):
