@@ -48,8 +48,8 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
   """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
 
   Sets the block's `block_group`/`block_hash` and adds index entries without a per-key loop:
-  keys landing in one bucket are ranked (stable sort by bucket) and take that bucket's empty
-  ways in order; insertion sequence numbers follow list order.
+  keys landing in one bucket are ranked in list order (one [k, k] compare, no sort) and take
+  that bucket's empty ways in order; insertion sequence numbers follow list order.
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
@@ -62,14 +62,17 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
   )
   c = state.counters
   bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
-  order = jnp.argsort(bks, stable=True)
-  sb = bks[order]
+  # rank among earlier keys of the same bucket: one [k, k] compare, no sort (the barrier keeps
+  # XLA from recomputing the bucket hash for every pair)
+  bks = jax.lax.optimization_barrier(bks)
   i = jnp.arange(k)
-  run_start = jnp.where((i == 0) | (sb != jnp.roll(sb, 1)), i, 0)
-  rank_sorted = i - jax.lax.cummax(run_start)
-  rank = jnp.zeros((k,), jnp.int32).at[order].set(rank_sorted.astype(jnp.int32))
+  earlier = (bks[None, :] == bks[:, None]) & (i[None, :] < i[:, None])
+  rank = jnp.sum(earlier, axis=1).astype(jnp.int32)
   empty = state.index_entry[jnp.minimum(bks, buckets - 1), :, 0] < 0  # [k, W]
-  nth = jnp.cumsum(empty, axis=1) - 1
+  # inclusive count of empty ways (an exact small matmul: XLA:CPU's cumsum is a reduce-window)
+  tri = (jnp.arange(ways)[:, None] <= jnp.arange(ways)[None, :]).astype(jnp.float32)
+  nth = jnp.matmul(empty.astype(jnp.float32), tri, precision=jax.lax.Precision.HIGHEST)
+  nth = nth.astype(jnp.int32) - 1
   hit_way = empty & (nth == rank[:, None])
   ok = valid & jnp.any(hit_way, axis=1)
   way = jnp.argmax(hit_way, axis=1)
@@ -92,4 +95,29 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
     index_entry=ent,
     block_group=jnp.where(mask, -1, state.block_group),
     block_aux=state.block_aux.at[:, 0].set(jnp.where(mask, -1, state.block_aux[:, 0])),
+  )
+
+
+def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
+  """`evict` for the blocks `ids` (i32[k], unique, 0 = skip) without scanning the whole index.
+
+  A block carries at most one key and its entry (if it was not dropped by a full bucket) lies
+  in the bucket of its `block_hash`/`block_group`, so only those k buckets are searched.
+  """
+  nb = state.ref_cnt.shape[0]
+  buckets = state.index_entry.shape[0]
+  valid = ids > 0
+  safe = jnp.where(valid, ids, 0)
+  grp = state.block_group[safe]
+  keyed = valid & (grp >= 0)
+  b = bucket_of(state.block_hash[safe], grp, buckets)
+  hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
+  way = jnp.argmax(hit, axis=1)
+  bi = jnp.where(jnp.any(hit, axis=1), b, buckets)
+  ent = state.index_entry.at[bi, way].set(-1, mode="drop")
+  idx = jnp.where(valid, ids, nb)
+  return state.replace(
+    index_entry=ent,
+    block_group=state.block_group.at[idx].set(-1, mode="drop"),
+    block_aux=state.block_aux.at[idx, 0].set(-1, mode="drop"),
   )

@@ -119,29 +119,74 @@ def pin(state: CacheState, ids: jax.Array) -> CacheState:
   return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))
 
 
-def _smallest_mask(keys: jax.Array, k: jax.Array, pivots: int = 3) -> jax.Array:
-  """bool mask of the `k` smallest keys (< BIG, unique).
+def _smallest(keys: jax.Array, k: jax.Array, pivots: int = 3):
+  """(mask, min, hi): bool mask of the `k` smallest keys (< BIG, unique), the smallest valid
+  key and the largest selected key.
 
   A (pivots+1)-ary search on the key value: each round counts keys below `pivots` thresholds
   at once (one [pivots, NB] compare), so a key range R takes about log_{pivots+1}(R) rounds.
+  Keys are unique, so the search stops as soon as a threshold has exactly `k` keys at or below
+  it; the first round tries `min + k - 1` (exact when the queue head has no gaps).
   """
   valid = keys < BIG
-  lo = jnp.min(jnp.where(valid, keys, BIG)) - 1  # count(<= lo) = 0 < k
+  mn = jnp.min(jnp.where(valid, keys, BIG))
+  lo = mn - 1  # count(<= lo) = 0 < k
   hi = jnp.max(jnp.where(valid, keys, -BIG))  # count(<= hi) >= k
+  guess = jnp.minimum(mn + k - 1, hi)
+  c_guess = jnp.sum(valid & (keys <= guess))
+  lo = jnp.where(c_guess >= k, lo, guess)
+  hi = jnp.where(c_guess >= k, guess, hi)
+  done = (c_guess == k) | (k <= 0)
   j = jnp.arange(1, pivots + 1, dtype=jnp.int32)
 
   def body(c):
-    lo, hi = c
+    lo, hi, _ = c
     step = jnp.maximum((hi - lo) // (pivots + 1), 1)
     mids = jnp.minimum(lo + step * j, hi)
     counts = jnp.sum(valid[None, :] & (keys[None, :] <= mids[:, None]), axis=1)
     enough = counts >= k
     new_hi = jnp.min(jnp.where(enough, mids, hi))
     new_lo = jnp.max(jnp.where(enough, lo, mids))
-    return new_lo, new_hi
+    return new_lo, new_hi, jnp.any(counts == k)
 
-  _, hi = jax.lax.while_loop(lambda c: c[1] - c[0] > 1, body, (lo, hi))
-  return valid & (keys <= hi) & (k > 0)
+  _, hi, _ = jax.lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[2], body, (lo, hi, done))
+  return valid & (keys <= hi) & (k > 0), mn, hi
+
+
+def _smallest_mask(keys: jax.Array, k: jax.Array, pivots: int = 3) -> jax.Array:
+  """bool mask of the `k` smallest keys (< BIG, unique); see `_smallest`."""
+  return _smallest(keys, k, pivots)[0]
+
+
+def _inclusive_prefix(mask: jax.Array, width: int = 64) -> jax.Array:
+  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
+
+  XLA:CPU lowers `cumsum` over thousands of elements to a slow reduce-window; a [N/w, w] x
+  [w, w] triangular matmul is several times cheaper and exact (counts < 2^24, HIGHEST precision
+  so no TF32 on GPUs).
+  """
+  n = mask.shape[0]
+  rows = -(-n // width)
+  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
+  x = x.reshape(rows, width)
+  hi = jax.lax.Precision.HIGHEST
+  up = (jnp.arange(width)[:, None] <= jnp.arange(width)[None, :]).astype(jnp.float32)
+  within = jnp.matmul(x, up, precision=hi)
+  low = (jnp.arange(rows)[None, :] < jnp.arange(rows)[:, None]).astype(jnp.float32)
+  off = jnp.matmul(low, within[:, -1], precision=hi)
+  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
+
+
+def _compact(mask: jax.Array, size: int) -> jax.Array:
+  """i32[size]: indices of the set entries of `mask` in increasing order, 0-padded.
+
+  Same result as `jnp.nonzero(mask, size=size, fill_value=0)[0]` without a cumsum over N: each
+  set entry is scattered to its prefix count (unique destinations, extra entries dropped).
+  """
+  n = mask.shape[0]
+  p = _inclusive_prefix(mask)
+  dest = jnp.where(mask & (p <= size), p - 1, size)
+  return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
 
 
 def pop_many(state: CacheState, count: jax.Array, kmax: int):
@@ -156,21 +201,45 @@ def pop_many(state: CacheState, count: jax.Array, kmax: int):
   n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
   k1 = jnp.minimum(count, n_norm)
   k2 = count - k1
-  sel1 = _smallest_mask(qk[0], k1)
-  sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
-  sel = sel1 | sel2
-  ids = jnp.nonzero(sel, size=kmax, fill_value=0)[0].astype(jnp.int32)
-  cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
-  cls = jnp.where(jnp.arange(kmax) < jnp.sum(sel), cls, 2)
-  key = jnp.where(cls == 0, qk[0][ids], jnp.where(cls == 1, qk[1][ids], BIG))
-  order = jnp.lexsort((key, cls))
-  ids = jnp.where(jnp.arange(kmax) < count, ids[order], 0)
+  sel1, mn1, hi1 = _smallest(qk[0], k1)
+  win = 2 * kmax
+
+  def by_window():
+    # common case: only normal-queue blocks whose keys span < win values: scatter each id to
+    # its key offset (already in pop order), then squeeze out the holes (block 0 is never free)
+    slot = jnp.where(sel1, qk[0] - mn1, win)
+    w = jnp.zeros((win,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
+    p = jnp.cumsum(w > 0)
+    dest = jnp.where(w > 0, p - 1, kmax)
+    return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
+
+  def by_rank():
+    sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
+    sel = sel1 | sel2
+    ids = _compact(sel, kmax)
+    cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
+    cls = jnp.where(jnp.arange(kmax) < jnp.sum(sel), cls, 2)
+    # pop order = rank by (class, key) packed into one uint32 (normal keys stay inside
+    # (-2^30, 2^30) and pinned keys inside [0, 2^30) thanks to `maybe_renormalise`), ranked
+    # with one [kmax, kmax] compare instead of a sort; padding ties at the end and is dropped
+    u = jnp.uint32
+    key_n = (qk[0][ids] + jnp.int32(1 << 30)).astype(u)
+    key_p = qk[1][ids].astype(u) + u(1 << 31)
+    ck = jnp.where(cls == 0, key_n, jnp.where(cls == 1, key_p, u(0xFFFFFFFF)))
+    ids, ck = jax.lax.optimization_barrier((ids, ck))
+    rank = jnp.sum(ck[None, :] < ck[:, None], axis=1)
+    return jnp.zeros((kmax,), jnp.int32).at[rank].set(ids)
+
+  fast = (k2 == 0) & (hi1 - mn1 < win)
+  ordered = jax.lax.cond(fast, by_window, by_rank)
+  ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
+  sidx = jnp.where(ids > 0, ids, nb)
   state = state.replace(
-    queue_key=jnp.where(sel[None, :], BIG, qk),
-    ref_cnt=jnp.where(sel, 1, state.ref_cnt),
-    block_aux=state.block_aux.at[:, 1].set(jnp.where(sel, 0, state.block_aux[:, 1])),
+    queue_key=state.queue_key.at[:, sidx].set(BIG, mode="drop"),
+    ref_cnt=state.ref_cnt.at[sidx].set(1, mode="drop"),
+    block_aux=state.block_aux.at[sidx, 1].set(0, mode="drop"),
   )
-  return block_index.evict(state, sel), ids
+  return block_index.evict_ids(state, ids), ids
 
 
 RENORM_LIMIT = 1 << 29

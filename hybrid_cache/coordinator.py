@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache import block_index
 from hybrid_cache.groups import full_attention
@@ -34,13 +35,18 @@ def group_hashes(lay: Layout, hashes: jax.Array, num_tokens: jax.Array, g: int):
 
 
 def probe_all(lay: Layout, state: CacheState, hashes, num_tokens):
-  """i32[G, MB]: the first-inserted block carrying each group block's key, -1 on a miss."""
-  rows = []
-  for g in range(lay.num_groups):
-    h, valid = group_hashes(lay, hashes, num_tokens, g)
-    found = block_index.probe(state, h, jnp.full((lay.max_blocks,), g, jnp.int32))
-    rows.append(jnp.where(valid, found, -1))
-  return jnp.stack(rows)
+  """i32[G, MB]: the first-inserted block carrying each group block's key, -1 on a miss.
+
+  All groups are probed in one batch of G * MB queries (static gather indices per group).
+  """
+  g_n, mb = lay.num_groups, lay.max_blocks
+  pos = np.arange(mb)
+  fine = np.concatenate([(pos + 1) * (g.block_size // lay.hash_block_size) - 1 for g in lay.groups])
+  ends = np.concatenate([(pos + 1) * g.block_size for g in lay.groups]).astype(np.int32)
+  grp = np.repeat(np.arange(g_n, dtype=np.int32), mb)
+  h = hashes[np.clip(fine, 0, hashes.shape[0] - 1)]
+  found = block_index.probe(state, h, jnp.asarray(grp))
+  return jnp.where(ends <= num_tokens, found, -1).reshape(g_n, mb)
 
 
 def _find(lay: Layout, spec, need, cached, cap, drop):

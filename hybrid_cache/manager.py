@@ -50,6 +50,10 @@ class _Req:
   status: str = "waiting"
   num_computed: int = 0
   state_idx: dict[int, int] = dataclasses.field(default_factory=dict)
+  # host mirror of the slot's block table and table lengths as the last step left them
+  # (only a step changes them; release clears them), so `request_view` needs no device read
+  row: np.ndarray | None = None
+  lens: np.ndarray | None = None
 
 
 def _pow2(n: int) -> int:
@@ -175,25 +179,34 @@ class JaxCacheManager:
     out, _ = scheduler.unpack_step(self.config, packed)
     self._stats = self._to_stats(packed[-1, : 4 + self._lay.num_groups])
     results, copies = [], []
+    n = len(entries)
+    # whole columns to Python lists once (per-element NumPy scalar conversions dominate here)
+    adm_l, hit_l, spb_l = (out[k][:n].tolist() for k in ("admission", "hit", "spb"))
+    sched_l, reason_l, comp_l = (out[k][:n].tolist() for k in ("scheduled", "reason", "computed"))
+    alone_l, hb_l = out["alone"][:n].tolist(), out["hit_blocks"][:n].tolist()
+    before_l, after_l = out["lens_before"][:n].tolist(), out["lens_after"][:n].tolist()
+    g_n = self._lay.num_groups
     for i, e in enumerate(entries):
       r = self._reqs[e.req]
-      adm = bool(out["admission"][i])
-      sched = int(out["scheduled"][i])
-      before, after = out["lens_before"][i], out["lens_after"][i]
+      adm = bool(adm_l[i])
+      sched = sched_l[i]
+      before, after = before_l[i], after_l[i]
       row = out["row"][i]
-      new_ids = tuple(
-        tuple(int(b) for b in row[g, int(before[g]) : int(after[g])]) if sched else ()
-        for g in range(self._lay.num_groups)
+      new_ids = (
+        tuple(tuple(row[g, before[g] : after[g]].tolist()) for g in range(g_n))
+        if sched
+        else ((),) * g_n
       )
       hit = None
       if adm:
         hit = HitInfo(
-          hit_tokens=int(out["hit"][i]),
-          per_group_hit_tokens=tuple(int(x) for x in out["alone"][i]),
-          hit_blocks_per_group=tuple(int(x) for x in out["hit_blocks"][i]),
-          shared_prefix_boundary=int(out["spb"][i]),
+          hit_tokens=hit_l[i],
+          per_group_hit_tokens=tuple(alone_l[i]),
+          hit_blocks_per_group=tuple(hb_l[i]),
+          shared_prefix_boundary=spb_l[i],
         )
-      computed = int(out["computed"][i])
+      computed = comp_l[i]
+      r.row, r.lens = row, out["lens_after"][i]
       if sched:
         start = computed - sched
         copies.extend(self._copies(r, start, sched, row))
@@ -205,7 +218,7 @@ class JaxCacheManager:
           admission=adm,
           hit=hit,
           scheduled_tokens=sched,
-          reason=_REASONS[int(out["reason"][i])],
+          reason=_REASONS[reason_l[i]],
           num_computed_tokens=computed,
           new_block_ids=new_ids,
         )
@@ -245,6 +258,7 @@ class JaxCacheManager:
     )
     self._stats = self._to_stats(s)
     r.state_idx.clear()
+    r.row = r.lens = None
     if preempt:
       r.status, r.num_computed = "preempted", 0
     else:
@@ -267,10 +281,11 @@ class JaxCacheManager:
 
   def request_view(self, req) -> RequestView:
     r = self._get(req)
-    row, rg = jax.device_get((self.state.tables[r.slot], self.state.req_group[r.slot]))
-    block_ids = tuple(
-      tuple(int(b) for b in row[g, : int(rg[g, 0])]) for g in range(self._lay.num_groups)
-    )
+    g_n = self._lay.num_groups
+    if r.row is None:  # never scheduled since it was added or released: an empty table
+      block_ids = ((),) * g_n
+    else:
+      block_ids = tuple(tuple(int(b) for b in r.row[g, : int(r.lens[g])]) for g in range(g_n))
     return RequestView(
       req=req,
       status=r.status,
