@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import platform
 import sys
 import time
@@ -79,8 +80,12 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float]]:
   prompts = make_prompts(512, seed=0)
   for batch in (1, 16, 64):
     cfg = make_config(max_requests=max(batch, 1))
-    jit_us = time_batches(JaxCacheManager(cfg), prompts, batch, rounds)
+    # reference first, each after a full GC: the jitted run leaves ~50k more live Python objects
+    # (tracing caches) that made later pure-Python timings up to 2x slower in the same process
+    gc.collect()
     ref_us = time_batches(ReferencePolicy(cfg), prompts, batch, rounds)
+    gc.collect()
+    jit_us = time_batches(JaxCacheManager(cfg), prompts, batch, rounds)
     rows.append((batch, jit_us, ref_us))
     print(
       f"batch {batch:3d}: jitted {jit_us:9.1f} us/request  reference {ref_us:9.1f} us/request"
