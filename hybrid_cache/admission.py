@@ -3,7 +3,8 @@
 New request: `max(cdiv(tokens, B) - max(skip, hits), 0)` fresh blocks plus every hit block with
 ref 0 (touching takes it out of the free queue). Running request: `max(cdiv(tokens, B) - len, 0)`.
 Recurrent `align`: one block (1 + S on the first allocation) when the running-state position
-moves. A recurrent hit block registered in the current step makes admission impossible (§2.4.6).
+moves. In every recurrent mode, a hit block registered in the current step makes admission
+impossible (§2.4.6).
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ def blocks_needed(
     hits_len = jnp.where(is_new, hit // bs, 0)
     ids = hit_ids[g]
     evictable = jnp.sum((ids > 0) & (state.ref_cnt[ids] == 0)).astype(jnp.int32)
+    if spec.kind == "mamba":
+      # Same-step rule (§2.4.6) lives in the recurrent manager, whatever its mode: a hit state
+      # block registered during this scheduling step has not been computed yet.
+      last = ids[jnp.maximum(hits_len - 1, 0)]
+      same_step = state.block_aux[last, 0] == state.counters[C_STEP]
+      impossible |= is_new & (hit > 0) & (last > 0) & same_step
     if spec.kind == "mamba" and spec.mode == "align":
       req = cdiv(main_tokens, bs) + s
       k = req - hits_len - length
       k = jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1), 0)
-      last = ids[jnp.maximum(hits_len - 1, 0)]
-      same_step = state.block_aux[last, 0] == state.counters[C_STEP]
-      impossible |= is_new & (hit > 0) & (last > 0) & same_step
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:
