@@ -2,13 +2,19 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-MOONCAKE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+MOONCAKE = str(
+  pathlib.Path(__file__).resolve().parents[3]
+  / "experiments"
+  / "traces"
+  / "mooncake_conversation_trace.jsonl"
+)
 
 
 def _run(*args):

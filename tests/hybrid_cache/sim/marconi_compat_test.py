@@ -2,6 +2,7 @@
 Marconi's rules, marconi_and_peers.md §1.1-1.4 and §6.3), plus consistency properties."""
 
 import dataclasses
+import pathlib
 
 import pytest
 
@@ -11,7 +12,12 @@ from hybrid_cache.sim.marconi_compat import TUNER_ALPHAS
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.oracle import oracle_reused
 
-MOONCAKE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+MOONCAKE = str(
+  pathlib.Path(__file__).resolve().parents[3]
+  / "experiments"
+  / "traces"
+  / "mooncake_conversation_trace.jsonl"
+)
 M7B = get_model("marconi_7b")
 # d = N = 1: one state = 1*1*2 + (2 + 2)*4*2 = 34 bytes, KV = 1 layer * 2*1*2 = 4 bytes/token.
 TINY = dataclasses.replace(

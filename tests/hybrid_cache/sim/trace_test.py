@@ -1,13 +1,19 @@
 """Trace loaders: Marconi JSONL, Mooncake block hashes, malformed input, symbol expansion."""
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
 from hybrid_cache.sim import trace as T
 
-MOONCAKE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+MOONCAKE = str(
+  pathlib.Path(__file__).resolve().parents[3]
+  / "experiments"
+  / "traces"
+  / "mooncake_conversation_trace.jsonl"
+)
 
 
 def _write(path, rows):

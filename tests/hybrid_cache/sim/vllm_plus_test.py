@@ -3,6 +3,7 @@ one-node-per-block transcription of Marconi's vLLM+ rules (marconi_and_peers.md 
 
 import dataclasses
 import heapq
+import pathlib
 
 import hypothesis.strategies as st
 import numpy as np
@@ -15,7 +16,12 @@ from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.vllm_plus import request_tokens
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
-MOONCAKE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+MOONCAKE = str(
+  pathlib.Path(__file__).resolve().parents[3]
+  / "experiments"
+  / "traces"
+  / "mooncake_conversation_trace.jsonl"
+)
 M7B = get_model("marconi_7b")
 # d = N = 1: one state = 34 bytes, KV = 4 bytes/token; a full 4-token block = 50 bytes.
 TINY = dataclasses.replace(
