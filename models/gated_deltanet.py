@@ -63,7 +63,7 @@ class GatedDeltaNet(nnx.Module):
     """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools)."""
     t = x.shape[0]
     mixed = self.in_proj_qkv(x)
-    every = ckpt_every if ckpt_write.shape[1] > 0 else None
+    ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
     y, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
       mixed,
@@ -71,8 +71,7 @@ class GatedDeltaNet(nnx.Module):
       None,
       conv_state=conv0,
       cu_seqlens=query_start_loc,
-      checkpoint_every=every,
-      max_checkpoints=ckpt_write.shape[1] if every else None,
+      **ckpt_kw,
       activation="silu",
       implementation=implementation,
     )
@@ -92,18 +91,18 @@ class GatedDeltaNet(nnx.Module):
       beta,
       initial_state=s0,
       cu_seqlens=query_start_loc,
-      checkpoint_every=every,
-      max_checkpoints=ckpt_write.shape[1] if every else None,
+      **ckpt_kw,
       scale=self.dk**-0.5,
       implementation=implementation,
     )
-    if every is None:
-      conv_ckpts = s_ckpts = conv_counts = s_counts = None
-    conv_pool = state_pool.write_states(
-      conv_pool, state_write, conv_final, ckpt_write, conv_ckpts, conv_counts
-    )
-    state_pool_ = state_pool.write_states(
-      state_pool_, state_write, s_final, ckpt_write, s_ckpts, s_counts
+    state_pool_, conv_pool = state_pool.write_recurrent(
+      state_pool_,
+      conv_pool,
+      state_write,
+      ckpt_write,
+      (s_final, (s_ckpts, s_counts)),
+      (conv_final, (conv_ckpts, conv_counts)),
+      checkpointed=ckpt_kw["checkpoint_every"] is not None,
     )
     z = self.in_proj_z(x)
     o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)

@@ -79,7 +79,7 @@ class Mamba2(nnx.Module):
     z = proj[:, : self.d_inner]
     xbc = proj[:, self.d_inner : self.d_inner + self.conv_dim]
     dt = proj[:, self.d_inner + self.conv_dim :]
-    every = ckpt_every if ckpt_write.shape[1] > 0 else None
+    ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
     xbc, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
       xbc,
@@ -87,8 +87,7 @@ class Mamba2(nnx.Module):
       self.conv_bias[...],
       conv_state=conv0,
       cu_seqlens=query_start_loc,
-      checkpoint_every=every,
-      max_checkpoints=ckpt_write.shape[1] if every else None,
+      **ckpt_kw,
       activation="silu",
       implementation=implementation,
     )
@@ -107,17 +106,17 @@ class Mamba2(nnx.Module):
       dt_bias=self.dt_bias[...],
       initial_state=s0,
       cu_seqlens=query_start_loc,
-      checkpoint_every=every,
-      max_checkpoints=ckpt_write.shape[1] if every else None,
+      **ckpt_kw,
       implementation=implementation,
     )
-    if every is None:
-      conv_ckpts = s_ckpts = conv_counts = s_counts = None
-    conv_pool = state_pool.write_states(
-      conv_pool, state_write, conv_final, ckpt_write, conv_ckpts, conv_counts
-    )
-    state_pool_ = state_pool.write_states(
-      state_pool_, state_write, s_final, ckpt_write, s_ckpts, s_counts
+    state_pool_, conv_pool = state_pool.write_recurrent(
+      state_pool_,
+      conv_pool,
+      state_write,
+      ckpt_write,
+      (s_final, (s_ckpts, s_counts)),
+      (conv_final, (conv_ckpts, conv_counts)),
+      checkpointed=ckpt_kw["checkpoint_every"] is not None,
     )
     y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
     return self.out_proj(y), state_pool_, conv_pool

@@ -54,3 +54,33 @@ def write_states(
     vals = ckpts[:, :m].reshape((-1,) + ckpts.shape[2:])
     pool = pool.at[_drop_index(ids.reshape(-1), nb)].set(vals.astype(pool.dtype), mode="drop")
   return pool.at[_drop_index(final_ids, nb)].set(final.astype(pool.dtype), mode="drop")
+
+
+def checkpoint_kwargs(ckpt_write: jax.Array, ckpt_every: int | None) -> dict:
+  """Scan/conv kernel keywords for this step's `all`-mode checkpoints (none when M = 0)."""
+  m = ckpt_write.shape[1]
+  every = ckpt_every if m > 0 else None
+  return {"checkpoint_every": every, "max_checkpoints": m if every else None}
+
+
+def write_recurrent(
+  state_pool: jax.Array,
+  conv_pool: jax.Array,
+  state_write: jax.Array,
+  ckpt_write: jax.Array,
+  state_out: tuple[jax.Array, tuple[jax.Array, jax.Array]],
+  conv_out: tuple[jax.Array, tuple[jax.Array, jax.Array]],
+  checkpointed: bool,
+) -> tuple[jax.Array, jax.Array]:
+  """Writes a recurrent layer's (final, (checkpoints, counts)) for its state and conv pools.
+
+  `checkpointed` is whether the kernels were asked for checkpoints (`checkpoint_kwargs`);
+  without it only the final states are written. Returns (state_pool, conv_pool).
+  """
+  pools = []
+  for pool, (final, (ckpts, counts)) in ((state_pool, state_out), (conv_pool, conv_out)):
+    if checkpointed:
+      pools.append(write_states(pool, state_write, final, ckpt_write, ckpts, counts))
+    else:
+      pools.append(write_states(pool, state_write, final))
+  return pools[0], pools[1]
