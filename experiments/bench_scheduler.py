@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache import release
 from hybrid_cache import scheduler
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
@@ -97,7 +98,7 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float]]:
 
 def _admit_and_preempt(config, state, slot):
   state, out = scheduler.admit_one(config, state, slot, jnp.int32(-1))
-  state = scheduler.release(scheduler.layout(config), state, slot, preempt=True)
+  state = release.release(scheduler.layout(config), config, state, slot, preempt=True)
   return state, out["scheduled"]
 
 

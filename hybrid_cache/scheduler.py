@@ -21,6 +21,7 @@ from hybrid_cache import admission
 from hybrid_cache import block_index
 from hybrid_cache import block_pool
 from hybrid_cache import coordinator
+from hybrid_cache import release as release_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.groups import recurrent
 from hybrid_cache.groups import sliding_window
@@ -462,27 +463,6 @@ def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_toke
   ), pack_stats(layout(config), stats(layout(config), state))
 
 
-def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
-  """Frees a request's blocks tail first (group by group); preempt keeps it waiting."""
-  rows = state.tables[slot][:, ::-1]
-  batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
-  state = block_pool.free_ordered(state, rows.reshape(-1), batch)
-  rg = jnp.zeros_like(state.req_group[slot]).at[:, RG_LAST].set(-1)
-  info = state.req_info[slot]
-  if preempt:
-    info = info.at[INFO_STATUS].set(STATUS_WAITING).at[INFO_COMPUTED].set(0).at[INFO_SPB].set(0)
-  else:
-    info = jnp.zeros_like(info)
-  state = state.replace(
-    tables=state.tables.at[slot].set(0),
-    req_group=state.req_group.at[slot].set(rg),
-    req_info=state.req_info.at[slot].set(info),
-  )
-  if not preempt:
-    state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
-  return state
-
-
 def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   """One scheduler step with a single entry (no padding): the unit of a trace scan."""
   lay = layout(config)
@@ -500,7 +480,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
 def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
   """Jitted `release` plus the pool counters after it."""
   lay = layout(config)
-  state = release(lay, state, slot, preempt)
+  state = release_lib.release(lay, config, state, slot, preempt)
   return state, pack_stats(lay, stats(lay, state))
 
 
