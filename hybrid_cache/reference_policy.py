@@ -7,7 +7,9 @@ an explicit ordered free queue (readability over speed). It is the oracle the ji
 Pool (reference §1.3, §1.6): block 0 is the null block; the free queue starts ordered by id;
 allocation pops from the head and evicts the popped block's key; freeing puts unhashed blocks
 at the head (in order) and hashed ones at the tail; a request frees tail first, one batch per
-group in group order; touching a free cached block unlinks it. Optional pinned tier (SPEC B1).
+group in group order; touching a free cached block unlinks it. Optional pinned tier (SPEC B1):
+SWA window drops pin the most recent window; a finished (not preempted) request pins what keeps
+its prefix hittable (`rules.finish_pin_indices`, same rule as `hybrid_cache.release`).
 
 Hash index (§1.5): key (hash, group) -> block ids in insertion order; lookups use the first.
 Coordinator (§3.2), admission / allocation / optimistic caching (§1.7, §4.2), align-mode
@@ -640,7 +642,19 @@ class ReferencePolicy:
       )
     return self._reqs[req]
 
-  def _release(self, r: _Request) -> None:
+  def _pin_finished(self, r: _Request) -> None:
+    """Flags the blocks that keep a finishing request's prefix hittable (SPEC B1)."""
+    for gid, row in enumerate(r.rows):
+      g = self._groups[gid]
+      keyed = [i for i, b in enumerate(row) if b != NULL and self._key[b] is not None]
+      need = rules.swa_need(g.window, self._bs[gid], g.eagle) if g.kind == "swa" else 1
+      for i in rules.finish_pin_indices(g.kind, keyed, need):
+        self._pinned[row[i]] = True
+
+  def _release(self, r: _Request, finished: bool) -> None:
+    """Frees a request's blocks tail first, group by group; a finished one pins first."""
+    if finished and self.config.pinning:
+      self._pin_finished(r)
     for row in r.rows:
       self._free_blocks(list(reversed(row)))
     r.rows = []
@@ -650,12 +664,12 @@ class ReferencePolicy:
 
   def free(self, req: str) -> None:
     r = self._get(req)
-    self._release(r)
+    self._release(r, finished=True)
     del self._reqs[req]
 
   def preempt(self, req: str) -> None:
     r = self._get(req)
-    self._release(r)
+    self._release(r, finished=False)
     r.num_computed = 0
     r.boundary = 0
     r.status = "preempted"

@@ -58,6 +58,24 @@ def skipped_indices(row: Sequence[int], num_skipped_blocks: int) -> list[int]:
   return out
 
 
+def finish_pin_indices(kind: str, keyed: Sequence[int], need: int) -> list[int]:
+  """Row indices a finishing request pins (SPEC B1, `pinning` on): what keeps its prefix hittable.
+
+  `keyed` are the row indices of the request's held blocks that carry a key (increasing).
+  Full attention pins every keyed block (the whole hashed prefix). A sliding-window group pins
+  the keyed blocks among the `need` positions ending at its deepest keyed block (the window an
+  SWA hit at that boundary needs); a recurrent group pins its deepest keyed state (`need` = 1).
+
+  Example: SWA need 2, keyed [0, 1, 5, 6, 7] -> [6, 7]; full, keyed [0, 1, 2] -> [0, 1, 2].
+  """
+  if not keyed:
+    return []
+  if kind == "full":
+    return list(keyed)
+  lo = keyed[-1] + 1 - need
+  return [i for i in keyed if i >= lo]
+
+
 # ---------------------------------------------------------------------------------------------
 # Lookups (§2.2, §2.3.2, §2.4.2)
 # ---------------------------------------------------------------------------------------------
