@@ -1,4 +1,4 @@
-"""Packed (varlen) sequence bookkeeping shared by the SSD and conv1d kernels.
+"""Packed (varlen) sequence bookkeeping shared by the GDN, SSD and conv1d kernels.
 
 Tokens of N sequences are packed along one axis of length T; ``cu_seqlens`` (int32[N+1],
 ``cu[0] = 0``, non-decreasing, ``cu[N] = T``) gives their boundaries. Sequences may be empty.
@@ -7,8 +7,8 @@ static. Values are validated when ``cu_seqlens`` is concrete.
 
 Chunk layout: every sequence is cut into chunks of ``chunk_size`` tokens that never straddle two
 sequences; the last chunk of a sequence is padded. Chunks of all sequences are numbered
-consecutively (sequence 0 first); there are at most ``num_chunks = (T + N*(C-1)) // C`` of them,
-unused trailing chunk ids are pure padding.
+consecutively (sequence 0 first); there are at most ``max_chunks = (T + N*(C-1)) // C`` of them
+(callers may ask for more slots); unused trailing chunk slots are pure padding.
 """
 
 from __future__ import annotations
@@ -88,60 +88,109 @@ def resolve_checkpoints(
   return int(checkpoint_every), int(max_checkpoints)
 
 
+def max_chunks(num_tokens: int, num_seqs: int, chunk_size: int) -> int:
+  """Tight static bound ``max(1, (T + N*(C-1)) // C)`` on the number of chunks."""
+  return max(1, (num_tokens + num_seqs * (chunk_size - 1)) // chunk_size)
+
+
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
-  """Chunk tables for packed sequences (all arrays int32).
+  """Chunk tables for packed sequences (all arrays int32 unless noted).
 
   Attributes:
-    num_chunks: static bound on the number of chunks (padding chunks included).
-    chunk_size: C.
-    seq_chunk_start: [N] id of each sequence's first chunk.
-    seq_num_chunks: [N] ceil(L_n / C).
-    chunk_seq: [num_chunks] owning sequence (N for padding chunks).
-    chunk_is_first: [num_chunks] bool, first chunk of its sequence (True for padding chunks).
-    gather_index: [num_chunks * C] source token for each chunk slot, T for padding slots.
-    token_slot: [T] flat chunk slot (chunk * C + offset) of each token.
+    chunk_size: C (static).
+    num_tokens: T (static).
+    seq: [NC] owning sequence of each chunk slot (N for unused padding slots).
+    start: [NC] global index of the chunk's first token (0 for unused slots).
+    length: [NC] valid tokens in the chunk (0..C; 0 for unused slots).
+    local: [NC] index of the chunk within its sequence (0 for unused slots).
+    first: [N] chunk slot of each sequence's first chunk.
+    count: [N] chunks of each sequence, ceil(L_n / C).
+    lengths: [N] sequence lengths L_n.
+    token_chunk: [T] chunk slot of every token (None unless built ``with_tokens``).
+    token_pos: [T] position of every token inside its chunk (None unless ``with_tokens``).
   """
 
-  num_chunks: int
   chunk_size: int
-  seq_chunk_start: jax.Array
-  seq_num_chunks: jax.Array
-  chunk_seq: jax.Array
-  chunk_is_first: jax.Array
-  gather_index: jax.Array
-  token_slot: jax.Array
+  num_tokens: int
+  seq: jax.Array
+  start: jax.Array
+  length: jax.Array
+  local: jax.Array
+  first: jax.Array
+  count: jax.Array
+  lengths: jax.Array
+  token_chunk: jax.Array | None
+  token_pos: jax.Array | None
+
+  @property
+  def num_chunks(self) -> int:
+    """NC, the static number of chunk slots (padding slots included)."""
+    return self.seq.shape[0]
+
+  @property
+  def chunk_is_first(self) -> jax.Array:
+    """[NC] bool: first chunk of its sequence (True for padding slots)."""
+    return (self.local == 0) | (self.seq >= self.first.shape[0])
+
+  @property
+  def gather_index(self) -> jax.Array:
+    """[NC * C] source token of each chunk row, T for padding rows."""
+    offs = jnp.arange(self.chunk_size, dtype=jnp.int32)
+    tok = self.start[:, None] + offs[None, :]
+    return jnp.where(offs[None, :] < self.length[:, None], tok, self.num_tokens).reshape(-1)
+
+  @property
+  def token_slot(self) -> jax.Array:
+    """[T] flat chunk row (chunk * C + offset) of every token; needs ``with_tokens``."""
+    return self.token_chunk * self.chunk_size + self.token_pos
 
 
-def chunk_layout(cu: jax.Array, num_seqs: int, num_tokens: int, chunk_size: int) -> ChunkLayout:
-  """Builds the chunk tables for ``cu`` (int32[N+1]); jittable."""
+def chunk_layout(
+  cu: jax.Array,
+  num_tokens: int,
+  chunk_size: int,
+  *,
+  num_chunks: int | None = None,
+  with_tokens: bool = True,
+) -> ChunkLayout:
+  """Builds the chunk tables for ``cu`` (int32[N+1], cu[0]=0, cu[N]=T); jittable.
+
+  ``num_chunks`` (static) defaults to ``max_chunks(T, N, C)``; a larger value adds unused
+  padding slots. ``with_tokens=False`` skips the per-token tables.
+  """
   c = chunk_size
-  num_chunks = max(1, (num_tokens + num_seqs * (c - 1)) // c)
+  cu = cu.astype(jnp.int32)
+  n = cu.shape[0] - 1
+  nc = max_chunks(num_tokens, n, c) if num_chunks is None else num_chunks
   lengths = cu[1:] - cu[:-1]
-  n_chunks = (lengths + c - 1) // c
-  chunk_start = jnp.concatenate([jnp.zeros([1], jnp.int32), jnp.cumsum(n_chunks)[:-1]])
-  chunk_ids = jnp.arange(num_chunks, dtype=jnp.int32)
-  chunk_end = chunk_start + n_chunks
-  chunk_seq = jnp.searchsorted(chunk_end, chunk_ids, side="right").astype(jnp.int32)
-  valid_chunk = chunk_seq < num_seqs
-  seq_c = jnp.minimum(chunk_seq, num_seqs - 1)
-  local = chunk_ids - chunk_start[seq_c]
-  tok0 = cu[seq_c] + local * c
-  offs = jnp.arange(c, dtype=jnp.int32)
-  tok = tok0[:, None] + offs[None, :]
-  valid = valid_chunk[:, None] & (tok < cu[seq_c + 1][:, None])
-  gather_index = jnp.where(valid, tok, num_tokens).reshape(-1)
-  seq, pos = token_positions(cu, num_tokens)
-  token_slot = (chunk_start[seq] + pos // c) * c + pos % c
+  count = (lengths + c - 1) // c
+  ends = jnp.cumsum(count)
+  first = ends - count
+  slots = jnp.arange(nc, dtype=jnp.int32)
+  # compare_all: one fused [NC, N] compare (the default scan method is a device while loop).
+  seq = jnp.searchsorted(ends, slots, side="right", method="compare_all").astype(jnp.int32)
+  used = seq < n
+  seq_c = jnp.minimum(seq, n - 1)
+  local = jnp.where(used, slots - first[seq_c], 0)
+  token_chunk = token_pos = None
+  if with_tokens:
+    tseq, tloc = token_positions(cu, num_tokens)
+    token_chunk = (first[tseq] + tloc // c).astype(jnp.int32)
+    token_pos = (tloc % c).astype(jnp.int32)
+  i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
   return ChunkLayout(
-    num_chunks=num_chunks,
     chunk_size=c,
-    seq_chunk_start=chunk_start.astype(jnp.int32),
-    seq_num_chunks=n_chunks.astype(jnp.int32),
-    chunk_seq=chunk_seq,
-    chunk_is_first=(local == 0) | ~valid_chunk,
-    gather_index=gather_index,
-    token_slot=token_slot.astype(jnp.int32),
+    num_tokens=num_tokens,
+    seq=seq,
+    start=i32(jnp.where(used, cu[seq_c] + local * c, 0)),
+    length=i32(jnp.where(used, jnp.clip(lengths[seq_c] - local * c, 0, c), 0)),
+    local=i32(local),
+    first=i32(first),
+    count=i32(count),
+    lengths=i32(lengths),
+    token_chunk=token_chunk,
+    token_pos=token_pos,
   )
 
 

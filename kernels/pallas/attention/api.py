@@ -9,29 +9,14 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from kernels.pallas import validation
 from kernels.pallas.attention import pallas_gpu
 from kernels.pallas.attention import reference
 from kernels.pallas.common import resolve_implementation
 
 
-def _concrete(x):
-  """``x`` as numpy, or None when traced."""
-  if x is None:
-    return None
-  try:
-    return np.asarray(x)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return None
-
-
 def _shape_error(name, want, got):
   raise ValueError(f"{name} must have shape {want}, got shape {tuple(got)}")
-
-
-def _int_dtype(name, x):
-  dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
-  if not np.issubdtype(dtype, np.integer):
-    raise ValueError(f"{name} must be an integer array (int32), got dtype {dtype}")
 
 
 def _first_bad(name, values, bad, allowed):
@@ -63,10 +48,10 @@ def _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, wind
   if np.ndim(block_tables) != 2:
     _shape_error("block_tables", "[N, max_blocks]", np.shape(block_tables))
   n, max_blocks = block_tables.shape
-  _int_dtype("block_tables", block_tables)
+  validation.check_int("block_tables", block_tables)
   if np.shape(seq_lens) != (n,):
     _shape_error("seq_lens", f"[{n}] (one per block_tables row)", np.shape(seq_lens))
-  _int_dtype("seq_lens", seq_lens)
+  validation.check_int("seq_lens", seq_lens)
   if query_start_loc is None:
     if num_tokens != n:
       raise ValueError(
@@ -76,14 +61,14 @@ def _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, wind
   else:
     if np.shape(query_start_loc) != (n + 1,):
       _shape_error("query_start_loc", f"[{n + 1}] (N+1)", np.shape(query_start_loc))
-    _int_dtype("query_start_loc", query_start_loc)
+    validation.check_int("query_start_loc", query_start_loc)
   if window is not None and (not isinstance(window, (int, np.integer)) or window < 1):
     raise ValueError(f"window={window!r} must be None or a Python int >= 1")
   if scale is not None and not isinstance(scale, (int, float, np.floating)):
     raise ValueError(f"scale={scale!r} must be None or a Python float")
 
-  lens = _concrete(seq_lens)
-  qsl = np.arange(n + 1) if query_start_loc is None else _concrete(query_start_loc)
+  lens = validation.concrete(seq_lens)
+  qsl = np.arange(n + 1) if query_start_loc is None else validation.concrete(query_start_loc)
   capacity = max_blocks * block_size
   if lens is not None:
     _first_bad("seq_lens", lens, (lens < 0) | (lens > capacity), f"[0, {capacity}]")
@@ -107,7 +92,7 @@ def _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, wind
           f"query_start_loc: sequence {k} has {int(steps[k])} queries but seq_lens[{k}]="
           f"{int(lens[k])}; queries must be the last q_len <= seq_len positions"
         )
-  bt = _concrete(block_tables)
+  bt = validation.concrete(block_tables)
   if bt is not None and lens is not None:
     used = np.arange(max_blocks)[None, :] < -(-lens[:, None] // block_size)
     if window is not None and qsl is not None:
@@ -219,12 +204,12 @@ def write_kv(k_pages, v_pages, k, v, slot_mapping):
   num_blocks, block_size, num_kv_heads, head_dim = k_pages.shape
   if np.ndim(slot_mapping) != 1:
     _shape_error("slot_mapping", "[T]", np.shape(slot_mapping))
-  _int_dtype("slot_mapping", slot_mapping)
+  validation.check_int("slot_mapping", slot_mapping)
   t = np.shape(slot_mapping)[0]
   for name, x in (("k", k), ("v", v)):
     if tuple(np.shape(x)) != (t, num_kv_heads, head_dim):
       _shape_error(name, f"[{t}, {num_kv_heads}, {head_dim}] (T, H_kv, D)", np.shape(x))
-  slots = _concrete(slot_mapping)
+  slots = validation.concrete(slot_mapping)
   total = num_blocks * block_size
   if slots is not None:
     _first_bad("slot_mapping", slots, (slots < -1) | (slots >= total), f"[-1, {total})")

@@ -7,22 +7,24 @@ State semantics (kernels.md §1.5): the conv state after p tokens is the last K-
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from kernels.pallas import common
 from kernels.pallas import packing
+from kernels.pallas import validation
 from kernels.pallas.conv1d import pallas_gpu
 from kernels.pallas.conv1d import reference
 
 
 def _validate(x, weight, bias, activation):
+  """Checks x [T, D] (or [Nb, D]), weight [D, K >= 2], bias [D] (all float), activation."""
+  for name, v in (("x", x), ("weight", weight), ("bias", bias)):
+    validation.check_float(name, v)
   if x.ndim != 2:
     raise ValueError(f"x must have shape [T, D], got {tuple(x.shape)}")
   d = x.shape[1]
   if weight.ndim != 2 or weight.shape[0] != d or weight.shape[1] < 2:
     raise ValueError(f"weight has shape {tuple(weight.shape)}; expected [{d}, K] with K >= 2")
-  if bias is not None and bias.shape != (d,):
-    raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({d},)")
+  if bias is not None:
+    validation.check_shape("bias", bias, (d,))
   if activation not in reference.ACTIVATIONS:
     raise ValueError(f"activation={activation!r} not in {reference.ACTIVATIONS}")
   return d, weight.shape[1]
@@ -70,10 +72,9 @@ def causal_conv1d(
   t_total = x.shape[0]
   _, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
   packing.resolve_checkpoints(checkpoint_every, max_checkpoints, t_total, cu_seqlens, None)
-  if conv_state is not None and conv_state.shape != (n_seq, d, k - 1):
-    raise ValueError(
-      f"conv_state has shape {tuple(conv_state.shape)}; expected {(n_seq, d, k - 1)}"
-    )
+  if conv_state is not None:
+    validation.check_shape("conv_state", conv_state, (n_seq, d, k - 1))
+    validation.check_float("conv_state", conv_state)
   kwargs = dict(
     conv_state=conv_state,
     cu_seqlens=cu_seqlens,
@@ -103,7 +104,8 @@ def causal_conv1d_update(
     x_t: [Nb, D]; weight: [D, K]; bias: optional [D].
     state_pool: [slots, D, K-1]; donate it under jit for an in-place update.
     read_indices, write_indices: int32 [Nb] source / destination slots (distinct across
-      sequences; a sequence may read and write the same slot).
+      sequences; a sequence may read and write the same slot; a ValueError when concrete
+      indices break this).
 
   Returns:
     (y [Nb, D] in x_t.dtype, new_pool) where the window [state ; x_t] drops its oldest row.
@@ -111,21 +113,11 @@ def causal_conv1d_update(
   impl = common.resolve_implementation(implementation)
   d, k = _validate(x_t, weight, bias, activation)
   nb = x_t.shape[0]
-  if state_pool.ndim != 3 or state_pool.shape[1:] != (d, k - 1):
-    raise ValueError(
-      f"state_pool has shape {tuple(state_pool.shape)}; expected [slots, {d}, {k - 1}]"
-    )
-  for name, idx in (("read_indices", read_indices), ("write_indices", write_indices)):
-    if idx.shape != (nb,):
-      raise ValueError(f"{name} has shape {tuple(idx.shape)}; expected ({nb},)")
-    if not jnp.issubdtype(idx.dtype, jnp.integer):
-      raise ValueError(f"{name} has dtype {idx.dtype}; expected an integer dtype")
-    if packing.is_concrete(idx):
-      lo, hi = int(jnp.min(idx)), int(jnp.max(idx))
-      if lo < 0 or hi >= state_pool.shape[0]:
-        raise ValueError(
-          f"{name} values in [{lo}, {hi}] out of range [0, {state_pool.shape[0] - 1}]"
-        )
+  validation.check_pool("state_pool", state_pool, (d, k - 1))
+  validation.check_float("state_pool", state_pool)
+  validation.check_slot_indices("read_indices", read_indices, nb, state_pool.shape[0])
+  validation.check_slot_indices("write_indices", write_indices, nb, state_pool.shape[0])
+  validation.check_decode_slots(read_indices, write_indices)
   if impl == "xla":
     y, new = reference.conv_update_xla(x_t, weight, bias, state_pool[read_indices], activation)
     return y, state_pool.at[write_indices].set(new.astype(state_pool.dtype))

@@ -94,13 +94,9 @@ def causal_conv1d(
   """Pallas conv prefill; same contract as ``api.causal_conv1d`` (inputs assumed validated)."""
   t_total, d = x.shape
   k = weight.shape[1]
-  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
-  every, m = packing.resolve_checkpoints(
-    checkpoint_every, max_checkpoints, t_total, cu_seqlens, None
+  cu, n_seq, every, m, conv_state = reference.prepare(
+    x, weight, conv_state, cu_seqlens, checkpoint_every, max_checkpoints
   )
-  if conv_state is None:
-    conv_state = jnp.zeros((n_seq, d, k - 1), x.dtype)
-  conv_state = conv_state.astype(x.dtype)
   if t_total == 0:
     y = jnp.zeros((0, d), x.dtype)
   else:

@@ -123,6 +123,22 @@ def conv_states_and_checkpoints(x, conv_state, cu, every: int, m: int):
   return final, (jnp.where(ok, ck, 0).astype(x.dtype), counts)
 
 
+def prepare(x, weight, conv_state, cu_seqlens, checkpoint_every, max_checkpoints):
+  """Host-side setup shared by the XLA and Pallas prefills.
+
+  Returns (int32 cu [N+1], N, every (0: none), M, conv_state [N, D, K-1] in x.dtype, zeros
+  when None).
+  """
+  t_total, d = x.shape
+  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
+  every, m = packing.resolve_checkpoints(
+    checkpoint_every, max_checkpoints, t_total, cu_seqlens, None
+  )
+  if conv_state is None:
+    conv_state = jnp.zeros((n_seq, d, weight.shape[1] - 1), x.dtype)
+  return cu, n_seq, every, m, conv_state.astype(x.dtype)
+
+
 def conv_xla(
   x,
   weight,
@@ -140,12 +156,9 @@ def conv_xla(
   """
   t_total, d = x.shape
   k = weight.shape[1]
-  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
-  every, m = packing.resolve_checkpoints(
-    checkpoint_every, max_checkpoints, t_total, cu_seqlens, None
+  cu, n_seq, every, m, conv_state = prepare(
+    x, weight, conv_state, cu_seqlens, checkpoint_every, max_checkpoints
   )
-  if conv_state is None:
-    conv_state = jnp.zeros((n_seq, d, k - 1), x.dtype)
   seq, pos = packing.token_positions(cu, t_total)
   w = weight.astype(jnp.float32)
   acc = jnp.zeros((t_total, d), jnp.float32)

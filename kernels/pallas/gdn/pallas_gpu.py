@@ -41,7 +41,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas.gdn import layout as layout_lib
+from kernels.pallas.gdn import reference
 
 CHUNK = 64
 _INVERSES = ("blocked", "product")
@@ -331,7 +331,7 @@ def chunk_gated_delta_rule_pallas(
   h_k, d_k = q.shape[1:]
   n = initial_state.shape[0]
   cdt = v.dtype
-  lay = layout_lib.chunk_layout(cu_seqlens, t, CHUNK, with_tokens=False)
+  lay = reference.chunk_layout(cu_seqlens, t, CHUNK, with_tokens=False)
   nc = lay.seq.shape[0]
   if stop_after == "layout":
     return dataclasses.astuple(lay)

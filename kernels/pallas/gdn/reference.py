@@ -14,11 +14,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels.pallas.gdn import layout as layout_lib
+from kernels.pallas import packing
 
 CHUNK = 64
 _HI = lax.Precision.HIGHEST
 _EPS = 1e-6
+
+
+def chunk_layout(cu_seqlens: jax.Array, num_tokens: int, chunk: int = CHUNK, with_tokens=True):
+  """GDN chunk tables: ``packing.chunk_layout`` with the loose static bound ``T // C + N``
+  chunk slots (the slot count the Pallas kernels were tuned and GPU-verified with)."""
+  n = cu_seqlens.shape[0] - 1
+  return packing.chunk_layout(
+    cu_seqlens, num_tokens, chunk, num_chunks=num_tokens // chunk + n, with_tokens=with_tokens
+  )
 
 
 def l2norm(x: jax.Array) -> jax.Array:
@@ -172,7 +181,7 @@ def chunk_gated_delta_rule_xla(
   t, h_v, d_v = v.shape
   d_k = q.shape[-1]
   n = initial_state.shape[0]
-  lay = layout_lib.chunk_layout(cu_seqlens, t, chunk)
+  lay = chunk_layout(cu_seqlens, t, chunk)
   qn, kn = prepare_qk(q, k, h_v, scale)
   pos = jnp.arange(chunk, dtype=jnp.int32)
   idx = lay.start[:, None] + pos[None, :]

@@ -12,34 +12,31 @@ import jax.numpy as jnp
 
 from kernels.pallas import common
 from kernels.pallas import packing
+from kernels.pallas import validation
 from kernels.pallas.ssd import pallas_gpu
 from kernels.pallas.ssd import reference
 
 
-def _shape_err(name, value, want):
-  return ValueError(f"{name} has shape {tuple(value.shape)}; expected {want}")
-
-
 def _validate_common(x, dt, A, B, C, D, dt_bias, lead: tuple[int, ...]):
-  """Checks x [*lead, H, P], dt [*lead, H], A [H], B/C [*lead, G, N], D/dt_bias [H]."""
+  """Checks x [*lead, H, P], dt [*lead, H], A [H], B/C [*lead, G, N], D/dt_bias [H] (float)."""
   nl = len(lead)
+  for name, v in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D)):
+    validation.check_float(name, v)
+  validation.check_float("dt_bias", dt_bias)
   if x.ndim != nl + 2:
     raise ValueError(f"x must have rank {nl + 2} [..., H, P], got shape {tuple(x.shape)}")
   h, p = x.shape[nl:]
-  if dt.shape != lead + (h,):
-    raise _shape_err("dt", dt, lead + (h,))
-  if A.shape != (h,):
-    raise _shape_err("A", A, (h,))
+  validation.check_shape("dt", dt, lead + (h,))
+  validation.check_shape("A", A, (h,))
   if B.ndim != nl + 2 or B.shape[:nl] != lead:
-    raise _shape_err("B", B, lead + ("G", "N"))
-  if C.shape != B.shape:
-    raise _shape_err("C", C, tuple(B.shape))
+    validation.check_shape("B", B, lead + ("G", "N"))
+  validation.check_shape("C", C, B.shape)
   g, n = B.shape[nl:]
   if g < 1 or h % g:
     raise ValueError(f"B/C groups G={g} must divide the number of heads H={h}")
   for name, v in (("D", D), ("dt_bias", dt_bias)):
-    if v is not None and v.shape != (h,):
-      raise _shape_err(name, v, (h,))
+    if v is not None:
+      validation.check_shape(name, v, (h,))
   return h, p, g, n
 
 
@@ -71,7 +68,8 @@ def chunk_scan(
     D: optional [H] skip weight (y += D * x).
     dt_bias: optional [H] added to dt before softplus.
     dt_softplus: apply softplus to dt + dt_bias.
-    initial_state: optional [N_seq, H, P, N] state entering each sequence (zeros when None).
+    initial_state: optional [N_seq, H, P, N] fp32 state entering each sequence (zeros when
+      None).
     cu_seqlens: optional int32 [N_seq + 1] sequence boundaries (cu[0]=0, cu[-1]=T); None means
       one sequence. May be traced under jit.
     checkpoint_every: None or a positive multiple of chunk_size: also return the state after
@@ -102,8 +100,9 @@ def chunk_scan(
     raise ValueError(f"chunk_size={chunk_size} must be a power of two >= 16 for Pallas")
   _, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
   packing.resolve_checkpoints(checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size)
-  if initial_state is not None and initial_state.shape != (n_seq, h, p, n):
-    raise _shape_err("initial_state", initial_state, (n_seq, h, p, n))
+  if initial_state is not None:
+    validation.check_shape("initial_state", initial_state, (n_seq, h, p, n))
+    validation.check_dtype("initial_state", initial_state, jnp.float32)
   kwargs = dict(
     D=D,
     dt_bias=dt_bias,
@@ -120,21 +119,11 @@ def chunk_scan(
 
 
 def _validate_pool(state_pool, h, p, n, read_indices, write_indices, batch):
-  if state_pool.ndim != 4 or state_pool.shape[1:] != (h, p, n):
-    raise _shape_err("state_pool", state_pool, ("slots", h, p, n))
-  for name, idx in (("read_indices", read_indices), ("write_indices", write_indices)):
-    if idx is None:
-      continue
-    if idx.shape != (batch,):
-      raise _shape_err(name, idx, (batch,))
-    if not jnp.issubdtype(idx.dtype, jnp.integer):
-      raise ValueError(f"{name} has dtype {idx.dtype}; expected an integer dtype")
-    if packing.is_concrete(idx):
-      lo, hi = int(jnp.min(idx)), int(jnp.max(idx))
-      if lo < 0 or hi >= state_pool.shape[0]:
-        raise ValueError(
-          f"{name} values in [{lo}, {hi}] out of range [0, {state_pool.shape[0] - 1}]"
-        )
+  validation.check_pool("state_pool", state_pool, (h, p, n), jnp.float32)
+  validation.check_slot_indices("read_indices", read_indices, batch, state_pool.shape[0])
+  if write_indices is not None:
+    validation.check_slot_indices("write_indices", write_indices, batch, state_pool.shape[0])
+    validation.check_decode_slots(read_indices, write_indices)
 
 
 def ssd_decode(
@@ -159,7 +148,8 @@ def ssd_decode(
     state_pool: [slots, H, P, N] fp32; donate it under jit for an in-place update.
     read_indices: int32 [Nb] slot holding each sequence's state before the token.
     write_indices: int32 [Nb] slot receiving the state after the token (may equal the read
-      slot of the same sequence; must not equal another sequence's read or write slot).
+      slot of the same sequence; must not equal another sequence's read or write slot: a
+      ValueError when the indices are concrete).
 
   Returns:
     (y [Nb, H, P] in x.dtype, new_pool [slots, H, P, N] fp32).

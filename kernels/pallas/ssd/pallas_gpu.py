@@ -190,17 +190,12 @@ def ssd_chunk_scan(
   g, n = B.shape[-2:]
   bp = _block_p(p, block_p)
   _check_pow2(chunk_size=chunk_size, state_size=n, block_p=bp)
-  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
-  every, m = packing.resolve_checkpoints(
-    checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size
-  )
+  cu, n_seq, every, m, dtp, a32, initial_state = reference.prepare_prefill(
+    x, dt, A, B, dt_bias, dt_softplus, initial_state, cu_seqlens, checkpoint_every,
+    max_checkpoints, chunk_size,
+  )  # fmt: skip
   q = chunk_size
-  dtp = reference.process_dt(dt, dt_bias, dt_softplus)
-  a32 = A.astype(jnp.float32)
   d32 = jnp.zeros((h,), jnp.float32) if D is None else D.astype(jnp.float32)
-  if initial_state is None:
-    initial_state = jnp.zeros((n_seq, h, p, n), jnp.float32)
-  initial_state = initial_state.astype(jnp.float32)
   lengths = cu[1:] - cu[:-1]
   ck_count = jnp.minimum(lengths // every, m).astype(jnp.int32) if every else lengths * 0
   if t_total == 0:
@@ -208,7 +203,7 @@ def ssd_chunk_scan(
     return jnp.zeros(x.shape, x.dtype), initial_state, (states, ck_count)
 
   if algorithm == "parallel":
-    lay = packing.chunk_layout(cu, n_seq, t_total, q)
+    lay = packing.chunk_layout(cu, t_total, q)
     dtc = packing.to_chunks(dtp, lay).reshape(lay.num_chunks * q, h).T  # [H, NC*C], small
     y, final, states = _parallel_scan(
       lay, ck_count, a32, d32, x, dtc, B.astype(x.dtype), C.astype(x.dtype), initial_state,
@@ -430,7 +425,7 @@ def _parallel_scan(
     compiler_params=_compiler_params(4, 1),
     interpret=interpret,
     name="ssd_state_pass",
-  )(lay.seq_chunk_start, lay.seq_num_chunks, ck_count, jnp.exp(alast), s_loc, init)
+  )(lay.first, lay.count, ck_count, jnp.exp(alast), s_loc, init)
   h_in, final = outs[0], outs[1]
   states = outs[2] if max_ckpt else jnp.zeros((n_seq, 0, h, p, n), jnp.float32)
   y = pl.pallas_call(

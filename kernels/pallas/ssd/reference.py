@@ -13,6 +13,8 @@ that sequence.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,6 +124,36 @@ def _oracle_scan(x, dtp, A, B, C, D, initial_state, seq, is_start):
   return y, per_tok
 
 
+class Prefill(NamedTuple):
+  """Host-side setup shared by the chunked XLA and Pallas prefills."""
+
+  cu: jax.Array  # int32 [N+1]
+  n_seq: int
+  every: int  # 0: no checkpoints
+  max_ckpt: int  # M
+  dtp: jax.Array  # fp32 [T, H], processed dt
+  a32: jax.Array  # fp32 [H]
+  initial_state: jax.Array  # fp32 [N, H, P, N_state]
+
+
+def prepare_prefill(
+  x, dt, A, B, dt_bias, dt_softplus, initial_state, cu_seqlens, checkpoint_every,
+  max_checkpoints, chunk_size,
+) -> Prefill:  # fmt: skip
+  """Resolves cu_seqlens and checkpoint slots, processes dt, defaults/casts the initial state."""
+  t_total, h, p = x.shape
+  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
+  every, m = packing.resolve_checkpoints(
+    checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size
+  )
+  if initial_state is None:
+    initial_state = jnp.zeros((n_seq, h, p, B.shape[-1]), jnp.float32)
+  return Prefill(
+    cu, n_seq, every, m, process_dt(dt, dt_bias, dt_softplus), A.astype(jnp.float32),
+    initial_state.astype(jnp.float32),
+  )  # fmt: skip
+
+
 def ssd_chunked(
   x,
   dt,
@@ -145,18 +177,14 @@ def ssd_chunked(
   t_total, h, p = x.shape
   g, n_state = B.shape[-2], B.shape[-1]
   r = h // g
-  cu, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
-  every, m = packing.resolve_checkpoints(
-    checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size
-  )
-  lay = packing.chunk_layout(cu, n_seq, t_total, chunk_size)
+  cu, n_seq, every, m, dtp, A32, initial_state = prepare_prefill(
+    x, dt, A, B, dt_bias, dt_softplus, initial_state, cu_seqlens, checkpoint_every,
+    max_checkpoints, chunk_size,
+  )  # fmt: skip
+  (D32,) = _f32(D)
+  lay = packing.chunk_layout(cu, t_total, chunk_size)
   nc, q = lay.num_chunks, chunk_size
-  if initial_state is None:
-    initial_state = jnp.zeros((n_seq, h, p, n_state), jnp.float32)
-  initial_state = initial_state.astype(jnp.float32)
-  A32, D32 = _f32(A, D)
 
-  dtp = process_dt(dt, dt_bias, dt_softplus)
   xc = packing.to_chunks(x.astype(jnp.float32), lay).reshape(nc, q, g, r, p)
   dtc = packing.to_chunks(dtp, lay).reshape(nc, q, g, r)  # padding slots: dt = 0
   bc = packing.to_chunks(B.astype(jnp.float32), lay)  # [nc, q, g, n]
@@ -178,9 +206,9 @@ def ssd_chunked(
     return h_out, h_out
 
   h0 = jnp.zeros((g, r, p, n_state), jnp.float32)
-  _, h_out = jax.lax.scan(pass_state, h0, (lay.chunk_is_first, lay.chunk_seq, decay, s_loc))
-  init_c = initial_state[jnp.minimum(lay.chunk_seq, n_seq - 1)].reshape(nc, g, r, p, n_state)
-  init_c = jnp.where((lay.chunk_seq < n_seq)[:, None, None, None, None], init_c, 0.0)
+  _, h_out = jax.lax.scan(pass_state, h0, (lay.chunk_is_first, lay.seq, decay, s_loc))
+  init_c = initial_state[jnp.minimum(lay.seq, n_seq - 1)].reshape(nc, g, r, p, n_state)
+  init_c = jnp.where((lay.seq < n_seq)[:, None, None, None, None], init_c, 0.0)
   prev = jnp.concatenate([h0[None], h_out[:-1]], 0)
   h_in = jnp.where(lay.chunk_is_first[:, None, None, None, None], init_c, prev)
 
@@ -199,9 +227,9 @@ def ssd_chunked(
   y = packing.from_chunks(y.reshape(nc, q, h, p), lay).astype(x.dtype)
 
   h_out = h_out.reshape(nc, h, p, n_state)
-  last = lay.seq_chunk_start + lay.seq_num_chunks - 1
+  last = lay.first + lay.count - 1
   final = jnp.where(
-    (lay.seq_num_chunks > 0)[:, None, None, None], h_out[jnp.maximum(last, 0)], initial_state
+    (lay.count > 0)[:, None, None, None], h_out[jnp.maximum(last, 0)], initial_state
   )
   states, counts = gather_checkpoints(h_out, lay, cu, every, m)
   return y, final, (states, counts)
@@ -216,7 +244,7 @@ def gather_checkpoints(h_out, lay: packing.ChunkLayout, cu, every: int, m: int):
   counts = jnp.minimum(lengths // every, m).astype(jnp.int32)
   per = every // lay.chunk_size
   j = jnp.arange(m, dtype=jnp.int32)
-  idx = lay.seq_chunk_start[:, None] + (j[None, :] + 1) * per - 1
+  idx = lay.first[:, None] + (j[None, :] + 1) * per - 1
   ok = j[None, :] < counts[:, None]
   idx = jnp.clip(jnp.where(ok, idx, 0), 0, h_out.shape[0] - 1)
   states = h_out[idx]

@@ -11,19 +11,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from kernels.pallas import validation
 from kernels.pallas.common import resolve_implementation
 from kernels.pallas.state_copy import pallas_gpu
 from kernels.pallas.state_copy import reference
-
-
-def _concrete(x):
-  """Returns ``x`` as a numpy array, or None when it is a tracer (values unknown)."""
-  if x is None:
-    return None
-  try:
-    return np.asarray(x)
-  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-    return None
 
 
 def _check_index_array(name, x, n):
@@ -31,9 +22,7 @@ def _check_index_array(name, x, n):
   if len(shape) != 1 or (n is not None and shape[0] != n):
     want = "[n]" if n is None else f"[{n}]"
     raise ValueError(f"{name} must have shape {want} (one entry per copy), got shape {shape}")
-  dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
-  if not np.issubdtype(dtype, np.integer):
-    raise ValueError(f"{name} must be an integer array (int32), got dtype {dtype}")
+  validation.check_int(name, x)
 
 
 def _check_range(name, values, mask, lo, hi):
@@ -45,18 +34,18 @@ def _check_range(name, values, mask, lo, hi):
 
 def _validate_concrete(src, dst, layers, shifts, num_layers, num_slots, num_rows):
   """Checks concrete index values; see ``copy_state_slots`` for the rules."""
-  s, d = _concrete(src), _concrete(dst)
+  s, d = validation.concrete(src), validation.concrete(dst)
   if s is None or d is None:
     return
   pad = (s == -1) & (d == -1)
   real = ~pad
   _check_range("src", s, real, 0, num_slots)
   _check_range("dst", d, real, 0, num_slots)
-  lay = _concrete(layers)
+  lay = validation.concrete(layers)
   if layers is not None and lay is not None:
     _check_range("layers", lay, real, 0, num_layers)
   for k, sh in enumerate(shifts):
-    c = _concrete(sh)
+    c = validation.concrete(sh)
     if sh is not None and c is not None:
       c = np.broadcast_to(c, s.shape)
       _check_range(f"conv_shift (pool {k})", c, real, 0, num_rows[k])
