@@ -140,6 +140,9 @@ def test_update_after_prefill_matches_oracle(impl):
     (dict(checkpoint_every=-1), "checkpoint_every"),
     (dict(checkpoint_every=4, max_checkpoints=-2), "max_checkpoints"),
     (dict(implementation="triton"), "implementation"),
+    (dict(x=jnp.zeros((12, 16), jnp.int32)), "x has dtype int32"),
+    (dict(conv_state=jnp.zeros((1, 16, 3), jnp.int32)), "conv_state has dtype int32"),
+    (dict(cu_seqlens=np.array([0, 8, 4, 12], np.int32)), "cu_seqlens"),
   ],
 )
 def test_bad_inputs_raise(change, match):

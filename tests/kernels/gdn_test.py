@@ -288,6 +288,9 @@ def _bad_prefill_calls():
   yield "cu_seqlens", dict(ok, cu_seqlens=jnp.asarray([0, 40, 30, 64]))
   yield "initial_state", dict(ok, initial_state=jnp.zeros((2, 2, 64, 64)))
   yield "initial_state", dict(ok, initial_state=jnp.zeros((1, 2, 64, 64), jnp.bfloat16))
+  yield "max_checkpoints", dict(ok, max_checkpoints=2)
+  yield "max_checkpoints", dict(ok, checkpoint_every=64, max_checkpoints=-1)
+  yield "g", dict(ok, g=g.astype(jnp.int32))
   yield "implementation", dict(ok, implementation="cuda")
   yield "d_v", dict(ok, v=v[:, :, :48], implementation="interpret")
 

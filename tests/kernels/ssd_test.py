@@ -350,6 +350,10 @@ def _bad_kwargs():
     (dict(implementation="cuda"), "implementation"),
     (dict(implementation="interpret", chunk_size=24), "chunk_size"),
     (dict(checkpoint_every=16, max_checkpoints=-1), "max_checkpoints"),
+    (dict(max_checkpoints=2), "max_checkpoints"),
+    (dict(x=jnp.zeros((32, 2, 16), jnp.int32)), "x has dtype int32"),
+    (dict(dt=jnp.zeros((32, 2), jnp.int32)), "dt has dtype int32"),
+    (dict(initial_state=jnp.zeros((1, 2, 16, 16), jnp.bfloat16)), "initial_state has dtype"),
   ],
 )
 def test_bad_inputs_raise(change, match):
