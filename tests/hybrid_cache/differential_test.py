@@ -2,7 +2,8 @@
 
 Configs come from a small fixed set (jit caches are reused across examples); every operation's
 result (or ValueError), the pool counters, every active request's view and the state
-invariants are compared after each step. The extended version is marked slow.
+invariants are compared after each step. `TestDifferentialPinning` draws only the pinning
+configs (SPEC B1: window-drop pins, finish pins, demotion). The extended version is marked slow.
 """
 
 from __future__ import annotations
@@ -83,7 +84,30 @@ CONFIGS = (
     enable_prefix_caching=False,
     **_COMMON,
   ),
+  # pinning under pressure: finished prefixes fill the pinned tier, admissions demote them
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("swa", window=8)),
+    block_size=4,
+    num_blocks=16,
+    pinning=True,
+    **_COMMON,
+  ),
+  # pinning with EAGLE (SWA need + 1), unequal block sizes and a recurrent group
+  CacheConfig(
+    groups=(
+      GroupSpec("full", block_size=8),
+      GroupSpec("swa", block_size=4, window=4),
+      GroupSpec("mamba", block_size=8),
+    ),
+    block_size=4,
+    num_blocks=30,
+    use_eagle=True,
+    num_speculative_tokens=1,
+    pinning=True,
+    **_COMMON,
+  ),
 )
+PINNING_CONFIGS = tuple(i for i, c in enumerate(CONFIGS) if c.pinning)
 
 # Shrinking a stateful jax run is slow; set HC_SHRINK=1 to shrink a failure.
 _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
@@ -150,6 +174,20 @@ class DifferentialMachine(RuleBasedStateMachine):
 
   @precondition(lambda self: self._active())
   @rule(data=st.data())
+  def serve_and_free(self, data):
+    """Runs one request alone until its tokens are computed (or it stalls), then finishes it."""
+    name = data.draw(st.sampled_from(list(self._active())))
+    for _ in range(8):
+      view = self.ref.request_view(name)
+      if view.num_computed_tokens >= view.num_tokens:
+        break
+      kind, res = self._both(lambda m: m.schedule([ScheduleEntry(name)]))
+      if kind != "ok" or res.entries[0].scheduled_tokens == 0:
+        break
+    self._both(lambda m: m.free(name))
+
+  @precondition(lambda self: self._active())
+  @rule(data=st.data())
   def preempt(self, data):
     name = data.draw(st.sampled_from(list(self._active())))
     self._both(lambda m: m.preempt(name))
@@ -176,6 +214,20 @@ class DifferentialMachine(RuleBasedStateMachine):
 TestDifferential = DifferentialMachine.TestCase
 TestDifferential.settings = settings(
   max_examples=12, stateful_step_count=25, deadline=None, phases=_PHASES
+)
+
+
+class PinningMachine(DifferentialMachine):
+  """Only the pinning configs: window-drop pins, finish pins and demotion under pressure."""
+
+  @initialize(ci=st.sampled_from(PINNING_CONFIGS))
+  def setup(self, ci):
+    super().setup(ci)
+
+
+TestDifferentialPinning = PinningMachine.TestCase
+TestDifferentialPinning.settings = settings(
+  max_examples=8, stateful_step_count=30, deadline=None, phases=_PHASES
 )
 
 
