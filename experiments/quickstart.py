@@ -6,11 +6,9 @@ and `align` + Marconi admission; prints a table and saves `quickstart.png`.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from experiments import plotting
-from hybrid_cache import engine_workload
+from experiments import prefix_arms
 
 
 def format_table(arms: dict[str, dict[str, Any]]) -> str:
@@ -26,50 +24,16 @@ def format_table(arms: dict[str, dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def run(
-  workdir: str,
-  seed: int = 0,
-  model: str = "qwen35_tiny",
-  num_prompts: int = 8,
-  prefix_len: int = 250,
-  suffix_len: int = 20,
-  max_new_tokens: int = 4,
-  block_size: int = 16,
-  num_blocks: int = 256,
-  max_num_batched_tokens: int = 512,
-  max_model_len: int = 512,
-  cache_manager: str = "jax",
-  repeats: int = 1,
-  token_buckets: tuple[int, ...] | None = (32, 512),
-  progress: bool = True,
-) -> dict[str, Any]:
-  prompts = engine_workload.shared_prefix_prompts(seed, num_prompts, prefix_len, suffix_len)
-  common = dict(
-    block_size=block_size,
-    num_blocks=num_blocks,
-    max_num_batched_tokens=max_num_batched_tokens,
-    max_model_len=max_model_len,
-    max_requests=1,
-  )
-  arms = engine_workload.compare_arms(
-    model,
-    engine_workload.STANDARD_ARMS,
-    prompts,
-    max_new_tokens,
-    common=common,
-    seed=seed,
-    repeats=repeats,
-    concurrency=1,
-    engine_kwargs=dict(cache_manager=cache_manager, token_buckets=token_buckets, max_num_seqs=1),
-    progress=progress,
-  )
+def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
+  """Runs the three arms; ``params`` are `prefix_arms.ArmsSetup` fields (its defaults apply).
+
+  results.json: `model`, `seed`, `arms` = {off, align, align_marconi}, each with cached_tokens,
+  prefill_tokens_computed, wall_s, outputs_equal_to_off, speedup_vs_off, ...
+  """
+  s = prefix_arms.make_setup({}, params)
+  title = f"{s.model}: {s.num_prompts} prompts sharing a {s.prefix_len}-token prefix"
+  arms = prefix_arms.run_arms(workdir, seed, s, "quickstart.png", title)
   for a in arms.values():
     a["speedup_vs_off"] = arms["off"]["wall_s"] / a["wall_s"]
   print(format_table(arms))
-  plotting.bar_chart(
-    os.path.join(workdir, "quickstart.png"),
-    f"{model}: {num_prompts} prompts sharing a {prefix_len}-token prefix",
-    arms,
-    ["cached_tokens", "prefill_tokens_computed", "wall_s"],
-  )
-  return {"model": model, "seed": seed, "arms": arms}
+  return {"model": s.model, "seed": seed, "arms": arms}

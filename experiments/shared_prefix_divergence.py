@@ -12,74 +12,37 @@ prefill_tokens_computed, wall_s, outputs_equal_to_off, latency_ratio_vs_off, ...
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from experiments import plotting
-from hybrid_cache import engine_workload
+from experiments import prefix_arms
+
+# Overrides of the `prefix_arms.ArmsSetup` defaults (a longer prefix, more prompts, room for it).
+DEFAULTS: dict[str, Any] = dict(
+  num_prompts=20,
+  prefix_len=500,
+  suffix_len=24,
+  num_blocks=512,
+  max_num_batched_tokens=1024,
+  max_model_len=1024,
+  token_buckets=(32, 512, 1024),
+)
 
 
-def run(
-  workdir: str,
-  seed: int = 0,
-  model: str = "qwen35_tiny",
-  num_prompts: int = 20,
-  prefix_len: int = 500,
-  suffix_len: int = 24,
-  max_new_tokens: int = 4,
-  block_size: int = 16,
-  num_blocks: int = 512,
-  max_num_batched_tokens: int = 1024,
-  max_model_len: int = 1024,
-  concurrency: int = 1,
-  cache_manager: str = "jax",
-  repeats: int = 1,
-  token_buckets: tuple[int, ...] | None = (32, 512, 1024),
-  progress: bool = True,
-) -> dict[str, Any]:
-  prompts = engine_workload.shared_prefix_prompts(seed, num_prompts, prefix_len, suffix_len)
-  common = dict(
-    block_size=block_size,
-    num_blocks=num_blocks,
-    max_num_batched_tokens=max_num_batched_tokens,
-    max_model_len=max_model_len,
-    max_requests=max(concurrency, 1),
-  )
-  arms = engine_workload.compare_arms(
-    model,
-    engine_workload.STANDARD_ARMS,
-    prompts,
-    max_new_tokens,
-    common=common,
-    seed=seed,
-    repeats=repeats,
-    concurrency=concurrency,
-    engine_kwargs=dict(
-      cache_manager=cache_manager, token_buckets=token_buckets, max_num_seqs=concurrency
-    ),
-    progress=progress,
-  )
-  plotting.bar_chart(
-    os.path.join(workdir, "shared_prefix_divergence.png"),
-    f"{model}: {num_prompts} prompts, shared prefix {prefix_len}",
-    arms,
-    ["cached_tokens", "prefill_tokens_computed", "wall_s"],
-  )
+def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
+  """Runs the three arms; ``params`` are `prefix_arms.ArmsSetup` fields (defaults: DEFAULTS)."""
+  s = prefix_arms.make_setup(DEFAULTS, params)
+  title = f"{s.model}: {s.num_prompts} prompts, shared prefix {s.prefix_len}"
+  arms = prefix_arms.run_arms(workdir, seed, s, "shared_prefix_divergence.png", title)
   for name, a in arms.items():
     print(
       f"{name:14s} cached={a['cached_tokens']:6d} computed={a['prefill_tokens_computed']:6d} "
       f"wall={a['wall_s']:.3f}s ratio={a['latency_ratio_vs_off']:.3f} "
       f"equal={a['outputs_equal_to_off']}"
     )
+  workload = ("num_prompts", "prefix_len", "suffix_len", "max_new_tokens", "concurrency")
   return {
-    "model": model,
+    "model": s.model,
     "seed": seed,
-    "workload": dict(
-      num_prompts=num_prompts,
-      prefix_len=prefix_len,
-      suffix_len=suffix_len,
-      max_new_tokens=max_new_tokens,
-      concurrency=concurrency,
-    ),
+    "workload": {k: getattr(s, k) for k in workload},
     "arms": arms,
   }

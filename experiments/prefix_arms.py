@@ -1,0 +1,103 @@
+"""Shared part of the shared-prefix experiments (`quickstart`, `shared_prefix_divergence`).
+
+Both serve `num_prompts` prompts that share a `prefix_len`-token prefix (each followed by its own
+`suffix_len` random tokens) under the three standard cache arms (`off`, `align`,
+`align_marconi`, see `engine_workload.STANDARD_ARMS`), side by side on the same model, and plot
+cached tokens, computed prefill tokens and wall time per arm. An experiment is its defaults
+(a dict of `ArmsSetup` overrides) plus how it reports the arms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+
+from experiments import plotting
+from hybrid_cache import engine_workload
+
+PLOTTED = ["cached_tokens", "prefill_tokens_computed", "wall_s"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmsSetup:
+  """Workload and engine settings (every field is a gin-bindable `run` parameter).
+
+  Attributes:
+    model: model preset served by every arm.
+    num_prompts, prefix_len, suffix_len: the shared-prefix workload.
+    max_new_tokens: decode tokens per request.
+    block_size, num_blocks, max_num_batched_tokens, max_model_len: cache/engine sizes.
+    concurrency: requests in flight (1: one after another); also the engine's max_num_seqs.
+    cache_manager: "jax" (jitted core) or "reference" (host reference policy).
+    repeats: timed rounds after the warm-up round; the best round is reported.
+    token_buckets: padded step sizes of the jitted model step (None: engine default).
+    progress: print per-round progress.
+  """
+
+  model: str = "qwen35_tiny"
+  num_prompts: int = 8
+  prefix_len: int = 250
+  suffix_len: int = 20
+  max_new_tokens: int = 4
+  block_size: int = 16
+  num_blocks: int = 256
+  max_num_batched_tokens: int = 512
+  max_model_len: int = 512
+  concurrency: int = 1
+  cache_manager: str = "jax"
+  repeats: int = 1
+  token_buckets: tuple[int, ...] | None = (32, 512)
+  progress: bool = True
+
+
+def make_setup(defaults: Mapping[str, Any], params: Mapping[str, Any]) -> ArmsSetup:
+  """`ArmsSetup` from the experiment's defaults overridden by the caller's (gin) params.
+
+  Raises:
+    ValueError: a name that is not an `ArmsSetup` field.
+  """
+  fields = {f.name for f in dataclasses.fields(ArmsSetup)}
+  unknown = sorted(set(defaults) - fields) + sorted(set(params) - fields)
+  if unknown:
+    raise ValueError(f"unknown parameter(s) {unknown}; allowed: {sorted(fields)}")
+  return ArmsSetup(**{**dict(defaults), **dict(params)})
+
+
+def run_arms(
+  workdir: str, seed: int, setup: ArmsSetup, plot_name: str, title: str
+) -> dict[str, dict[str, Any]]:
+  """Serves the workload under the standard arms, saves `workdir/plot_name`; returns the arms.
+
+  Each arm's record has `cached_tokens`, `prefill_tokens_computed`, `wall_s`,
+  `outputs_equal_to_off`, `latency_ratio_vs_off`, ... (see `engine_workload.compare_arms`).
+  """
+  s = setup
+  logging.info("prefix arms setup (seed %d): %s", seed, s)
+  prompts = engine_workload.shared_prefix_prompts(seed, s.num_prompts, s.prefix_len, s.suffix_len)
+  common = dict(
+    block_size=s.block_size,
+    num_blocks=s.num_blocks,
+    max_num_batched_tokens=s.max_num_batched_tokens,
+    max_model_len=s.max_model_len,
+    max_requests=max(s.concurrency, 1),
+  )
+  arms = engine_workload.compare_arms(
+    s.model,
+    engine_workload.STANDARD_ARMS,
+    prompts,
+    s.max_new_tokens,
+    common=common,
+    seed=seed,
+    repeats=s.repeats,
+    concurrency=s.concurrency,
+    engine_kwargs=dict(
+      cache_manager=s.cache_manager, token_buckets=s.token_buckets, max_num_seqs=s.concurrency
+    ),
+    progress=s.progress,
+  )
+  plotting.bar_chart(os.path.join(workdir, plot_name), title, arms, PLOTTED)
+  return arms

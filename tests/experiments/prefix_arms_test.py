@@ -1,0 +1,39 @@
+"""The shared-prefix experiments' shared setup (experiments/prefix_arms.py) and table."""
+
+import dataclasses
+
+import pytest
+
+from experiments import prefix_arms
+from experiments import quickstart
+from experiments import shared_prefix_divergence
+
+
+def test_make_setup_layers_defaults_and_params():
+  s = prefix_arms.make_setup(shared_prefix_divergence.DEFAULTS, {"num_prompts": 3})
+  assert s.num_prompts == 3  # caller wins
+  assert s.prefix_len == 500 and s.token_buckets == (32, 512, 1024)  # experiment defaults
+  assert s.block_size == prefix_arms.ArmsSetup().block_size  # shared defaults
+  assert prefix_arms.make_setup({}, {}) == prefix_arms.ArmsSetup()
+
+
+def test_divergence_defaults_are_setup_fields():
+  names = {f.name for f in dataclasses.fields(prefix_arms.ArmsSetup)}
+  assert set(shared_prefix_divergence.DEFAULTS) <= names
+
+
+@pytest.mark.parametrize("params", [{"num_prompt": 3}, {"block": 8, "model": "x"}])
+def test_unknown_parameter_raises(params):
+  with pytest.raises(ValueError, match="unknown parameter"):
+    prefix_arms.make_setup({}, params)
+  with pytest.raises(ValueError, match="unknown parameter"):
+    quickstart.run("/nonexistent", **params)
+
+
+def test_quickstart_table():
+  arm = dict(cached_tokens=0, prefill_tokens_computed=100, wall_s=2.0, outputs_equal_to_off=True)
+  arms = {"off": arm, "align_marconi": dict(arm, cached_tokens=64, wall_s=1.0)}
+  lines = quickstart.format_table(arms).splitlines()
+  assert lines[0].split() == ["arm", "cached", "computed", "wall_s", "speedup", "exact"]
+  assert lines[2].split() == ["off", "0", "100", "2.000", "1.00", "True"]
+  assert lines[3].split() == ["align_marconi", "64", "100", "1.000", "2.00", "True"]
