@@ -94,7 +94,10 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   return state.replace(
     index_entry=ent,
     block_group=jnp.where(mask, -1, state.block_group),
-    block_aux=state.block_aux.at[:, 0].set(jnp.where(mask, -1, state.block_aux[:, 0])),
+    block_aux=state.block_aux.at[:, 0]
+    .set(jnp.where(mask, -1, state.block_aux[:, 0]))
+    .at[:, 2]
+    .set(jnp.where(mask, -1, state.block_aux[:, 2])),
   )
 
 
@@ -119,5 +122,5 @@ def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
   return state.replace(
     index_entry=ent,
     block_group=state.block_group.at[idx].set(-1, mode="drop"),
-    block_aux=state.block_aux.at[idx, 0].set(-1, mode="drop"),
+    block_aux=state.block_aux.at[idx, 0].set(-1, mode="drop").at[idx, 2].set(-1, mode="drop"),
   )

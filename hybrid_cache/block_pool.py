@@ -17,6 +17,7 @@ from hybrid_cache import eviction
 from hybrid_cache.state import BIG
 from hybrid_cache.state import C_HEAD
 from hybrid_cache.state import C_PIN
+from hybrid_cache.state import C_REC_EVICTED
 from hybrid_cache.state import C_TAIL
 from hybrid_cache.state import CacheState
 
@@ -189,12 +190,13 @@ def _compact(mask: jax.Array, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
 
 
-def pop_many(state: CacheState, count: jax.Array, kmax: int):
+def pop_many(state: CacheState, count: jax.Array, kmax: int, count_groups: tuple[int, ...] = ()):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
-  and their pinned flag.
+  and their pinned flag. Keyed blocks of the groups in `count_groups` (static) that are popped
+  add to `counters[C_REC_EVICTED]`.
   """
   nb = state.ref_cnt.shape[0]
   qk = state.queue_key
@@ -239,6 +241,11 @@ def pop_many(state: CacheState, count: jax.Array, kmax: int):
     ref_cnt=state.ref_cnt.at[sidx].set(1, mode="drop"),
     block_aux=state.block_aux.at[sidx, 1].set(0, mode="drop"),
   )
+  if count_groups:
+    grp = state.block_group[ids]
+    hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
+    n_ev = jnp.sum(hit).astype(jnp.int32)
+    state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
   return block_index.evict_ids(state, ids), ids
 
 

@@ -23,6 +23,17 @@ def check_policy(config: CacheConfig) -> None:
     )
 
 
+def prepare(lay, config: CacheConfig, state):
+  """Hook run at the start of every scheduler step, before any allocation.
+
+  `lru` leaves the free queue as it is. A policy that orders victims by something other than
+  the free-queue position (e.g. `flop_aware`) re-keys the evictable blocks here, so that the
+  pop (smallest key first) follows it.
+  """
+  del lay, config
+  return state
+
+
 def select_victim(queue_key: jax.Array) -> jax.Array:
   """Next block to reuse: smallest normal-queue key; else the oldest pinned block (demotion)."""
   has_normal = jnp.any(queue_key[0] < BIG)

@@ -21,11 +21,15 @@ from hybrid_cache import admission
 from hybrid_cache import block_index
 from hybrid_cache import block_pool
 from hybrid_cache import coordinator
+from hybrid_cache import eviction
 from hybrid_cache import release as release_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.groups import recurrent
 from hybrid_cache.groups import sliding_window
+from hybrid_cache.state import AUX_END
+from hybrid_cache.state import AUX_STEP
 from hybrid_cache.state import BIG
+from hybrid_cache.state import C_REC_ADMITTED
 from hybrid_cache.state import C_STEP
 from hybrid_cache.state import C_TAIL
 from hybrid_cache.state import INFO_COMPUTED
@@ -178,7 +182,7 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
   counts = jnp.stack(counts)
   offsets = jnp.cumsum(counts) - counts
   kmax = lay.num_groups * lay.max_blocks
-  state, ids = block_pool.pop_many(state, jnp.sum(counts), kmax)
+  state, ids = block_pool.pop_many(state, jnp.sum(counts), kmax, lay.recurrent_groups)
   for g in range(lay.num_groups):
     j = pos - bases[g]
     take = (j >= 0) & (j < counts[g])
@@ -200,7 +204,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
   pos = jnp.arange(lay.max_blocks)
   hashes = state.req_hashes[r]
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
-  all_ids, all_keys, all_groups = [], [], []
+  all_ids, all_keys, all_groups, all_ends = [], [], [], []
   rg = state.req_group[r]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
@@ -223,13 +227,20 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
     all_ids.append(jnp.where(sel, row, 0))
     all_keys.append(keys)
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
+    all_ends.append((pos + 1) * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.maximum(nca, upto))
   ids = jnp.concatenate(all_ids)
   state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
   nb = lay.num_blocks
   step = state.counters[C_STEP]
-  aux = state.block_aux.at[jnp.where(ids > 0, ids, nb), 0].set(step, mode="drop")
-  return state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg))
+  sidx = jnp.where(ids > 0, ids, nb)
+  aux = state.block_aux.at[sidx, AUX_STEP].set(step, mode="drop")
+  aux = aux.at[sidx, AUX_END].set(jnp.concatenate(all_ends), mode="drop")
+  counters = state.counters
+  if lay.recurrent_groups:
+    n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
+    counters = counters.at[C_REC_ADMITTED].add(n_rec)
+  return state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +437,7 @@ def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, val
   lay = layout(config)
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  state = eviction.prepare(lay, config, state)
   (state, _), out = jax.lax.scan(
     functools.partial(_entry, lay, config),
     (state, jnp.int32(config.max_num_batched_tokens)),
@@ -467,6 +479,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   """One scheduler step with a single entry (no padding): the unit of a trace scan."""
   lay = layout(config)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  state = eviction.prepare(lay, config, state)
   (state, _), out = _entry(
     lay,
     config,
@@ -497,7 +510,10 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   new = state.replace(
     queue_key=jnp.stack([k0, jnp.full((nb,), BIG, jnp.int32)]),
     block_group=jnp.full_like(state.block_group, -1),
-    block_aux=jnp.stack([jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32)], axis=1),
+    block_aux=jnp.stack(
+      [jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)],
+      axis=1,
+    ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),
   )

@@ -5,14 +5,17 @@ Leaves (12, each its own buffer so the state can be donated):
 * pool, per block `[num_blocks]`: `ref_cnt` i32; `queue_key` i32[2, NB] (row 0: position in
   vLLM's free queue, row 1: position in the pinned tier; `BIG` = not in that queue);
   `block_group` i32 (group whose key the block carries, -1 = no key); `block_hash` u32[NB, 2];
-  `block_aux` i32[NB, 2] (column 0: step in which the key was registered, column 1: pinned flag).
+  `block_aux` i32[NB, 3] (column 0: step in which the key was registered, -1 = no key;
+  column 1: pinned flag; column 2: tokens of the prefix the key covers, -1 = no key).
 * block index, set-associative `[buckets, ways]`: `index_entry` i32[BK, W, 2] (block id or -1,
   insertion sequence number), `index_hash` u32[BK, W, 2].
 * requests: `tables` i32[R, G, MB] (position-indexed block tables, 0 = null), `req_hashes`
   u32[R, MH, 2] (chained fine hashes), `req_info` i32[R, 5] (`INFO_*` columns), `req_group`
   i32[R, G, 3] (`RG_*` columns).
-* `counters` i32[8] (`C_*`): next head key, next tail key, next pinned key, step, insertion
-  sequence, index overflows.
+* `counters` i32[16] (`C_*`): next head key, next tail key, next pinned key, step, insertion
+  sequence, index overflows, recurrent states admitted (keys registered in recurrent groups),
+  recurrent states evicted (keyed recurrent blocks re-allocated), the FLOP-aware eviction weight
+  alpha in thousandths.
 
 Free-queue order is an int32 key per block: head insertions get keys below every existing key,
 tail insertions keys above; popping takes the smallest key (a doubly-linked list, exactly).
@@ -41,7 +44,11 @@ STATUS_EMPTY, STATUS_WAITING, STATUS_RUNNING = 0, 1, 2
 # req_group columns: blocks in the table, blocks offered to the index, align's previous state.
 RG_LEN, RG_NCACHED, RG_LAST = range(3)
 # counters
-C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW = range(6)
+C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW, C_REC_ADMITTED, C_REC_EVICTED, C_ALPHA_MILLI = (
+  range(9)
+)
+NUM_COUNTERS = 16
+AUX_STEP, AUX_PINNED, AUX_END = range(3)
 
 
 @flax.struct.dataclass
@@ -89,6 +96,7 @@ class Layout:
   caching: bool  # prefix caching on (and no recurrent group in mode "none")
   lookahead: int
   num_spec_blocks: int
+  recurrent_groups: tuple[int, ...] = ()  # indices of recurrent (mamba) groups
 
 
 @functools.lru_cache(maxsize=64)
@@ -126,6 +134,7 @@ def layout(config: CacheConfig) -> Layout:
     caching=caching,
     lookahead=0,
     num_spec_blocks=config.num_speculative_blocks,
+    recurrent_groups=tuple(i for i, g in enumerate(groups) if g.kind == "mamba"),
   )
 
 
@@ -135,12 +144,13 @@ def init_state(config: CacheConfig) -> CacheState:
   nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
   qk = np.full((2, nb), BIG, np.int32)
   qk[0, 1:] = np.arange(1, nb, dtype=np.int32)
-  counters = np.zeros(8, np.int32)
+  counters = np.zeros(NUM_COUNTERS, np.int32)
   counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
   counters[C_TAIL] = nb  # next tail key
   counters[C_PIN] = 0
-  aux = np.zeros((nb, 2), np.int32)
-  aux[:, 0] = -1
+  aux = np.zeros((nb, 3), np.int32)
+  aux[:, AUX_STEP] = -1
+  aux[:, AUX_END] = -1
   rg = np.zeros((r, g, 3), np.int32)
   rg[:, :, RG_LAST] = -1
   return CacheState(
