@@ -27,6 +27,7 @@ def test_pinning_keeps_prefixes_that_lru_loses(tmp_path, cache_manager):
     cache_manager=cache_manager,
     progress=False,
     warm_each_point=False,
+    rounds=1,
   )
   by_arm = {p["arm"]: p for p in res["points"]}
   assert by_arm["pin_off"]["hit_rate"] == 0.0
