@@ -90,6 +90,18 @@ def _resume_split(cu, counts):
   return starts, np.asarray(rest, np.int32), idx.astype(np.int32)
 
 
+def _check_resume(resumed, whole, oracle, idx, dtype):
+  """(outputs, final) of the resumed run vs the whole run's tokens ``idx`` and final states:
+  bit-exact in fp32 (chunk-aligned resume, kernels.md §1.6), else close to the oracle."""
+  (out2, f2), (out, final), (ref, ref_final) = resumed, whole, oracle
+  if dtype == jnp.float32:
+    np.testing.assert_array_equal(np.asarray(out2), np.asarray(out)[idx])
+    np.testing.assert_array_equal(np.asarray(f2), np.asarray(final))
+  else:
+    _assert_close(out2, ref[idx], dtype, None, "resumed outputs")
+    _assert_close(f2, ref_final, dtype, None, "resumed final state")
+
+
 # ----------------------------------------------------------------------------------------- GDN
 
 _GDN_HEADS = {"h1": (1, 1), "gqa2": (2, 4)}
@@ -138,12 +150,7 @@ def test_gdn_prefill_checkpoints_and_resume(heads, d, lengths, dtype):
     q[idx], k[idx], v[idx], g[idx], beta[idx], initial_state=s0, cu_seqlens=rest_cu,
     implementation=IMPL,
   )  # fmt: skip
-  if dtype == jnp.float32:  # chunk-aligned resume is bit-exact (kernels.md §1.6)
-    np.testing.assert_array_equal(np.asarray(o2), np.asarray(o)[idx])
-    np.testing.assert_array_equal(np.asarray(f2), np.asarray(final))
-  else:
-    _assert_close(o2, ro[idx], dtype, None, "resumed o")
-    _assert_close(f2, rf, dtype, None, "resumed final state")
+  _check_resume((o2, f2), (o, final), (ro, rf), idx, dtype)
 
 
 @pytest.mark.parametrize(
@@ -246,12 +253,7 @@ def test_ssd_prefill_checkpoints_and_resume(heads, p, lengths, dtype):
   starts, rest_cu, idx = _resume_split(cu, counts)
   s0 = jnp.stack([states[i, 0] if s else init[i] for i, s in enumerate(starts)])
   y2, f2, _ = _ssd_run(_ssd_take(inp, idx), initial_state=s0, cu_seqlens=rest_cu)
-  if dtype == jnp.float32:
-    np.testing.assert_array_equal(np.asarray(y2), np.asarray(y)[idx])
-    np.testing.assert_array_equal(np.asarray(f2), np.asarray(final))
-  else:
-    _assert_close(y2, yo[idx], dtype, None, "resumed y")
-    _assert_close(f2, fo, dtype, None, "resumed final state")
+  _check_resume((y2, f2), (y, final), (yo, fo), idx, dtype)
 
 
 @pytest.mark.parametrize(
