@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
@@ -70,8 +71,9 @@ def simulate(
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
-  `core` (core policies only): backend ("jax" | "reference"), retention ("policy", None or an
-  int), pinning (bool), token_budget (None = whole prompt per step); see `core_sim.py`.
+  `core` (core policies only): backend ("jax" scan | "jax_protocol" | "reference"), retention
+  ("policy", None or an int), pinning (bool), token_budget (None = whole prompt per step); see
+  `core_sim.py`.
   """
   policy = parse_policy(policy_name)
   if policy.required_block_size is not None:
@@ -143,7 +145,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     token_budget=budget,
   )
   t0 = time.perf_counter()
-  triples, counters = core_sim.run_core(trace, cfg, backend)
+  triples, counters = core_sim.replay(trace, cfg, backend)
   extra |= sizing | counters
   extra["wall_s"] = time.perf_counter() - t0
   return triples, extra
@@ -174,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
-    "--backend", default="jax", help="core policies: jax (JaxCacheManager) or reference"
+    "--backend",
+    default="jax",
+    help="core policies: jax (jitted scan), jax_protocol (JaxCacheManager) or reference",
   )
   p.add_argument(
     "--retention", default="policy", help="core policies: policy, dense, or an interval in tokens"
@@ -188,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  core_scan.enable_compile_cache()
   try:
     model = get_model(args.model)
     parse_policy(args.policy)

@@ -24,6 +24,10 @@ append_tokens(output[:-1]) and schedule them in block-aligned chunks (each chunk
 block boundary, as one-token decode steps would; the last sampled token is never computed) ->
 free. Reused tokens = the first step's `hit.hit_tokens`.
 
+Backends (`replay`): "jax" runs the same life in one jitted `lax.scan` per chunk of requests
+(`core_scan.py`, the fast path); "jax_protocol" drives JaxCacheManager request by request
+through the `types.CacheManager` protocol and "reference" the ReferencePolicy (cross-checks).
+
 Tokens: the trace's token-level expansion (Mooncake: hash id * 512 + offset), so any
 block size that divides 512 hashes Mooncake blocks exactly.
 """
@@ -43,7 +47,7 @@ from hybrid_cache.sim.trace import Trace
 from hybrid_cache.sim.vllm_plus import request_tokens
 from hybrid_cache.types import ScheduleEntry
 
-BACKENDS = ("jax", "reference")
+BACKENDS = ("jax", "jax_protocol", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,13 +158,14 @@ def build_config(
 
 
 def make_manager(config: CacheConfig, backend: str):
-  if backend == "jax":
+  """A protocol manager: JaxCacheManager ("jax", "jax_protocol") or ReferencePolicy."""
+  if backend in ("jax", "jax_protocol"):
     from hybrid_cache.manager import JaxCacheManager
 
     try:
       return JaxCacheManager(config)
     except NotImplementedError as e:
-      raise ValueError(f"backend 'jax': {e}") from None
+      raise ValueError(f"backend {backend!r}: {e}") from None
   if backend == "reference":
     from hybrid_cache.reference_policy import ReferencePolicy
 
@@ -172,12 +177,12 @@ def make_manager(config: CacheConfig, backend: str):
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def _run_to(m, name: str, target: int, step_tokens: Callable[[int], int | None]):
-  """Schedules `name` until `target` tokens are computed; returns the first entry."""
+def _run_to(m, name: str, start: int, target: int, step_tokens: Callable[[int], int | None]):
+  """Schedules `name` from `start` computed tokens until `target`; returns the first entry."""
   first = None
-  computed = -1
+  computed = start
   while True:
-    e = m.schedule([ScheduleEntry(name, step_tokens(max(computed, 0)))]).entries[0]
+    e = m.schedule([ScheduleEntry(name, step_tokens(computed))]).entries[0]
     if first is None:
       first = e
     if e.scheduled_tokens == 0:
@@ -208,13 +213,13 @@ def run_core(
     n_in = r.num_input_tokens
     name = f"r{i}"
     m.add_request(name, toks[:n_in])
-    first = _run_to(m, name, n_in, lambda c: None)
+    first = _run_to(m, name, 0, n_in, lambda c: None)
     reused = first.hit.hit_tokens if first.hit is not None else 0
     triples.append((int(reused > 0), n_in, int(reused)))
     out = toks[n_in : len(toks) - 1]
     if len(out):
       m.append_tokens(name, out)
-      _run_to(m, name, len(toks) - 1, lambda c: B - c % B)
+      _run_to(m, name, n_in, len(toks) - 1, lambda c: B - c % B)
     if mamba:
       v = m.request_view(name)
       mamba_allocated += sum(v.num_real_blocks[g] for g in mamba)
@@ -230,6 +235,15 @@ def run_core(
     "final_pinned_blocks": st.num_pinned_blocks,
     "recurrent_blocks_held_at_finish": mamba_allocated,
   }
+  state = getattr(m, "state", None)
+  if state is not None:  # JaxCacheManager: the core's recurrent-state counters
+    from hybrid_cache.sim.core_scan import counter_index
+
+    c = np.asarray(state.counters)
+    for name, key in (("C_REC_ADMITTED", "states_admitted"), ("C_REC_EVICTED", "states_evicted")):
+      idx = counter_index(name)
+      if idx is not None:
+        counters[key] = int(c[idx])
   return triples, counters
 
 
@@ -238,3 +252,19 @@ def token_ids_fit(trace: Trace) -> None:
   mx = max((int(np.max(request_tokens(r))) for r in trace.requests if r.num_tokens), default=0)
   if mx >= 2**31:
     raise ValueError(f"trace token ids must be < 2**31 for the core, got {mx}")
+
+
+def replay(
+  trace: Trace, config: CacheConfig, backend: str = "jax"
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
+  JaxCacheManager through the protocol, "reference" = ReferencePolicy."""
+  if backend == "jax":
+    from hybrid_cache.sim import core_scan
+
+    return core_scan.run_scan(trace, config)
+  if backend == "jax_protocol":
+    return run_core(trace, config, "jax")
+  if backend == "reference":
+    return run_core(trace, config, "reference")
+  raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -1,0 +1,348 @@
+"""Replays a trace through the pure cache core in one jitted `lax.scan` per chunk of requests.
+
+Same per-request life as the protocol path (`core_sim.run_core`), with no host round trip:
+
+  register(input)                      # scheduler.write_request's update, tokens = prompt
+  step until the prompt is computed    # scheduler.admit_one, max_tokens unbounded
+  register(input + output[:-1])        # appended tokens (the last sampled one is never computed)
+  step in block-aligned chunks         # admit_one with max_tokens = B - computed % B
+  release                              # release.release(preempt=False)
+
+Reused tokens = the first step's hit. A step that schedules nothing marks the request failed
+(capacity too small) and ends its loop; the host raises after the chunk.
+
+Host preparation is vectorised (`prepare`): chained prefix hashes of every hash block of every
+request come from a position-weighted sum over the prefix (mod 2^64, `_prefix_hashes`), so a
+Mooncake symbol (a run of consecutive token ids) costs O(1) and no per-token Python runs. The
+values differ from `hashing.block_hashes` (blake2b) but identify the same prefixes (collision
+probability ~2^-64 per pair), which is all the core compares.
+
+Per-request outputs: reused tokens, failed flag, steps, the recurrent blocks the request held at
+finish, and (when the core has them) recurrent keys admitted / recurrent keyed blocks evicted
+(`C_REC_ADMITTED` / `C_REC_EVICTED` counter deltas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_cache import block_pool
+from hybrid_cache import eviction
+from hybrid_cache import release as release_lib
+from hybrid_cache import scheduler
+from hybrid_cache import state as state_lib
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.sim.trace import Trace
+from hybrid_cache.state import INFO_COMPUTED
+from hybrid_cache.state import INFO_PROMPT
+from hybrid_cache.state import INFO_STATUS
+from hybrid_cache.state import INFO_TOKENS
+from hybrid_cache.state import STATUS_EMPTY
+from hybrid_cache.state import STATUS_WAITING
+from hybrid_cache.state import CacheState
+from hybrid_cache.state import init_state
+from hybrid_cache.state import layout
+
+DEFAULT_CHUNK = 1024
+_SEED = 0x5EED_CAFE
+_OUT_COLS = ("reused", "failed", "steps", "rec_held", "rec_admitted", "rec_evicted")
+
+
+def enable_compile_cache(path: str | None = None) -> str:
+  """Turns on JAX's persistent compilation cache (unless one is set); returns its directory.
+
+  Default directory: $HYBRID_CACHE_JAX_CACHE or ~/.cache/hybrid_cache_jax (the tests' cache).
+  """
+  current = jax.config.jax_compilation_cache_dir
+  if current:
+    return current
+  path = path or os.environ.get(
+    "HYBRID_CACHE_JAX_CACHE", os.path.expanduser("~/.cache/hybrid_cache_jax")
+  )
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  return path
+
+
+def counter_index(name: str) -> int | None:
+  """Index of core counter `name` (e.g. "C_REC_ADMITTED") in `state.counters`, None if absent."""
+  v = getattr(state_lib, name, None)
+  return int(v) if v is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# host side: vectorised prefix hashes
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+  """splitmix64 finaliser (uint64 in, uint64 out)."""
+  x = x ^ (x >> np.uint64(30))
+  x = x * np.uint64(0xBF58476D1CE4E5B9)
+  x = x ^ (x >> np.uint64(27))
+  x = x * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """Per-request arrays of a trace for the scan (host NumPy).
+
+  n_in, n_total: i32[n] prompt tokens and tokens computed in all (prompt + output - 1, or the
+  prompt when there is no output). hash_off: i32[n] first row of the request's hashes in
+  `hashes`; hashes: u32[P, 2] chained hashes of every full hash block of the first `n_total`
+  tokens, request after request, then zero rows (at least max_hashes; P a power of two).
+  """
+
+  n_in: np.ndarray
+  n_total: np.ndarray
+  hash_off: np.ndarray
+  hashes: np.ndarray
+
+
+def _prefix_hashes(trace: Trace, hbs: int, ends_tokens: np.ndarray) -> tuple[np.ndarray, list]:
+  """u32[sum_i ends_i // hbs, 2]: hash of each request's prefix at every full hash block.
+
+  H(e) = mix(sum_{t<e} tok[t] * R[t]) mod 2^64 with fixed random R; a symbol (width w, first
+  token s) contributes s' * (SR[c1] - SR[c0]) + (TR[c1] - TR[c0]) with s' = s - c0,
+  SR/TR the prefix sums of R and t * R[t].
+  """
+  reqs = trace.requests
+  nblk = ends_tokens // hbs
+  maxlen = max((int(q.cum[-1]) for q in reqs), default=0)
+  if len(reqs) and np.any(ends_tokens > [int(q.cum[-1]) for q in reqs]):
+    raise ValueError("ends_tokens must be <= each request's token count")
+  rng = np.random.default_rng(_SEED)
+  r = rng.integers(0, 2**63, size=maxlen + 1, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+  t = np.arange(maxlen + 1, dtype=np.uint64)
+  sr = np.zeros(maxlen + 2, np.uint64)
+  tr = np.zeros(maxlen + 2, np.uint64)
+  np.cumsum(r, out=sr[1:])
+  np.cumsum(r * t, out=tr[1:])
+  seqs = [q.seq for q in reqs]
+  cums = [q.cum for q in reqs]
+  nsym = np.array([len(s) for s in seqs], np.int64)
+  if len(reqs) == 0 or nblk.sum() == 0:
+    return np.zeros((0, 2), np.uint32), nblk
+  seq = np.concatenate(seqs)
+  c0 = np.concatenate([c[:-1] for c in cums])
+  c1 = np.concatenate([c[1:] for c in cums])
+  a = (seq - c0).astype(np.uint64)  # token(t) = a + t inside the symbol (wraps mod 2^64)
+  contrib = a * (sr[c1] - sr[c0]) + (tr[c1] - tr[c0])
+  incl = np.cumsum(contrib)  # wraps mod 2^64
+  sym_start = np.concatenate([[0], np.cumsum(nsym)[:-1]])
+  # exclusive prefix sum inside each request
+  base = np.where(sym_start > 0, incl[np.maximum(sym_start - 1, 0)], np.uint64(0))
+  before = incl - contrib - np.repeat(base, nsym)
+  # global token coordinates: request i's tokens start at tok_off[i]
+  lens = np.array([int(c[-1]) for c in cums], np.int64)
+  tok_off = np.concatenate([[0], np.cumsum(lens)[:-1]])
+  g_c0 = c0 + np.repeat(tok_off, nsym)
+  req_of_block = np.repeat(np.arange(len(reqs)), nblk)
+  blk_start = np.concatenate([[0], np.cumsum(nblk)[:-1]])
+  j = np.arange(int(nblk.sum()), dtype=np.int64) - np.repeat(blk_start, nblk)
+  e = (j + 1) * hbs  # local end of each hash block
+  s = np.searchsorted(g_c0, e - 1 + tok_off[req_of_block], side="right") - 1
+  h = before[s] + a[s] * (sr[e] - sr[c0[s]]) + (tr[e] - tr[c0[s]])
+  h = _mix64(h)
+  out = np.stack(
+    [(h & np.uint64(0xFFFFFFFF)).astype(np.uint32), (h >> np.uint64(32)).astype(np.uint32)], 1
+  )
+  return out, nblk
+
+
+def prepare(trace: Trace, config: CacheConfig) -> Prepared:
+  """Per-request scan inputs (see `Prepared`); ValueError if a request exceeds max_model_len."""
+  lay = layout(config)
+  n_in = np.array([q.num_input_tokens for q in trace.requests], np.int64)
+  n_out = np.array([q.num_output_tokens for q in trace.requests], np.int64)
+  n_total = n_in + np.maximum(n_out - 1, 0)
+  if len(n_total) and int(n_total.max()) > config.max_model_len:
+    i = int(np.argmax(n_total))
+    raise ValueError(
+      f"request {i} needs {int(n_total[i])} tokens; must be <= max_model_len={config.max_model_len}"
+    )
+  if len(n_in) and int(n_in.min()) < 1:
+    raise ValueError(f"request {int(np.argmin(n_in))} has no input tokens; must have >= 1")
+  hashes, nblk = _prefix_hashes(trace, lay.hash_block_size, n_total)
+  off = np.concatenate([[0], np.cumsum(nblk)[:-1]]).astype(np.int64)
+  if len(hashes) + lay.max_hashes >= 2**31:
+    raise ValueError(f"trace has {len(hashes)} hash blocks; must be < 2**31 - max_hashes")
+  # pad to a power of two (>= max_hashes zero rows) so traces of similar size share a compile
+  size = 1 << int(np.ceil(np.log2(len(hashes) + lay.max_hashes)))
+  pad = np.zeros((size - len(hashes), 2), np.uint32)
+  return Prepared(
+    n_in=n_in.astype(np.int32),
+    n_total=n_total.astype(np.int32),
+    hash_off=off.astype(np.int32),
+    hashes=np.concatenate([hashes, pad]),
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# device side: one request's life, scanned
+
+
+def _register(state: CacheState, slot, row, num_tokens, num_prompt) -> CacheState:
+  """`scheduler.write_request`'s update (status waiting if empty, tokens, prompt, hashes)."""
+  info = state.req_info[slot]
+  status = jnp.where(info[INFO_STATUS] == STATUS_EMPTY, STATUS_WAITING, info[INFO_STATUS])
+  info = info.at[INFO_STATUS].set(status).at[INFO_TOKENS].set(num_tokens)
+  info = info.at[INFO_PROMPT].set(num_prompt)
+  return state.replace(
+    req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(row)
+  )
+
+
+def _counter(state: CacheState, idx: int | None):
+  return state.counters[idx] if idx is not None else jnp.int32(0)
+
+
+def _request(config: CacheConfig, hashes, state: CacheState, x):
+  """Runs one request (x = n_in, n_total, hash_off, valid); returns (state, i32[6] outputs)."""
+  lay = layout(config)
+  n_in, n_total, off, valid = x
+  slot = jnp.int32(0)
+  hbs = lay.hash_block_size
+  bs = config.block_size
+  rows = jax.lax.dynamic_slice(hashes, (off, 0), (lay.max_hashes, 2))
+  pos = jnp.arange(lay.max_hashes)[:, None]
+  row_in = jnp.where(pos < n_in // hbs, rows, 0)
+  row_all = jnp.where(pos < n_total // hbs, rows, 0)
+  i_adm, i_ev = counter_index("C_REC_ADMITTED"), counter_index("C_REC_EVICTED")
+  mamba = [g for g, s in enumerate(lay.groups) if s.kind == "mamba"]
+
+  def live(state):
+    adm0, ev0 = _counter(state, i_adm), _counter(state, i_ev)
+    state = block_pool.maybe_renormalise(state)
+    state = _register(state, slot, row_in, n_in, n_in)
+
+    def cond(c):
+      state, _, _, failed = c
+      return ~failed & (state.req_info[slot, INFO_COMPUTED] < n_total)
+
+    def body(c):
+      state, hit, steps, _ = c
+      computed = state.req_info[slot, INFO_COMPUTED]
+      grow = (computed >= n_in) & (state.req_info[slot, INFO_TOKENS] < n_total)
+      state = jax.lax.cond(
+        grow, lambda s: _register(s, slot, row_all, n_total, n_in), lambda s: s, state
+      )
+      max_tok = jnp.where(computed < n_in, -1, bs - computed % bs)
+      state, out = scheduler.admit_one(config, state, slot, max_tok)
+      hit = jnp.where(steps == 0, out["hit"], hit)
+      return state, hit, steps + 1, out["scheduled"] == 0
+
+    state, hit, steps, failed = jax.lax.while_loop(
+      cond, body, (state, jnp.int32(0), jnp.int32(0), jnp.bool_(False))
+    )
+    held = jnp.int32(0)
+    for g in mamba:
+      held = held + jnp.sum(state.tables[slot, g] > 0).astype(jnp.int32)
+    state = release_lib.release(lay, config, state, slot, False)
+    adm = _counter(state, i_adm) - adm0
+    ev = _counter(state, i_ev) - ev0
+    return state, jnp.stack([hit, failed.astype(jnp.int32), steps, held, adm, ev])
+
+  def skip(state):
+    return state, jnp.zeros((len(_OUT_COLS),), jnp.int32)
+
+  return jax.lax.cond(valid, live, skip, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+def replay_chunk(config: CacheConfig, state: CacheState, hashes, n_in, n_total, hash_off, valid):
+  """Scans one chunk of requests (i32[C] each, bool[C] valid); returns (state, i32[C, 6])."""
+  return jax.lax.scan(
+    functools.partial(_request, config, hashes), state, (n_in, n_total, hash_off, valid)
+  )
+
+
+def run_scan(
+  trace: Trace,
+  config: CacheConfig,
+  *,
+  chunk: int | None = None,
+  on_chunk: Callable[[int, CacheState], None] | None = None,
+  prepared: Prepared | None = None,
+  details: dict | None = None,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
+
+  `chunk` requests per jitted call (None: DEFAULT_CHUNK; the last chunk is padded; shapes stay
+  fixed so one compile serves all chunks). `on_chunk(last_request_index, state)` runs after
+  each chunk (chunk=1 gives a check after every request). ValueError if a request cannot make
+  progress (capacity).
+  `details`, if given, receives the per-request output columns ("per_request") and the final
+  state ("final_state").
+  """
+  chunk = DEFAULT_CHUNK if chunk is None else chunk
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+  if config.max_requests < 1:
+    raise ValueError(f"config.max_requests must be >= 1, got {config.max_requests}")
+  check = getattr(eviction, "check_policy", None)
+  if check is not None:
+    try:
+      check(config)
+    except NotImplementedError as e:
+      raise ValueError(f"backend 'jax': {e}") from None
+  t0 = time.perf_counter()
+  p = prepared if prepared is not None else prepare(trace, config)
+  t_prep = time.perf_counter() - t0
+  n = len(p.n_in)
+  chunk = chunk
+  state = init_state(config)
+  hashes = jnp.asarray(p.hashes)
+  outs = []
+  for s in range(0, n, chunk):
+    e = min(s + chunk, n)
+    pad = chunk - (e - s)
+
+    def col(a, s=s, e=e, pad=pad):
+      return np.concatenate([a[s:e], np.zeros(pad, a.dtype)])
+
+    valid = np.arange(chunk) < (e - s)
+    state, out = replay_chunk(
+      config, state, hashes, col(p.n_in), col(p.n_total), col(p.hash_off), valid
+    )
+    out = np.asarray(jax.device_get(out))[: e - s]
+    outs.append(out)
+    bad = np.nonzero(out[:, 1])[0]
+    if len(bad):
+      i = s + int(bad[0])
+      raise ValueError(
+        f"request {i} made no progress (allocation failed); capacity too small for it"
+      )
+    if on_chunk is not None:
+      on_chunk(e - 1, state)
+  res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
+  wall = time.perf_counter() - t0
+  triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, 0].tolist())]
+  st = scheduler.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
+  counters = {
+    "backend": "jax_scan",
+    "replay_s": wall,
+    "prepare_s": t_prep,
+    "steps": int(res[:, 2].sum()),
+    "final_cached_blocks_per_group": [int(x) for x in st["cached_per_group"]],
+    "final_pinned_blocks": int(st["num_pinned"]),
+    "recurrent_blocks_held_at_finish": int(res[:, 3].sum()),
+  }
+  for name, col_i, key in (
+    ("C_REC_ADMITTED", 4, "states_admitted"),
+    ("C_REC_EVICTED", 5, "states_evicted"),
+  ):
+    if counter_index(name) is not None:
+      counters[key] = int(res[:, col_i].sum())
+  if details is not None:
+    details["per_request"] = {k: res[:, i] for i, k in enumerate(_OUT_COLS)}
+    details["final_state"] = state
+  return triples, counters

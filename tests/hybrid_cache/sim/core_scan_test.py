@@ -1,0 +1,203 @@
+"""The scan replay (`core_scan.py`) against the protocol path, its prefix hashes, counters,
+capacity errors and the state invariants after every request."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from hybrid_cache import hashing
+from hybrid_cache import invariants
+from hybrid_cache.sim import core_scan
+from hybrid_cache.sim import core_sim
+from hybrid_cache.sim import synthetic
+from hybrid_cache.sim import trace as T
+from hybrid_cache.sim.cost_model import get_model
+
+M7B = get_model("marconi_7b")
+# 1 attention + 1 recurrent layer, d = N = 1: KV 4 B/token, one state 34 B.
+TINY = dataclasses.replace(
+  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
+)
+MOONCAKE = os.path.join(
+  os.path.dirname(__file__), "../../../experiments/traces/mooncake_conversation_trace.jsonl"
+)
+CHUNK = 16  # one compile per config for every test trace
+
+
+def _chat(n, seed=0):
+  return synthetic.chat(
+    seed=seed,
+    num_sessions=max(1, n // 2),
+    min_turns=4,
+    max_turns=12,
+    user_mean=12.0,
+    out_mean=10.0,
+    vocab=50,
+    max_context=96,
+  ).head(n)
+
+
+def _agent(n, seed=1):
+  return synthetic.agent(
+    seed=seed,
+    num_sessions=max(1, n // 3),
+    min_turns=3,
+    max_turns=8,
+    obs_mean=8.0,
+    out_mean=6.0,
+    sys_prompt_len=12,
+    keep_last=2,
+    stub_len=2,
+    max_context=100,
+    vocab=40,
+  ).head(n)
+
+
+def _mooncake(n):
+  rows = T.read_mooncake_rows(MOONCAKE, limit=400, max_input=2048)
+  return T.mooncake_trace(rows[:n])
+
+
+# ---- prefix hashes
+
+
+def _classes(h):
+  """Equality pattern of hash rows: index of the first equal row for each row."""
+  keys = hashing.as_u64(h)
+  first = {}
+  return [first.setdefault(int(k), i) for i, k in enumerate(keys)]
+
+
+def test_prefix_hashes_identify_the_same_prefixes_as_blake2b():
+  tr = _chat(30, seed=4)
+  ends = np.array([r.num_tokens for r in tr.requests], np.int64)
+  got, nblk = core_scan._prefix_hashes(tr, 4, ends)
+  ref = np.concatenate(
+    [hashing.block_hashes(core_sim.request_tokens(r).tolist(), 4) for r in tr.requests]
+  )
+  assert got.shape == ref.shape == (int(nblk.sum()), 2)
+  assert _classes(got) == _classes(ref)
+  assert len(set(_classes(got))) < len(got)  # the trace really shares prefixes
+
+
+def test_prefix_hashes_of_mooncake_symbols_equal_the_token_level_form():
+  tr = _mooncake(40)
+  tok = T.tokens_trace(tr)
+  ends = np.array([r.num_tokens for r in tr.requests], np.int64)
+  a, na = core_scan._prefix_hashes(tr, 64, ends)
+  b, nb = core_scan._prefix_hashes(tok, 64, ends)
+  np.testing.assert_array_equal(na, nb)
+  np.testing.assert_array_equal(a, b)
+  # a shorter end (the prompt) gives a prefix of the same rows
+  n_in = np.array([r.num_input_tokens for r in tr.requests], np.int64)
+  c, nc = core_scan._prefix_hashes(tr, 64, n_in)
+  off_a = np.concatenate([[0], np.cumsum(na)[:-1]])
+  off_c = np.concatenate([[0], np.cumsum(nc)[:-1]])
+  for i in range(len(tr)):
+    np.testing.assert_array_equal(c[off_c[i] : off_c[i] + nc[i]], a[off_a[i] : off_a[i] + nc[i]])
+
+
+# ---- scan == protocol
+
+
+def _reused(tri):
+  return [r for _, _, r in tri]
+
+
+@pytest.mark.parametrize(
+  "policy, make, cap",
+  [
+    ("lru", lambda: _chat(48), 34 * 60),
+    ("vllm_all", lambda: _chat(48, seed=2), 34 * 70),
+    ("vllm_align_marconi", lambda: _agent(36), 34 * 90),
+    ("vllm_align", lambda: _agent(36, seed=3), 34 * 90),
+  ],
+)
+def test_scan_matches_protocol_on_synthetic_traces(policy, make, cap):
+  tr = make()
+  cfg, _ = core_sim.build_config(tr, TINY, cap, policy, 4)
+  a, ca = core_sim.run_core(tr, cfg, "reference")
+  b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)
+  assert _reused(a) == _reused(b)
+  assert a == b
+  assert ca["final_cached_blocks_per_group"] == cb["final_cached_blocks_per_group"]
+  assert ca["recurrent_blocks_held_at_finish"] == cb["recurrent_blocks_held_at_finish"]
+  assert sum(_reused(b)) > 0
+
+
+def test_scan_matches_both_protocol_backends_on_a_mooncake_excerpt():
+  tr = _mooncake(24)
+  # 64-token blocks divide Mooncake's 512-token hash blocks; capacity forces evictions
+  cfg, _ = core_sim.build_config(tr, TINY, 256 * 100, "lru", 64)
+  a, _ = core_sim.run_core(tr, cfg, "reference")
+  j, cj = core_sim.run_core(tr, cfg, "jax")
+  b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)
+  assert _reused(a) == _reused(j) == _reused(b)
+  assert cj["final_cached_blocks_per_group"] == cb["final_cached_blocks_per_group"]
+  assert sum(_reused(b)) > 0
+
+
+def test_replay_routes_backends(monkeypatch):
+  monkeypatch.setattr(core_scan, "DEFAULT_CHUNK", CHUNK)
+  tr = _chat(48)  # same config and shapes as the lru case above: no new compile
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  a, ca = core_sim.replay(tr, cfg, "jax")
+  b, cb = core_sim.replay(tr, cfg, "reference")
+  assert a == b and ca["backend"] == "jax_scan" and cb["backend"] == "reference"
+  with pytest.raises(ValueError, match="backend must be one of"):
+    core_sim.replay(tr, cfg, "tpu")
+
+
+# ---- counters, errors, invariants
+
+
+def test_states_admitted_and_evicted_match_the_protocol_core():
+  if core_scan.counter_index("C_REC_ADMITTED") is None:
+    pytest.skip("core has no C_REC_ADMITTED counter yet")
+  tr = _chat(48)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  _, cp = core_sim.run_core(tr, cfg, "jax")
+  _, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK)
+  assert cs["states_admitted"] == cp["states_admitted"] > 0
+  assert cs["states_evicted"] == cp["states_evicted"]
+  assert 0 <= cs["states_evicted"] <= cs["states_admitted"]
+  cfg0, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_none", 4)
+  _, c0 = core_scan.run_scan(tr, cfg0, chunk=CHUNK)
+  assert c0["states_admitted"] == 0 and c0["states_evicted"] == 0
+
+
+def test_request_that_cannot_progress_raises():
+  tr = _chat(8)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  small = dataclasses.replace(cfg, num_blocks=4)
+  with pytest.raises(ValueError, match="request 0 made no progress"):
+    core_scan.run_scan(tr, small, chunk=CHUNK)
+  with pytest.raises(ValueError, match="chunk must be"):
+    core_scan.run_scan(tr, cfg, chunk=0)
+
+
+def _soak(n, chunk):
+  tr = _chat(n, seed=7)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
+  bad = []
+
+  def check(i, state):
+    errs = invariants.check_invariants(cfg, state)
+    if errs:
+      bad.append((i, errs))
+
+  tri, counters = core_scan.run_scan(tr, cfg, chunk=chunk, on_chunk=check)
+  assert bad == []
+  assert len(tri) == n and sum(r for _, _, r in tri) > 0
+  assert counters["final_cached_blocks_per_group"][1] > 0
+
+
+def test_invariants_after_every_request_150():
+  _soak(150, 1)
+
+
+@pytest.mark.slow
+def test_invariants_after_every_request_10k():
+  _soak(10_000, 1)
