@@ -168,13 +168,21 @@ def _apply_copies(cache: cache_lib.ModelCache, src, dst, implementation):
 
 
 @functools.partial(
-  jax.jit, static_argnames=("graphdef", "implementation"), donate_argnames=("cache",)
+  jax.jit, static_argnames=("graphdef", "implementation", "mesh"), donate_argnames=("cache",)
 )
-def _model_step(graphdef, params, cache, copy_src, copy_dst, inputs, sample_idx, implementation):
-  """Copies, forward, greedy sampling: (tokens int32[N], logits f32[N, V], cache)."""
+def _model_step(
+  graphdef, params, cache, copy_src, copy_dst, inputs, sample_idx, implementation, mesh=None
+):
+  """Copies, forward, greedy sampling: (tokens int32[N], logits f32[N, V], cache).
+
+  With a `mesh`, the returned cache keeps the input cache's shardings (one compilation per
+  step shape, not one per new output layout).
+  """
   cache = _apply_copies(cache, copy_src, copy_dst, implementation)
   model = nnx.merge(graphdef, params)
   logits, cache = model(cache, inputs, implementation=implementation)
+  if mesh is not None:
+    cache = engine_sharding.constrain_cache(cache, mesh)
   sel = logits[sample_idx]
   return jnp.argmax(sel, axis=-1).astype(jnp.int32), sel, cache
 
@@ -500,7 +508,12 @@ class Engine:
     if self.mesh is not None:
       args = engine_sharding.replicate(args, self.mesh)
     toks, logits, self.cache = _model_step(
-      self.graphdef, self.params, self.cache, *args, implementation=self.implementation
+      self.graphdef,
+      self.params,
+      self.cache,
+      *args,
+      implementation=self.implementation,
+      mesh=self.mesh,
     )
     toks, logits = np.asarray(toks), np.asarray(logits)
     now = time.perf_counter()

@@ -108,12 +108,25 @@ def cache_shardings(mesh: Mesh) -> ModelCache:
   )
 
 
+def _placed_cache_shardings(cache: ModelCache, mesh: Mesh) -> ModelCache:
+  """`cache_shardings(mesh)`, with families without layers (empty arrays) replicated."""
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda x, s: s if x.shape[0] else rep, cache, cache_shardings(mesh))
+
+
 def shard_cache(cache: ModelCache, mesh: Mesh) -> ModelCache:
   """`device_put` of the cache with `cache_shardings(mesh)` (families without layers, whose
   arrays are empty, are replicated)."""
-  rep = NamedSharding(mesh, P())
-  shardings = jax.tree.map(lambda x, s: s if x.shape[0] else rep, cache, cache_shardings(mesh))
-  return jax.device_put(cache, shardings)
+  return jax.device_put(cache, _placed_cache_shardings(cache, mesh))
+
+
+def constrain_cache(cache: ModelCache, mesh: Mesh) -> ModelCache:
+  """Inside jit: pins the cache to the shardings `shard_cache` gives it.
+
+  A jitted step that returns the cache must give it back on its input shardings, otherwise
+  GSPMD may pick others and the next step (fed the returned cache) compiles again.
+  """
+  return jax.lax.with_sharding_constraint(cache, _placed_cache_shardings(cache, mesh))
 
 
 def replicate(tree, mesh: Mesh):

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import cpu_blas
 from models.cache import ModelCache
 from models.config import ModelConfig
 from models.hybrid_lm import HybridLM
@@ -40,7 +41,11 @@ __all__ = [
 
 
 def split_model(model: HybridLM) -> tuple[nnx.GraphDef, nnx.State]:
-  """`nnx.split` once, outside any loop; pass both halves to `forward`."""
+  """`nnx.split` once, outside any loop; pass both halves to `forward`.
+
+  Also makes the CPU LAPACK kernels single-threaded (`models.cpu_blas`; same results).
+  """
+  cpu_blas.limit_lapack_threads()
   return nnx.split(model)
 
 

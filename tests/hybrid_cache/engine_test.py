@@ -8,6 +8,9 @@ engine pads T to one bucket so each model compiles once per shape.
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -21,6 +24,7 @@ from models.config import ModelConfig
 from models.config import get_preset
 
 BUDGET = 32
+_REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _prompts(seed, n, prefix_len, suffix_len, vocab=256):
@@ -129,22 +133,62 @@ def _wide(preset):
   )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("num_devices", [2, 8])
-def test_sharded_equals_one_device(num_devices):
-  # On a 2-core host the 8-device CPU run deadlocks inside XLA's CPU collectives (observed:
-  # the step never returns, no CPU used), so it needs a host with >= 8 cores.
-  if num_devices > (os.cpu_count() or 1):
-    pytest.skip(f"{num_devices} virtual CPU devices hang on a {os.cpu_count()}-core host")
-  assert len(jax.devices()) >= num_devices
-  model = _wide("hybrid3_tiny")
-  prompts = _prompts(7, 3, 40, 9)
-  one, _ = _run(model, prompts, 3)
-  mesh = engine_sharding.heads_mesh(num_devices)
-  many, eng = _run(model, prompts, 3, engine_kw={"mesh": mesh})
+def _sharded_case(num_devices):
+  """The sharded-run case: (outputs, engine) of `_wide("hybrid3_tiny")` on `num_devices`."""
+  mesh = engine_sharding.heads_mesh(num_devices) if num_devices > 1 else None
+  return _run(_wide("hybrid3_tiny"), _prompts(7, 3, 40, 9), 3, engine_kw={"mesh": mesh})
+
+
+def _sharded_worker(num_devices, out_path):
+  """Subprocess entry: runs `_sharded_case(num_devices)`, saves tokens, logits and layout."""
+  outs, eng = _sharded_case(num_devices)
+  np.savez(
+    out_path,
+    tokens=np.asarray([o.output_tokens for o in outs]),
+    logits=np.stack([o.logits for o in outs]),
+    devices=len(eng.cache.k.sharding.device_set),
+    local_kv_heads=eng.cache.k.addressable_shards[0].data.shape[3],
+  )
+
+
+def _run_sharded_subprocess(num_devices, tmp_path):
+  # Why a subprocess: XLA:CPU runs each device's program on the client's intra-op thread pool
+  # (as many threads as devices on this host), and the GDN reference's triangular solve is a
+  # LAPACK custom call that splits its batch onto that same pool and blocks waiting for it.
+  # When every device reaches the solve at once, all pool threads wait for tasks no thread is
+  # free to run: a deadlock (seen in gdb: 8 threads in lapack_strsm_ffi -> ParallelBatchMap ->
+  # BlockingCounter::Wait). NPROC (read by the CPU client when it is created) sizes the pool;
+  # with more threads than devices the solve always finds a free thread. It must be set before
+  # the backend starts, hence a fresh process.
+  out = tmp_path / "sharded.npz"
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={max(8, num_devices)}"
+  env["NPROC"] = str(4 * num_devices)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
+  cmd = [sys.executable, __file__, "--sharded-worker", str(num_devices), str(out)]
+  proc = subprocess.run(cmd, env=env, cwd=_REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return np.load(out)
+
+
+def test_sharded_2_devices_in_process_equals_one_device():
+  assert len(jax.devices()) >= 2
+  one, _ = _sharded_case(1)
+  many, eng = _sharded_case(2)
   _assert_exact(many, one)
-  assert len(eng.cache.k.sharding.device_set) == num_devices
-  assert eng.cache.k.addressable_shards[0].data.shape[3] == 8 // num_devices
+  assert len(eng.cache.k.sharding.device_set) == 2
+  assert eng.cache.k.addressable_shards[0].data.shape[3] == 4
+
+
+def test_sharded_8_devices_equals_one_device(tmp_path):
+  one, _ = _sharded_case(1)
+  got = _run_sharded_subprocess(8, tmp_path)
+  assert int(got["devices"]) == 8
+  assert int(got["local_kv_heads"]) == 1
+  np.testing.assert_array_equal(got["tokens"], [o.output_tokens for o in one])
+  want = np.stack([o.logits for o in one])
+  rel = np.max(np.abs(got["logits"] - want)) / np.max(np.abs(want))
+  assert rel <= 1e-5, rel
 
 
 def test_bad_input_raises_and_engine_keeps_serving():
@@ -180,3 +224,10 @@ def test_bad_input_raises_and_engine_keeps_serving():
   assert outs[good].finished and len(outs[good].output_tokens) == 2
   assert outs[other].finished and len(outs[other].output_tokens) == 3
   assert outs[good].ttft_s is not None and outs[good].ttft_s <= outs[good].latency_s
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--sharded-worker"]:
+  _dir = os.environ.get("HYBRID_CACHE_JAX_CACHE", os.path.expanduser("~/.cache/hybrid_cache_jax"))
+  jax.config.update("jax_compilation_cache_dir", _dir)  # the same cache as tests/conftest.py
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  _sharded_worker(int(sys.argv[2]), sys.argv[3])
