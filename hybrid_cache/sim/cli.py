@@ -32,6 +32,7 @@ from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
 DEFAULT_CORE_BLOCK = 64
+DEFAULT_FLOP_ALPHA = 1.0  # flop_aware's static alpha unless --alpha is given
 
 
 def _retention(text: str):
@@ -130,8 +131,15 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   retention = core.pop("retention", "policy")
   pinning = core.pop("pinning", False)
   budget = core.pop("token_budget", None)
+  alpha = core.pop("alpha", None)
   if core:
-    raise ValueError(f"core options must be backend/retention/pinning/token_budget, got {core}")
+    raise ValueError(
+      f"core options must be backend/retention/pinning/token_budget/alpha, got {core}"
+    )
+  if alpha is not None and not 0.0 <= alpha <= 100.0:
+    raise ValueError(f"alpha must be in [0, 100], got {alpha!r}")
+  if name == "flop_aware" and alpha is None:
+    alpha = DEFAULT_FLOP_ALPHA
   check_capacity(trace, model, capacity_bytes)
   core_sim.token_ids_fit(trace)
   cfg, sizing = core_sim.build_config(
@@ -145,7 +153,9 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     token_budget=budget,
   )
   t0 = time.perf_counter()
-  triples, counters = core_sim.replay(trace, cfg, backend)
+  triples, counters = core_sim.replay(
+    trace, cfg, backend, alpha=alpha if name == "flop_aware" else None
+  )
   extra |= sizing | counters
   extra["wall_s"] = time.perf_counter() - t0
   return triples, extra
@@ -187,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--token-budget", type=int, default=None, help="core policies: tokens per step (None: prompt)"
   )
+  p.add_argument(
+    "--alpha", type=float, default=None, help="flop_aware: static alpha in [0, 100] (default 1)"
+  )
   return p
 
 
@@ -211,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
       "retention": _retention(args.retention),
       "pinning": args.pinning,
       "token_budget": args.token_budget,
+      "alpha": args.alpha,
     }
     triples, extra = simulate(
       trace, model, args.capacity_bytes, args.policy, args.block_size, core=core

@@ -273,6 +273,7 @@ def run_scan(
   on_chunk: Callable[[int, CacheState], None] | None = None,
   prepared: Prepared | None = None,
   details: dict | None = None,
+  alpha: float | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
 
@@ -280,6 +281,7 @@ def run_scan(
   fixed so one compile serves all chunks). `on_chunk(last_request_index, state)` runs after
   each chunk (chunk=1 gives a check after every request). ValueError if a request cannot make
   progress (capacity).
+  `alpha` (FLOP-aware eviction) is written into the initial state (`eviction.set_alpha`).
   `details`, if given, receives the per-request output columns ("per_request") and the final
   state ("final_state").
   """
@@ -300,6 +302,8 @@ def run_scan(
   n = len(p.n_in)
   chunk = chunk
   state = init_state(config)
+  if alpha is not None:
+    state = eviction.set_alpha(state, alpha)
   hashes = jnp.asarray(p.hashes)
   outs = []
   for s in range(0, n, chunk):
@@ -329,6 +333,7 @@ def run_scan(
   st = scheduler.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
   counters = {
     "backend": "jax_scan",
+    "alpha": alpha,
     "replay_s": wall,
     "prepare_s": t_prep,
     "steps": int(res[:, 2].sum()),

@@ -94,6 +94,47 @@ def group_block_bytes(model: ModelConfig, groups, block_size: int) -> list[int]:
   return out
 
 
+def eviction_costs(model: ModelConfig, groups, block_size: int) -> dict:
+  """The core's FLOP-aware cost fields for `model` (per group, `CacheConfig.eviction_*`).
+
+  Each group's prefix cost is F(L) = linear * L + quadratic * L^2 from the sim cost model
+  (taken at L = 1 and 2; swa windows are >= 2 tokens): full = attention layers (+ the MLP
+  layers), swa = its layers (+ MLP if there is no full group), mamba = recurrent layers (+ MLP
+  if there is no attention). Block bytes = `group_block_bytes`.
+  """
+  kinds = [g.kind for g in groups]
+  mlp_home = "full" if "full" in kinds else ("swa" if "swa" in kinds else "mamba")
+  lin, quad = [], []
+  for g in groups:
+
+    def f(L, g=g):
+      if g.kind == "full":
+        v = model.n_attn * model.attn_flops(L)
+      elif g.kind == "swa":
+        v = model.n_swa * model.swa_flops(L)
+      else:
+        v = model.n_recurrent * model.recurrent_flops(L)
+      return float(v + (model.n_mlp * model.mlp_flops(L) if g.kind == mlp_home else 0))
+
+    q = (f(2) - 2 * f(1)) / 2
+    lin.append(f(1) - q)
+    quad.append(q)
+  byt = [float(b) for b in group_block_bytes(model, groups, block_size)]
+  return {
+    "eviction_flops_linear": tuple(lin),
+    "eviction_flops_quadratic": tuple(quad),
+    "eviction_block_bytes": tuple(byt),
+  }
+
+
+def _eviction_costs(model, groups, block_size, eviction) -> dict:
+  """`eviction_costs` when the policy is FLOP-aware and the core's CacheConfig has the fields."""
+  names = {f.name for f in dataclasses.fields(CacheConfig)}
+  if eviction != "flop_aware" or "eviction_flops_linear" not in names:
+    return {}
+  return eviction_costs(model, groups, block_size)
+
+
 def build_config(
   trace: Trace,
   model: ModelConfig,
@@ -142,6 +183,7 @@ def build_config(
     eviction=p.eviction,
     pinning=pinning,
     max_requests=1,
+    **_eviction_costs(model, groups, block_size, p.eviction),
   )
   sizing = {
     "num_blocks": num_blocks,
@@ -197,12 +239,17 @@ def run_core(
   config: CacheConfig,
   backend: str = "jax",
   on_request: Callable[[int, object], None] | None = None,
+  alpha: float | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` on a fresh manager; returns (triples, counters).
 
   `on_request(i, manager)` runs after every request is freed (e.g. the invariant checker).
   """
   m = make_manager(config, backend)
+  if alpha is not None:
+    from hybrid_cache import eviction
+
+    m.state = eviction.set_alpha(m.state, alpha)
   B = config.block_size
   mamba = [i for i, g in enumerate(config.groups) if g.kind == "mamba"]
   triples = []
@@ -255,16 +302,17 @@ def token_ids_fit(trace: Trace) -> None:
 
 
 def replay(
-  trace: Trace, config: CacheConfig, backend: str = "jax"
+  trace: Trace, config: CacheConfig, backend: str = "jax", alpha: float | None = None
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
-  JaxCacheManager through the protocol, "reference" = ReferencePolicy."""
+  JaxCacheManager through the protocol, "reference" = ReferencePolicy. `alpha`: FLOP-aware
+  eviction's alpha (jax backends)."""
   if backend == "jax":
     from hybrid_cache.sim import core_scan
 
-    return core_scan.run_scan(trace, config)
+    return core_scan.run_scan(trace, config, alpha=alpha)
   if backend == "jax_protocol":
-    return run_core(trace, config, "jax")
+    return run_core(trace, config, "jax", alpha=alpha)
   if backend == "reference":
     return run_core(trace, config, "reference")
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -201,3 +201,33 @@ def test_invariants_after_every_request_150():
 @pytest.mark.slow
 def test_invariants_after_every_request_10k():
   _soak(10_000, 1)
+
+
+# ---- FLOP-aware eviction (runs once the core implements it)
+
+
+def _flop_config(tr, cap):
+  from hybrid_cache import eviction
+
+  cfg, _ = core_sim.build_config(tr, TINY, cap, "flop_aware", 4)
+  try:
+    eviction.check_policy(cfg)
+  except NotImplementedError:
+    pytest.skip("the core does not implement eviction='flop_aware' yet")
+  return cfg
+
+
+def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
+  tr = _chat(48)
+  cfg = _flop_config(tr, 34 * 60)
+  assert len(cfg.eviction_flops_linear) == 2 and cfg.eviction_block_bytes == (16.0, 34.0)
+  lru, _ = core_scan.run_scan(
+    tr, core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)[0], chunk=CHUNK
+  )
+  zero, _ = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=0.0)
+  assert zero == lru
+  for alpha in (1.0, 5.0):
+    s, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=alpha)
+    p, cp = core_sim.run_core(tr, cfg, "jax", alpha=alpha)
+    assert s == p
+    assert cs.get("states_evicted") == cp.get("states_evicted")

@@ -128,3 +128,16 @@ def test_invariants_soak_1k():
 @pytest.mark.slow
 def test_invariants_soak_10k():
   _soak(10_000)
+
+
+def test_eviction_costs_follow_marconi_formulas():
+  d, n = M7B.d_model, M7B.ssm_state_dim
+  groups = core_sim.model_groups(M7B, "align")
+  c = core_sim.eviction_costs(M7B, groups, 64)
+  # full group: 4 attention layers (8 L D^2 + 4 L^2 D) + 28 MLP layers (16 L D^2)
+  assert c["eviction_flops_linear"][0] == pytest.approx(4 * 8 * d**2 + 28 * 16 * d**2)
+  assert c["eviction_flops_quadratic"][0] == pytest.approx(4 * 4 * d)
+  # recurrent group: 24 SSM layers, linear only
+  assert c["eviction_flops_linear"][1] == pytest.approx(24 * (12 * d**2 + 16 * d * n + 10 * d))
+  assert c["eviction_flops_quadratic"][1] == pytest.approx(0.0, abs=1e-3)
+  assert c["eviction_block_bytes"] == (64 * 65536.0, 26_787_840.0)
