@@ -5,7 +5,8 @@ Each `Engine.step()`:
   2. schedule: one `CacheManager.schedule` call over the running requests (in admission
      order) then the waiting ones (preempted first), under the token budget;
   3. one jitted model step over all scheduled tokens (ragged prefill chunks and decodes
-     packed together, T and N padded to power-of-two buckets), which first applies the
+     packed together, T and N padded to power-of-two buckets; a step of single tokens only
+     runs the recurrent layers' decode kernels), which first applies the
      plan's recurrent `StateCopy`s (`copy_state_slots`), then runs the model with the core's
      block ids (KV pages and state pools share the pool's block id space);
   4. greedy sampling on the last token of each sequence whose tokens are all computed;
@@ -230,6 +231,9 @@ class Engine:
     token_buckets / seq_buckets: ascending pad sizes for T (tokens) and N (sequences incl.
       one padding sequence); None = powers of two (T >= 16, N >= 2). Fewer buckets = fewer
       compilations.
+    decode_kernels: run steps whose sequences all have one token (pure decode steps) through
+      the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket);
+      False = every step through the chunked prefill kernels.
   """
 
   def __init__(
@@ -244,6 +248,7 @@ class Engine:
     max_num_seqs: int | None = None,
     token_buckets: Sequence[int] | None = None,
     seq_buckets: Sequence[int] | None = None,
+    decode_kernels: bool = True,
   ):
     self.model_config = engine_config.resolve_model_config(model)
     if cache_config is None:
@@ -266,6 +271,7 @@ class Engine:
       )
     self.token_buckets = tuple(sorted(token_buckets)) if token_buckets else None
     self.seq_buckets = tuple(sorted(seq_buckets)) if seq_buckets else None
+    self.decode_kernels = bool(decode_kernels)
     self.mesh = None
     if mesh is not None:
       engine_sharding.check_mesh(self.model_config, mesh)
@@ -483,14 +489,20 @@ class Engine:
   def _run_model(self, seqs, sched, copies, finished) -> None:
     cfg = self.cache_config
     total = sum(n for _, _, n in sched)
-    pad_t = _bucket(total, self.token_buckets, 16)
-    pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
+    decode = self.decode_kernels and total == len(seqs)
+    if decode:
+      # One token per sequence: the recurrent layers run their decode kernels; every padding
+      # sequence holds one token too (T == N).
+      pad_n = pad_t = _bucket(len(seqs), self.seq_buckets, 2)
+    else:
+      pad_t = _bucket(total, self.token_buckets, 16)
+      pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
     ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
     src = np.full((ncopy,), -1, np.int32)
     dst = np.full((ncopy,), -1, np.int32)
     for i, c in enumerate(copies):
       src[i], dst[i] = c.src_block, c.dst_block
-    ckpt_cols = pad_t // self.block_size if self.mode == "all" else 0
+    ckpt_cols = pad_t // self.block_size if self.mode == "all" and not decode else 0
     inputs = runner.build_step_inputs(
       self.model_config,
       seqs,
@@ -500,6 +512,7 @@ class Engine:
       max_blocks=cfg.max_blocks_per_request,
       pad_tokens=pad_t,
       pad_seqs=pad_n,
+      decode=decode,
     )
     qsl = np.asarray(inputs.query_start_loc)
     sample_idx = np.zeros((pad_n,), np.int32)

@@ -58,23 +58,42 @@ class GatedDeltaNet(nnx.Module):
     state_write: jax.Array,
     ckpt_write: jax.Array,
     ckpt_every: int | None,
+    decode: bool = False,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools)."""
+    """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools).
+
+    `decode` (static): every sequence has exactly one token (T == N); the conv and the
+    delta rule then run the decode kernels on the gathered states instead of the chunked
+    prefill kernels (same recurrence; no checkpoints can fall inside one token).
+    """
     t = x.shape[0]
     mixed = self.in_proj_qkv(x)
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
-    y, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
-      mixed,
-      self.conv_weight[...],
-      None,
-      conv_state=conv0,
-      cu_seqlens=query_start_loc,
-      **ckpt_kw,
-      activation="silu",
-      implementation=implementation,
-    )
+    if decode:
+      ids = state_pool.slot_ids(t)
+      y, conv_final = conv_api.causal_conv1d_update(
+        mixed,
+        self.conv_weight[...],
+        None,
+        state_pool=conv0,
+        read_indices=ids,
+        write_indices=ids,
+        activation="silu",
+        implementation=implementation,
+      )
+    else:
+      y, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
+        mixed,
+        self.conv_weight[...],
+        None,
+        conv_state=conv0,
+        cu_seqlens=query_start_loc,
+        **ckpt_kw,
+        activation="silu",
+        implementation=implementation,
+      )
     nq = self.hk * self.dk
     q = y[:, :nq].reshape(t, self.hk, self.dk)
     k = y[:, nq : 2 * nq].reshape(t, self.hk, self.dk)
@@ -83,6 +102,24 @@ class GatedDeltaNet(nnx.Module):
     a = self.in_proj_a(x).astype(jnp.float32)
     g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])
     s0 = state_pool.read_states(state_pool_, state_read)
+    if decode:
+      o, s_final = gdn_api.fused_recurrent_gated_delta_rule_decode(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state_pool=s0,
+        read_indices=ids,
+        write_indices=ids,
+        scale=self.dk**-0.5,
+        implementation=implementation,
+      )
+      state_pool_ = state_pool.write_states(state_pool_, state_write, s_final)
+      conv_pool = state_pool.write_states(conv_pool, state_write, conv_final)
+      z = self.in_proj_z(x)
+      o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)
+      return self.out_proj(o), state_pool_, conv_pool
     o, s_final, (s_ckpts, s_counts) = gdn_api.chunk_gated_delta_rule(
       q,
       k,

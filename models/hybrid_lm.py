@@ -61,6 +61,11 @@ class HybridLM(nnx.Module):
     self, cache: ModelCache, inputs: StepInputs, *, implementation: str | None = None
   ) -> tuple[jax.Array, ModelCache]:
     cfg = self.cfg
+    if inputs.decode and inputs.num_tokens != inputs.num_seqs:
+      raise ValueError(
+        f"inputs.decode needs one token per sequence, got {inputs.num_tokens} tokens for "
+        f"{inputs.num_seqs} sequences"
+      )
     k_all, v_all = cache.k, cache.v
     pools = {
       "G": [cache.gdn_state, cache.gdn_conv],
@@ -96,6 +101,7 @@ class HybridLM(nnx.Module):
           state_write=inputs.state_write,
           ckpt_write=inputs.ckpt_write,
           ckpt_every=inputs.ckpt_every,
+          decode=inputs.decode,
           implementation=implementation,
         )
         pools[kind] = [sp.at[slot].set(s_new), cp.at[slot].set(c_new)]

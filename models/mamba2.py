@@ -71,9 +71,14 @@ class Mamba2(nnx.Module):
     state_write: jax.Array,
     ckpt_write: jax.Array,
     ckpt_every: int | None,
+    decode: bool = False,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x [T, d_model]; pools [NB, H, P, N] / [NB, conv_dim, K-1]. Returns (y, pools)."""
+    """x [T, d_model]; pools [NB, H, P, N] / [NB, conv_dim, K-1]. Returns (y, pools).
+
+    `decode` (static): every sequence has exactly one token (T == N); the conv and the SSD
+    run the decode kernels on the gathered states instead of the chunked prefill kernels.
+    """
     t = x.shape[0]
     proj = self.in_proj(x)
     z = proj[:, : self.d_inner]
@@ -81,21 +86,52 @@ class Mamba2(nnx.Module):
     dt = proj[:, self.d_inner + self.conv_dim :]
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
-    xbc, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
-      xbc,
-      self.conv_weight[...],
-      self.conv_bias[...],
-      conv_state=conv0,
-      cu_seqlens=query_start_loc,
-      **ckpt_kw,
-      activation="silu",
-      implementation=implementation,
-    )
+    if decode:
+      ids = state_pool.slot_ids(t)
+      xbc, conv_final = conv_api.causal_conv1d_update(
+        xbc,
+        self.conv_weight[...],
+        self.conv_bias[...],
+        state_pool=conv0,
+        read_indices=ids,
+        write_indices=ids,
+        activation="silu",
+        implementation=implementation,
+      )
+    else:
+      xbc, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
+        xbc,
+        self.conv_weight[...],
+        self.conv_bias[...],
+        conv_state=conv0,
+        cu_seqlens=query_start_loc,
+        **ckpt_kw,
+        activation="silu",
+        implementation=implementation,
+      )
     gn = self.g * self.n
     xs = xbc[:, : self.d_inner].reshape(t, self.h, self.p)
     b = xbc[:, self.d_inner : self.d_inner + gn].reshape(t, self.g, self.n)
     c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
     s0 = state_pool.read_states(state_pool_, state_read)
+    if decode:
+      y, s_final = ssd_api.ssd_decode(
+        xs,
+        dt,
+        -jnp.exp(self.A_log[...]),
+        b,
+        c,
+        D=self.D[...],
+        dt_bias=self.dt_bias[...],
+        state_pool=s0,
+        read_indices=ids,
+        write_indices=ids,
+        implementation=implementation,
+      )
+      state_pool_ = state_pool.write_states(state_pool_, state_write, s_final)
+      conv_pool = state_pool.write_states(conv_pool, state_write, conv_final)
+      y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
+      return self.out_proj(y), state_pool_, conv_pool
     y, s_final, (s_ckpts, s_counts) = ssd_api.chunk_scan(
       xs,
       dt,

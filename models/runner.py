@@ -137,6 +137,7 @@ def build_step_inputs(
   max_blocks: int | None = None,
   pad_tokens: int | None = None,
   pad_seqs: int | None = None,
+  decode: bool | None = None,
 ) -> StepInputs:
   """Packs `seqs` into a `StepInputs` (host-side numpy, then device arrays).
 
@@ -151,6 +152,10 @@ def build_step_inputs(
     pad_seqs: pad N to this many sequences. Padding forms extra sequences (the last one
       owns every padding token, the others are empty) with null block tables, no KV
       writes (slot -1) and no state reads or writes (-1); their logits are garbage.
+    decode: build a decode step (`StepInputs.decode`): every sequence has one token, and
+      padding sequences get one token each (T == N == pad_seqs; pad_tokens, if given, must
+      equal pad_seqs). None = decode iff every sequence has one token and no padding is
+      asked for, or pad_tokens == pad_seqs.
   Raises:
     ValueError: a sequence without tokens, a table too short, or a new token whose block is
       the null block.
@@ -168,7 +173,24 @@ def build_step_inputs(
       )
   n_user = len(seqs)
   n_real = sum(len(s.token_ids) for s in seqs)
-  if pad_tokens is not None or pad_seqs is not None:
+  one_each = all(len(s.token_ids) == 1 for s in seqs)
+  if decode is None:
+    decode = one_each and (
+      (pad_tokens is None and pad_seqs is None) or (pad_seqs is not None and pad_tokens == pad_seqs)
+    )
+  if decode:
+    if not one_each:
+      raise ValueError("decode=True needs exactly one token in every sequence")
+    if pad_seqs is not None:
+      if pad_tokens is not None and pad_tokens != pad_seqs:
+        raise ValueError(
+          f"decode=True needs pad_tokens == pad_seqs, got {pad_tokens} != {pad_seqs}"
+        )
+      if pad_seqs < len(seqs):
+        raise ValueError(f"pad_seqs={pad_seqs} is less than the step's {len(seqs)} sequences")
+      empty = [[] for _ in groups]
+      seqs = list(seqs) + [SeqStep([0], 0, empty) for _ in range(pad_seqs - len(seqs))]
+  elif pad_tokens is not None or pad_seqs is not None:
     n_pad_tok = 0 if pad_tokens is None else pad_tokens - n_real
     n_pad_seq = (len(seqs) + 1 if pad_seqs is None else pad_seqs) - len(seqs)
     if n_pad_tok < 0:
@@ -240,4 +262,5 @@ def build_step_inputs(
     state_write=jnp.asarray([s.state_write for s in seqs], jnp.int32),
     ckpt_write=jnp.asarray(ck),
     ckpt_every=ckpt_every if m > 0 else None,
+    decode=bool(decode),
   )

@@ -56,6 +56,11 @@ def write_states(
   return pool.at[_drop_index(final_ids, nb)].set(final.astype(pool.dtype), mode="drop")
 
 
+def slot_ids(n: int) -> jax.Array:
+  """int32[n] = 0..n-1: read/write slots of a decode kernel run on a gathered [n, *S] pool."""
+  return jnp.arange(n, dtype=jnp.int32)
+
+
 def checkpoint_kwargs(ckpt_write: jax.Array, ckpt_every: int | None) -> dict:
   """Scan/conv kernel keywords for this step's `all`-mode checkpoints (none when M = 0)."""
   m = ckpt_write.shape[1]

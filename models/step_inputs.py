@@ -26,6 +26,9 @@ Shapes (T packed tokens, N sequences, G cache groups, MB_g blocks per row of gro
                   checkpoints); -1 = none. M may be 0.
 * ckpt_every      static int (a multiple of the kernels' chunk, 64) or None; required when
                   M > 0.
+* decode          static bool: every sequence (padding included) has exactly one token
+                  (T == N, query_start_loc == 0..N). Recurrent layers then run the decode
+                  kernels (one recurrence step per sequence) instead of the chunked ones.
 
 Reading and writing different blocks replaces vLLM's pre-forward state copy (§5.2): the
 engine passes the previous state block as `state_read` and the new one as `state_write`.
@@ -52,6 +55,7 @@ class StepInputs:
   state_write: jax.Array
   ckpt_write: jax.Array
   ckpt_every: int | None = flax.struct.field(pytree_node=False, default=None)
+  decode: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def num_tokens(self) -> int:

@@ -112,11 +112,16 @@ class ToyDriver:
     )
 
   def step(
-    self, work: Sequence[tuple[ToyRequest, int]], *, checkpoints: bool = False
+    self,
+    work: Sequence[tuple[ToyRequest, int]],
+    *,
+    checkpoints: bool = False,
+    decode: bool = False,
   ) -> list[np.ndarray]:
     """Runs one step: each (request, n) computes its next n tokens. Returns logits [n, V]
     per request. With `checkpoints`, recurrent states at every block boundary are written
-    ("all" mode; steps must start block-aligned)."""
+    ("all" mode; steps must start block-aligned). With `decode` (every n == 1), the step is
+    a `StepInputs.decode` step (recurrent decode kernels, T == N == pad_seqs)."""
     bs = self.block_size
     groups = self.cfg.cache_groups
     seqs, dropped = [], []
@@ -152,11 +157,12 @@ class ToyDriver:
       self.cfg,
       seqs,
       bs,
-      ckpt_every=bs if (checkpoints or self.ckpt_cols) else None,
-      num_ckpt_cols=self.ckpt_cols or (None if checkpoints else 0),
+      ckpt_every=bs if (checkpoints or self.ckpt_cols) and not decode else None,
+      num_ckpt_cols=0 if decode else self.ckpt_cols or (None if checkpoints else 0),
       max_blocks=self.max_blocks,
-      pad_tokens=self.pad_tokens,
+      pad_tokens=self.pad_seqs if decode else self.pad_tokens,
       pad_seqs=self.pad_seqs,
+      decode=decode,
     )
     logits, self.cache = runner.forward(
       self.graphdef, self.params, self.cache, inputs, implementation=self.implementation

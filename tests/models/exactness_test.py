@@ -4,7 +4,8 @@ Every preset runs a prompt in one pass, in chunks (block-aligned: bit-exact; una
 <= 1e-5 relative), as a second request that reuses a first request's prefix blocks and its
 recurrent state at the prefix boundary, and as greedy decode steps after a prefill. SWA blocks
 that leave the window are replaced by the null block, and both are filled with a large
-"poison" value, so reading any of them would change the logits.
+"poison" value, so reading any of them would change the logits. Decode steps run both through
+the chunked kernels and through the recurrent decode kernels (`StepInputs.decode`).
 """
 
 import functools
@@ -126,8 +127,11 @@ def test_all_mode_checkpoints_give_hits_at_every_block(name):
   _assert_same(got2, _one_pass(name, b2_tokens)[2 * bs :])
 
 
+@pytest.mark.parametrize(
+  "decode_kernels", [pytest.param(False, marks=pytest.mark.slow), True], ids=["chunked", "decode"]
+)
 @pytest.mark.parametrize("name", PRESETS)
-def test_greedy_decode_matches_full_pass(name):
+def test_greedy_decode_matches_full_pass(name, decode_kernels):
   drv = _driver(name)
   reqs = [drv.new_request(_tokens(name, n, seed=8 + n)) for n in (70, 129)]
   outs = drv.step([(r, len(r.tokens)) for r in reqs])
@@ -136,7 +140,7 @@ def test_greedy_decode_matches_full_pass(name):
   for _ in range(steps):
     for r, o in zip(reqs, outs):
       r.tokens.append(int(o[-1].argmax()))
-    outs = drv.step([(r, 1) for r in reqs])
+    outs = drv.step([(r, 1) for r in reqs], decode=decode_kernels)
     for i, o in enumerate(outs):
       step_logits[i].append(o[0])
   for r, logits in zip(reqs, step_logits):
