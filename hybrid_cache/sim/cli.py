@@ -1,13 +1,15 @@
 """`python -m hybrid_cache.sim`: replays a trace under one policy and prints a JSON summary.
 
-  python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic} --model NAME \
-      --capacity-bytes X --policy NAME [--block-size B] [--dump FILE]
+  python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic,sharegpt} \
+      --model NAME --capacity-bytes X --policy NAME [--block-size B] [--dump FILE]
 
 With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
-seed. The summary has requests, input_tokens, token_hit_rate, request_hit_rate, flops_saved,
-TTFT percentiles, the oracle bound and wall_s (replay seconds: trace parsing excluded, any
-compilation included). --dump writes [hit, num_input_tokens, tokens_reused] per request in trace
-order (atomically, only after a successful replay). Bad input exits with status 2 and a message.
+seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
+optional extra `sharegpt`, see `sharegpt.py`). The summary has requests, input_tokens,
+token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bound and wall_s
+(replay seconds: trace parsing excluded, any compilation included). --dump writes
+[hit, num_input_tokens, tokens_reused] per request in trace order (atomically, only after a
+successful replay). Bad input exits with status 2 and a message.
 """
 
 from __future__ import annotations
@@ -174,8 +176,14 @@ def _atomic_write(path: str, text: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m hybrid_cache.sim", description=__doc__.split("\n")[0])
-  p.add_argument("--trace", required=True, help="trace file, or generator name for synthetic")
-  p.add_argument("--format", required=True, choices=("marconi", "mooncake", "synthetic"))
+  p.add_argument(
+    "--trace",
+    required=True,
+    help="trace file; generator name for synthetic; sharegpt: a ShareGPT JSON or 'default'",
+  )
+  p.add_argument(
+    "--format", required=True, choices=("marconi", "mooncake", "synthetic", "sharegpt")
+  )
   p.add_argument("--model", required=True, help=f"one of {sorted(MODELS)}")
   p.add_argument("--capacity-bytes", required=True, type=float)
   p.add_argument("--policy", required=True)
@@ -215,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
       trace = synthetic.generate(args.trace, seed=args.seed)
       if args.limit is not None:
         trace = trace.head(args.limit)
+    elif args.format == "sharegpt":
+      from hybrid_cache.sim.sharegpt import load_sharegpt
+
+      trace = load_sharegpt(None if args.trace == "default" else args.trace)
+      if args.limit is not None:
+        trace = trace.head(args.limit)
     else:
       if not os.path.isfile(args.trace):
         raise ValueError(f"trace file {args.trace!r} does not exist")
@@ -236,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
     if args.dump:
       _atomic_write(args.dump, json.dumps([list(t) for t in triples]) + "\n")
-  except (ValueError, OSError) as e:
+  except (ValueError, OSError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(json.dumps(summary, indent=1))
