@@ -31,21 +31,36 @@ def test_sim_policies_notebook_tiny(tmp_path):
     {
       "LIMIT": 30,
       "CHAT_SESSIONS": 3,
-      "CAPACITIES": {"conversation": (1e10, 4e10), "synthetic": (2e10,), "chat": (2e9,)},
+      "SHAREGPT_SESSIONS": 2,
+      "CAPACITIES": {
+        "conversation": (1e10, 4e10),
+        "synthetic": (2e10,),
+        "chat": (2e9,),
+        "sharegpt": (1e9,),
+      },
       "POLICIES": (
         "marconi_compat_sglang",
         "marconi_compat_static:1",
         "marconi_compat_vllm",
         "lru",
       ),
+      "BACKEND": "reference",  # the scan's compile per capacity is too slow for a unit test
       "OUT_DIR": str(tmp_path),
     }
   )
-  for name in ("hit_rate_vs_capacity.png", "ttft_p95_vs_capacity.png"):
+  for name in (
+    "hit_rate_vs_capacity.png",
+    "ttft_p95_vs_capacity.png",
+    "fraction_of_oracle_vs_capacity.png",
+  ):
     assert (tmp_path / name).stat().st_size > 0
   recs = ns["records"]
-  # 3 oracles + 4 policies x (2 + 1 + 1) capacities
-  assert len(recs) == 3 + 4 * 4
+  names = set(ns["traces"])
+  assert {"conversation", "synthetic", "chat"} <= names
+  ncap = sum(len(ns["CAPACITIES"][t]) for t in names)
+  # one oracle per trace + 4 policies x capacities
+  assert len(recs) == len(names) + 4 * ncap
   done = [r for r in recs if "skipped" not in r and r["policy"] != "oracle"]
   assert done and all(0 <= r["fraction_of_oracle"] <= 1 for r in done)
-  assert {r["trace"] for r in done} == {"conversation", "synthetic", "chat"}
+  assert {r["trace"] for r in done} == names
+  assert all(ratio > 0 for *_, ratio, _ in ns["flop_vs_lru"])
