@@ -4,7 +4,9 @@ latency ratio (align + Marconi admission vs caching off) measured side by side i
   python -m experiments.bench_engine [--presets=qwen35_tiny,...] [--num_prompts=20]
 
 Prints a table and the command; every number comes from this one process (compilations are
-excluded: each configuration runs once untimed first).
+excluded: each configuration runs once untimed first). Decode is timed twice per preset, side
+by side: through the recurrent decode kernels (the engine's default) and through the chunked
+prefill kernels (`Engine(decode_kernels=False)`, the earlier path).
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 20, "Shared-prefix prompts.")
 _PREFIX = flags.DEFINE_integer("prefix_len", 500, "Shared prefix length.")
 
 
-def throughput(preset: str, prefill_len: int, batch: int, decode_len: int) -> dict[str, float]:
-  """Prefill tok/s (all prompts at once, budget = batch * prompt) and decode tok/s."""
+def throughput(
+  preset: str, prefill_len: int, batch: int, decode_len: int, decode_kernels: bool = True
+) -> dict[str, float]:
+  """Prefill tok/s (all prompts at once, budget = batch * prompt) and decode tok/s.
+
+  `decode_kernels`: pure decode steps through the recurrent decode kernels (the engine's
+  default) or through the chunked prefill kernels (the path before them).
+  """
   budget = batch * prefill_len
   cc = cache_config_for(
     preset,
@@ -41,7 +49,14 @@ def throughput(preset: str, prefill_len: int, batch: int, decode_len: int) -> di
     max_model_len=prefill_len + decode_len,
     max_requests=batch,
   )
-  eng = Engine(preset, cc, seed=0, token_buckets=(batch, budget), seq_buckets=(2 * batch,))
+  eng = Engine(
+    preset,
+    cc,
+    seed=0,
+    token_buckets=(batch, budget),
+    seq_buckets=(2 * batch,),
+    decode_kernels=decode_kernels,
+  )
   rng = np.random.RandomState(0)
   prompts = [rng.randint(0, 256, prefill_len).tolist() for _ in range(batch)]
   eng.generate(prompts, 2)  # compile
@@ -63,10 +78,18 @@ def throughput(preset: str, prefill_len: int, batch: int, decode_len: int) -> di
 def main(argv: Sequence[str]) -> None:
   del argv
   print("command:", " ".join(["python -m experiments.bench_engine"] + sys.argv[1:]))
-  print(f"\n{'preset':18s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'decode step ms':>16s}")
+  print(
+    f"\n{'preset':18s}{'prefill tok/s':>15s}{'decode tok/s':>14s}{'decode step ms':>16s}"
+    f"{'chunked-kernel decode step ms':>31s}{'ratio':>7s}"
+  )
   for p in _PRESETS.value:
-    r = throughput(p, _PREFILL.value, _BATCH.value, _DECODE.value)
-    print(f"{p:18s}{r['prefill_tok_s']:15.0f}{r['decode_tok_s']:14.1f}{r['decode_step_ms']:16.1f}")
+    args = (p, _PREFILL.value, _BATCH.value, _DECODE.value)
+    old = throughput(*args, decode_kernels=False)  # decode steps through the chunked kernels
+    r = throughput(*args)
+    print(
+      f"{p:18s}{r['prefill_tok_s']:15.0f}{r['decode_tok_s']:14.1f}{r['decode_step_ms']:16.1f}"
+      f"{old['decode_step_ms']:31.1f}{old['decode_step_ms'] / r['decode_step_ms']:7.1f}x"
+    )
   prompts = engine_workload.shared_prefix_prompts(0, _NUM_PROMPTS.value, _PREFIX.value, 24)
   arms = {k: engine_workload.STANDARD_ARMS[k] for k in ("off", "align_marconi")}
   common = dict(num_blocks=512, max_num_batched_tokens=1024, max_model_len=1024, max_requests=1)

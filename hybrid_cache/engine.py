@@ -156,14 +156,18 @@ def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
   return p
 
 
+_FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
+
+
 def _apply_copies(cache: cache_lib.ModelCache, src, dst, implementation):
-  """Recurrent state copies src[i] -> dst[i] (all layers, state and conv); -1 = padding."""
+  """Recurrent state copies src[f, i] -> dst[f, i] (all layers of family f = 0 (GDN) or
+  1 (Mamba2), state and conv); -1 = padding."""
   changes = {}
-  for s_name, c_name in (("gdn_state", "gdn_conv"), ("mamba_state", "mamba_conv")):
+  for f, (_, s_name, c_name) in enumerate(_FAMILIES):
     s, c = getattr(cache, s_name), getattr(cache, c_name)
     if s.shape[0] == 0:
       continue
-    s, c = state_copy_api.copy_state_slots((s, c), src, dst, implementation=implementation)
+    s, c = state_copy_api.copy_state_slots((s, c), src[f], dst[f], implementation=implementation)
     changes[s_name], changes[c_name] = s, c
   return cache.replace(**changes)
 
@@ -262,7 +266,13 @@ class Engine:
     self.cache_config = cache_config
     self.block_size = cache_config.block_size
     self.mode = engine_config.effective_recurrent_mode(cache_config)
-    self.rgroup = self.model_config.recurrent_group
+    self.rgroups = self.model_config.recurrent_groups
+    # Cache group of each recurrent family's layers (copies of group g go to these families).
+    self._family_group = {
+      k: self.model_config.recurrent_groups[self.model_config.recurrent_index(k)]
+      for k in "GM"
+      if k in self.model_config.layer_kinds
+    }
     self.implementation = implementation
     self.max_num_seqs = max_num_seqs or cache_config.max_requests
     if not 1 <= self.max_num_seqs <= cache_config.max_requests:
@@ -465,12 +475,16 @@ class Engine:
       all_tokens = r.prompt + r.output
       view = self.manager.request_view(e.req)
       tables = [list(t) for t in view.block_ids]
-      read = write = -1
-      ckpts: list[int] = []
-      if self.rgroup is not None:
-        read, write, ckpts = self._state_ids(tables[self.rgroup], start, n)
+      ids = [self._state_ids(tables[g], start, n) for g in self.rgroups] or [(-1, -1, [])]
       seqs.append(
-        runner.SeqStep(all_tokens[start : start + n], start, tables, read, write, tuple(ckpts))
+        runner.SeqStep(
+          all_tokens[start : start + n],
+          start,
+          tables,
+          tuple(i[0] for i in ids),
+          tuple(i[1] for i in ids),
+          tuple(tuple(i[2]) for i in ids),
+        )
       )
       sched.append((r, start, n))
     copies = [c for c in result.state_copies if c.src_block != c.dst_block]
@@ -498,10 +512,14 @@ class Engine:
       pad_t = _bucket(total, self.token_buckets, 16)
       pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
     ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
-    src = np.full((ncopy,), -1, np.int32)
-    dst = np.full((ncopy,), -1, np.int32)
-    for i, c in enumerate(copies):
-      src[i], dst[i] = c.src_block, c.dst_block
+    src = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    dst = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    fill = [0] * len(_FAMILIES)
+    for c in copies:
+      for f, (kind, _, _) in enumerate(_FAMILIES):
+        if self._family_group.get(kind) == c.group:
+          src[f, fill[f]], dst[f, fill[f]] = c.src_block, c.dst_block
+          fill[f] += 1
     ckpt_cols = pad_t // self.block_size if self.mode == "all" and not decode else 0
     inputs = runner.build_step_inputs(
       self.model_config,

@@ -2,10 +2,11 @@
 
 The model's layer pattern fixes the groups (vLLM groups layers by spec): full-attention layers
 form a "full" group, sliding-window layers an "swa" group with the model's window, GDN/Mamba2
-layers one "mamba" group in the chosen recurrent mode. Groups follow
-`ModelConfig.cache_groups` (order of first appearance), so group g of the cache core is group
-g of the model's `StepInputs`. All groups share `block_size` (the model's KV pages and state
-pools are indexed by the same block ids).
+layers one "mamba" group in the chosen recurrent mode (or, with the model's
+`recurrent_grouping="per_kind"`, one "mamba" group per recurrent kind, all in that mode).
+Groups follow `ModelConfig.cache_groups` (order of first appearance), so group g of the cache
+core is group g of the model's `StepInputs`. All groups share `block_size` (the model's KV
+pages and state pools are indexed by the same block ids).
 
 Example::
 
@@ -100,6 +101,11 @@ def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
         f"cache_config.groups[{i}].window must equal the model's window={model.window}, "
         f"got {g.window}"
       )
+  modes = {g.mode for g in cache.resolved_groups if g.kind == "mamba"}
+  if len(modes) > 1 and effective_recurrent_mode(cache) != "none":
+    raise ValueError(
+      f"cache_config.groups[].mode must be the same for every mamba group, got {sorted(modes)}"
+    )
   if cache.num_speculative_tokens:
     raise ValueError(
       f"num_speculative_tokens must be 0 (the engine has no draft model), got "

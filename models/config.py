@@ -9,13 +9,18 @@ A model is a stack of `num_layers` decoder blocks; block i has the mixer named b
 Every block is `x + mixer(norm(x))` then `x + mlp(norm(x))` (SwiGLU MLP).
 
 Cache groups follow vLLM's grouping by spec: all full-attention layers form the group
-"full", all sliding-window layers the group "swa", all recurrent layers (G and M) the
-group "mamba"; groups are ordered by first appearance in the pattern. Example::
+"full", all sliding-window layers the group "swa", and the recurrent layers one "mamba"
+group (`recurrent_grouping="shared"`, default) or one "mamba" group per recurrent kind, G
+and M apart (`"per_kind"`: two recurrent groups, each with its own block table, state ids
+and copies); groups are ordered by first appearance in the pattern. Example::
 
   cfg = hybrid3_tiny()          # pattern "GSGA", 4 layers
   cfg.layer_kinds               # ('G', 'S', 'G', 'A')
   cfg.cache_groups              # ('mamba', 'swa', 'full')
   cfg.layer_group               # (0, 1, 0, 2)
+  two = ModelConfig(layer_pattern="GMA", num_layers=3, recurrent_grouping="per_kind")
+  two.cache_groups              # ('mamba', 'mamba', 'full')
+  two.recurrent_groups          # (0, 1): G layers in group 0, M layers in group 1
 
 `ModelConfig` is frozen and hashable (a static jit argument); bad values raise
 `ValueError` naming the field, the value and the allowed range. No JAX import here.
@@ -29,6 +34,7 @@ from typing import Any
 LAYER_LETTERS = "GMAFS"
 _LETTER_TO_GROUP = {"G": "mamba", "M": "mamba", "A": "full", "F": "full", "S": "swa"}
 DTYPES = ("float32", "bfloat16")
+RECURRENT_GROUPINGS = ("shared", "per_kind")
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
@@ -66,6 +72,8 @@ class ModelConfig:
     norm_eps: RMSNorm epsilon.
     dtype: parameter and activation dtype ("float32" or "bfloat16"); recurrent states,
       norms, gates and logits are always fp32.
+    recurrent_grouping: "shared" (G and M layers form one "mamba" cache group) or
+      "per_kind" (one "mamba" cache group per recurrent kind present).
   """
 
   layer_pattern: str
@@ -90,6 +98,7 @@ class ModelConfig:
   conv_kernel: int = 4
   norm_eps: float = 1e-6
   dtype: str = "float32"
+  recurrent_grouping: str = "shared"
 
   def __post_init__(self):
     pattern = self.layer_pattern
@@ -149,6 +158,10 @@ class ModelConfig:
     _check_pos_float("norm_eps", self.norm_eps)
     if self.dtype not in DTYPES:
       raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+    if self.recurrent_grouping not in RECURRENT_GROUPINGS:
+      raise ValueError(
+        f"recurrent_grouping must be one of {RECURRENT_GROUPINGS}, got {self.recurrent_grouping!r}"
+      )
 
   # ---- derived, static ----
   @property
@@ -157,21 +170,45 @@ class ModelConfig:
     p = self.layer_pattern
     return tuple("A" if p[i % len(p)] == "F" else p[i % len(p)] for i in range(self.num_layers))
 
+  def _group_key(self, kind: str) -> str:
+    g = _LETTER_TO_GROUP[kind]
+    if g == "mamba" and self.recurrent_grouping == "per_kind":
+      return f"mamba:{kind}"
+    return g
+
+  @property
+  def _group_keys(self) -> tuple[str, ...]:
+    out: list[str] = []
+    for k in self.layer_kinds:
+      key = self._group_key(k)
+      if key not in out:
+        out.append(key)
+    return tuple(out)
+
   @property
   def cache_groups(self) -> tuple[str, ...]:
     """Cache group kinds ("full" | "swa" | "mamba") in order of first appearance."""
-    out: list[str] = []
-    for k in self.layer_kinds:
-      g = _LETTER_TO_GROUP[k]
-      if g not in out:
-        out.append(g)
-    return tuple(out)
+    return tuple(key.split(":")[0] for key in self._group_keys)
 
   @property
   def layer_group(self) -> tuple[int, ...]:
     """Cache group index of each layer."""
-    groups = self.cache_groups
-    return tuple(groups.index(_LETTER_TO_GROUP[k]) for k in self.layer_kinds)
+    keys = self._group_keys
+    return tuple(keys.index(self._group_key(k)) for k in self.layer_kinds)
+
+  @property
+  def recurrent_groups(self) -> tuple[int, ...]:
+    """Indices of the "mamba" cache groups, in group order (empty without recurrent layers).
+
+    `StepInputs.state_read` etc. have one row per recurrent group, in this order.
+    """
+    return tuple(i for i, kind in enumerate(self.cache_groups) if kind == "mamba")
+
+  def recurrent_index(self, kind: str) -> int:
+    """Row of `StepInputs.state_read` etc. used by the layers of recurrent kind "G" or "M"."""
+    if kind not in "GM" or kind not in self.layer_kinds:
+      raise ValueError(f"kind must be a recurrent letter of the pattern (G or M), got {kind!r}")
+    return self.recurrent_groups.index(self._group_keys.index(self._group_key(kind)))
 
   @property
   def layer_slot(self) -> tuple[int, ...]:
@@ -190,9 +227,14 @@ class ModelConfig:
 
   @property
   def recurrent_group(self) -> int | None:
-    """Index of the "mamba" cache group, or None when there is no recurrent layer."""
-    g = self.cache_groups
-    return g.index("mamba") if "mamba" in g else None
+    """Index of the first "mamba" cache group, or None when there is no recurrent layer."""
+    g = self.recurrent_groups
+    return g[0] if g else None
+
+  @property
+  def num_recurrent_rows(self) -> int:
+    """Rows of `StepInputs.state_read` etc.: one per recurrent group, at least 1."""
+    return max(1, len(self.recurrent_groups))
 
   @property
   def gdn_conv_dim(self) -> int:

@@ -71,6 +71,7 @@ class HybridLM(nnx.Module):
       "G": [cache.gdn_state, cache.gdn_conv],
       "M": [cache.mamba_state, cache.mamba_conv],
     }
+    rec = {k: cfg.recurrent_index(k) for k in "GM" if k in cfg.layer_kinds}
     x = self.embed(inputs.token_ids)
     for block, kind, group, slot in zip(
       self.blocks, cfg.layer_kinds, cfg.layer_group, cfg.layer_slot, strict=True
@@ -97,9 +98,9 @@ class HybridLM(nnx.Module):
           sp[slot],
           cp[slot],
           query_start_loc=inputs.query_start_loc,
-          state_read=inputs.state_read,
-          state_write=inputs.state_write,
-          ckpt_write=inputs.ckpt_write,
+          state_read=inputs.state_read[rec[kind]],
+          state_write=inputs.state_write[rec[kind]],
+          ckpt_write=inputs.ckpt_write[rec[kind]],
           ckpt_every=inputs.ckpt_every,
           decode=inputs.decode,
           implementation=implementation,

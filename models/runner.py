@@ -74,15 +74,36 @@ class SeqStep:
     block_tables: per cache group, block ids by block position (index j covers positions
       [j*B, (j+1)*B)); 0 = null block. Attention groups need entries for every position the
       step reads or writes; the recurrent group's table is not used by the model.
-    state_read / state_write / ckpt_write: recurrent pool ids (see `StepInputs`).
+    state_read / state_write / ckpt_write: recurrent pool ids (see `StepInputs`): an int /
+      an int / a sequence of ints used for every recurrent group, or, with R recurrent
+      groups, a sequence of R of those (one per group, in `cfg.recurrent_groups` order).
   """
 
   token_ids: Sequence[int]
   num_computed: int
   block_tables: Sequence[Sequence[int]]
-  state_read: int = -1
-  state_write: int = -1
-  ckpt_write: Sequence[int] = ()
+  state_read: int | Sequence[int] = -1
+  state_write: int | Sequence[int] = -1
+  ckpt_write: Sequence[int] | Sequence[Sequence[int]] = ()
+
+  def recurrent_ids(self, rows: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """(read[R], write[R], ckpts[R][...]) with R = `rows`; int ids apply to every group."""
+    read, write, ck = self.state_read, self.state_write, self.ckpt_write
+    if isinstance(read, int | np.integer):
+      read = [int(read)] * rows
+    if isinstance(write, int | np.integer):
+      write = [int(write)] * rows
+    if not len(ck):
+      ck = [[] for _ in range(rows)]
+    elif isinstance(ck[0], int | np.integer):
+      ck = [list(ck)] * rows
+    read, write, ck = list(read), list(write), [list(c) for c in ck]
+    if not len(read) == len(write) == len(ck) == rows:
+      raise ValueError(
+        f"state_read / state_write / ckpt_write must have one entry per recurrent group "
+        f"({rows}), got {len(read)} / {len(write)} / {len(ck)}"
+      )
+    return read, write, ck
 
 
 def recurrent_state_ids(
@@ -241,16 +262,19 @@ def build_step_inputs(
         slot[t] = blk * block_size + p % block_size
     tables.append(tab)
     slots.append(slot)
+  rows = cfg.num_recurrent_rows
+  ids = [s.recurrent_ids(rows) for s in seqs]
   m = num_ckpt_cols
   if m is None:
-    m = max(len(s.ckpt_write) for s in seqs)
+    m = max(len(c) for _, _, cks in ids for c in cks)
   if m > 0 and ckpt_every is None:
     raise ValueError("ckpt_every is required when a sequence has ckpt_write entries")
-  ck = np.full((len(seqs), m), -1, np.int32)
-  for i, s in enumerate(seqs):
-    if len(s.ckpt_write) > m:
-      raise ValueError(f"seqs[{i}].ckpt_write has {len(s.ckpt_write)} > {m} entries")
-    ck[i, : len(s.ckpt_write)] = s.ckpt_write
+  ck = np.full((rows, len(seqs), m), -1, np.int32)
+  for i, (_, _, cks) in enumerate(ids):
+    for r, c in enumerate(cks):
+      if len(c) > m:
+        raise ValueError(f"seqs[{i}].ckpt_write has {len(c)} > {m} entries")
+      ck[r, i, : len(c)] = c
   return StepInputs(
     token_ids=jnp.asarray(tokens),
     positions=jnp.asarray(positions),
@@ -258,8 +282,8 @@ def build_step_inputs(
     seq_lens=jnp.asarray(seq_lens),
     block_tables=tuple(jnp.asarray(t) for t in tables),
     slot_mapping=tuple(jnp.asarray(s) for s in slots),
-    state_read=jnp.asarray([s.state_read for s in seqs], jnp.int32),
-    state_write=jnp.asarray([s.state_write for s in seqs], jnp.int32),
+    state_read=jnp.asarray(np.asarray([r for r, _, _ in ids], np.int32).T),
+    state_write=jnp.asarray(np.asarray([w for _, w, _ in ids], np.int32).T),
     ckpt_write=jnp.asarray(ck),
     ckpt_every=ckpt_every if m > 0 else None,
     decode=bool(decode),

@@ -16,12 +16,13 @@ Shapes (T packed tokens, N sequences, G cache groups, MB_g blocks per row of gro
                   blocks). The recurrent group's table is not read by the model.
 * slot_mapping    tuple over groups of int32[T]: block * B + offset where the token's K/V is
                   written; -1 = do not write. Ignored for the recurrent group.
-* state_read      int32[N]  pool block holding the recurrent (+conv) state after the
-                  sequence's first `seq_len - q_len` tokens; -1 = no initial state (zeros),
-                  used when nothing is computed yet.
-* state_write     int32[N]  pool block receiving the state after all of this step's tokens;
-                  -1 = discard.
-* ckpt_write      int32[N, M]  pool block receiving the state after the first
+* state_read      int32[R, N]  per recurrent group r (R = `cfg.num_recurrent_rows`, rows in
+                  `cfg.recurrent_groups` order): pool block holding the recurrent (+conv)
+                  state of that group's layers after the sequence's first `seq_len - q_len`
+                  tokens; -1 = no initial state (zeros), used when nothing is computed yet.
+* state_write     int32[R, N]  pool block receiving the state after all of this step's
+                  tokens; -1 = discard.
+* ckpt_write      int32[R, N, M]  pool block receiving the state after the first
                   (j+1) * ckpt_every tokens of this step's tokens of sequence n ("all" mode
                   checkpoints); -1 = none. M may be 0.
 * ckpt_every      static int (a multiple of the kernels' chunk, 64) or None; required when

@@ -142,13 +142,20 @@ class ToyDriver:
           dropped += [b for b in row[:first_needed] if b]
           row = [0] * first_needed + row[first_needed:]
         tables.append(row)
-      read, write, ckpts = -1, -1, []
-      rg = self.cfg.recurrent_group
-      if rg is not None:
-        read, write, ckpts = runner.recurrent_state_ids(
-          req.tables[rg], start, n, bs, checkpoints=checkpoints
+      ids = [
+        runner.recurrent_state_ids(req.tables[g], start, n, bs, checkpoints=checkpoints)
+        for g in self.cfg.recurrent_groups
+      ] or [(-1, -1, [])]
+      seqs.append(
+        runner.SeqStep(
+          req.tokens[start:end],
+          start,
+          tables,
+          tuple(i[0] for i in ids),
+          tuple(i[1] for i in ids),
+          tuple(tuple(i[2]) for i in ids),
         )
-      seqs.append(runner.SeqStep(req.tokens[start:end], start, tables, read, write, tuple(ckpts)))
+      )
     if self.poison_value is not None:
       # A block dropped by one request may still be in another's window (shared prefix).
       live = {b for s in seqs for t in s.block_tables for b in t}

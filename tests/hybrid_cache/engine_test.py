@@ -73,6 +73,26 @@ def test_cached_equals_uncached_with_chunks_windows_and_junctions(preset):
   assert e_off.stats.prefill_tokens_computed == total
 
 
+def _two_recurrent_groups(grouping="per_kind"):
+  # GDN, SWA, Mamba2, full: with "per_kind" the G and M layers are two recurrent cache groups.
+  return get_preset("hybrid3_tiny", layer_pattern="GSMA", recurrent_grouping=grouping)
+
+
+def test_two_recurrent_groups_cached_equals_uncached():
+  model = _two_recurrent_groups()
+  assert model.recurrent_groups == (0, 2)
+  prompts = _prompts(11, 3, 72, 21)
+  off, _ = _run(model, prompts, 3, enable_prefix_caching=False)
+  on, eng = _run(model, prompts, 3)
+  _assert_exact(on, off)
+  assert sum(o.num_cached_tokens for o in on[1:]) >= 2 * 48
+  # Each recurrent group gets its own state copies (group 0 -> GDN, group 2 -> Mamba2 pools).
+  assert eng.stats.state_copies > 0
+  # The same weights with one shared recurrent group give the same outputs.
+  shared, _ = _run(_two_recurrent_groups("shared"), prompts, 3)
+  _assert_exact(shared, off)
+
+
 def test_marconi_junction_makes_recurrent_prefix_hit():
   # Prefix 80 = 5 blocks, prompts of 120: chunks end at 32, 64, 96, 112, so without the
   # junction cut the recurrent state at 80 never exists.

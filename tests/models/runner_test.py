@@ -24,9 +24,38 @@ def test_build_step_inputs_packs_and_maps_slots():
   np.testing.assert_array_equal(inp.seq_lens, [5, 1])
   np.testing.assert_array_equal(inp.slot_mapping[1], [8 * 4 + 2, 8 * 4 + 3, 3 * 4 + 0, 5 * 4])
   np.testing.assert_array_equal(inp.slot_mapping[2], [1 * 4 + 2, 1 * 4 + 3, 2 * 4 + 0, 6 * 4])
-  np.testing.assert_array_equal(inp.state_read, [9, -1])
-  np.testing.assert_array_equal(inp.state_write, [9, 4])
-  assert inp.ckpt_write.shape == (2, 0) and inp.ckpt_every is None
+  np.testing.assert_array_equal(inp.state_read, [[9, -1]])  # [R=1 recurrent group, N]
+  np.testing.assert_array_equal(inp.state_write, [[9, 4]])
+  assert inp.ckpt_write.shape == (1, 2, 0) and inp.ckpt_every is None
+  assert not inp.decode
+
+
+def test_two_recurrent_groups_get_one_id_row_each():
+  cfg = config_lib.ModelConfig(
+    layer_pattern="GMA", num_layers=3, recurrent_grouping="per_kind"
+  )  # groups: mamba (G), mamba (M), full
+  seqs = [
+    SeqStep([5, 6], 4, [[9, 3], [7, 2], [1, 6]], state_read=(9, 7), state_write=(3, 2)),
+    SeqStep([8], 0, [[4], [5], [6]], state_write=(4, 5)),
+  ]
+  inp = runner.build_step_inputs(cfg, seqs, 4)
+  np.testing.assert_array_equal(inp.state_read, [[9, -1], [7, -1]])
+  np.testing.assert_array_equal(inp.state_write, [[3, 4], [2, 5]])
+  with pytest.raises(ValueError, match="one entry per recurrent group"):
+    runner.build_step_inputs(cfg, [SeqStep([1], 0, [[1], [1], [1]], state_read=(1, 2, 3))], 4)
+
+
+def test_decode_steps_hold_one_token_per_sequence():
+  cfg = config_lib.qwen35_tiny()
+  seqs = [SeqStep([1], 3, [[3], [4]], 3, 3), SeqStep([2], 5, [[5], [6]], 5, 5)]
+  inp = runner.build_step_inputs(cfg, seqs, 8, pad_tokens=4, pad_seqs=4, decode=True)
+  assert inp.decode
+  np.testing.assert_array_equal(inp.query_start_loc, [0, 1, 2, 3, 4])
+  np.testing.assert_array_equal(inp.state_write, [[3, 5, -1, -1]])
+  with pytest.raises(ValueError, match="one token"):
+    runner.build_step_inputs(cfg, [SeqStep([1, 2], 0, [[3], [4]])], 8, decode=True)
+  with pytest.raises(ValueError, match="pad_tokens == pad_seqs"):
+    runner.build_step_inputs(cfg, seqs, 8, pad_tokens=8, pad_seqs=4, decode=True)
 
 
 def test_padding_adds_inert_sequences():
@@ -35,7 +64,7 @@ def test_padding_adds_inert_sequences():
     cfg, [SeqStep([1, 2], 0, [[3], [4]], state_write=3)], 4, pad_tokens=8, pad_seqs=3
   )
   np.testing.assert_array_equal(inp.query_start_loc, [0, 2, 2, 8])
-  np.testing.assert_array_equal(inp.state_write, [3, -1, -1])
+  np.testing.assert_array_equal(inp.state_write, [[3, -1, -1]])
   np.testing.assert_array_equal(inp.slot_mapping[1], [16, 17, -1, -1, -1, -1, -1, -1])
   assert inp.block_tables[1].shape == (3, 2)  # 6 padding tokens need 2 (null) blocks of 4
 
