@@ -297,6 +297,7 @@ def run_scan(
     except NotImplementedError as e:
       raise ValueError(f"backend 'jax': {e}") from None
   t0 = time.perf_counter()
+  c0 = time.process_time()
   p = prepared if prepared is not None else prepare(trace, config)
   t_prep = time.perf_counter() - t0
   n = len(p.n_in)
@@ -335,6 +336,7 @@ def run_scan(
     "backend": "jax_scan",
     "alpha": alpha,
     "replay_s": wall,
+    "replay_cpu_s": time.process_time() - c0,
     "prepare_s": t_prep,
     "steps": int(res[:, 2].sum()),
     "final_cached_blocks_per_group": [int(x) for x in st["cached_per_group"]],
