@@ -40,9 +40,14 @@ def test_restored_engine_hits_saved_prefix_and_matches_warm_engine(tmp_path):
   warm = _engine()
   warm.generate([first], 2)
   checkpoint.save_warm_cache(warm, str(tmp_path / "warm"))
+  saved_stats = warm.manager.pool_stats()
   want = warm.generate([second], 3, return_logits=True)[0]
   restored = _engine()
+  assert restored.manager.pool_stats() != saved_stats  # a fresh pool holds no cached blocks
   checkpoint.restore_warm_cache(restored, str(tmp_path / "warm"))
+  # pool_stats reflects the restored state (cached blocks, free blocks), not the empty pool.
+  assert restored.manager.pool_stats() == saved_stats
+  assert sum(saved_stats.cached_blocks_per_group) > 0
   got = restored.generate([second], 3, return_logits=True)[0]
   assert got.num_cached_tokens == want.num_cached_tokens == 48
   assert got.output_tokens == want.output_tokens

@@ -34,6 +34,23 @@ def test_pattern_repeats_and_groups():
   assert ModelConfig(layer_pattern="GA", num_layers=3).layer_kinds == ("G", "A", "G")
 
 
+def test_per_kind_recurrent_grouping_gives_one_group_per_kind():
+  cfg = ModelConfig(layer_pattern="GSMA", num_layers=8, window=8, recurrent_grouping="per_kind")
+  assert cfg.cache_groups == ("mamba", "swa", "mamba", "full")
+  assert cfg.layer_group == (0, 1, 2, 3, 0, 1, 2, 3)
+  assert cfg.recurrent_groups == (0, 2) and cfg.recurrent_group == 0
+  assert (cfg.recurrent_index("G"), cfg.recurrent_index("M")) == (0, 1)
+  shared = cfg.replace(recurrent_grouping="shared")
+  assert shared.cache_groups == ("mamba", "swa", "full")
+  assert shared.recurrent_groups == (0,) and shared.num_recurrent_rows == 1
+  assert (shared.recurrent_index("G"), shared.recurrent_index("M")) == (0, 0)
+  # Only one recurrent kind: one group either way.
+  assert config_lib.qwen35_tiny(recurrent_grouping="per_kind").cache_groups == ("mamba", "full")
+  assert config_lib.gemma3_tiny().num_recurrent_rows == 1  # no recurrent group: one dummy row
+  with pytest.raises(ValueError, match="kind"):
+    shared.recurrent_index("A")
+
+
 def test_derived_dims():
   cfg = ModelConfig(
     layer_pattern="GM",
@@ -72,6 +89,7 @@ def test_derived_dims():
     (dict(layer_pattern="GA", num_layers=2, dtype="float16"), "dtype"),
     (dict(layer_pattern="GA", num_layers=2, rope_theta=-1.0), "rope_theta"),
     (dict(layer_pattern="GA", num_layers=2.0), "num_layers"),
+    (dict(layer_pattern="GMA", num_layers=3, recurrent_grouping="split"), "recurrent_grouping"),
   ],
 )
 def test_bad_config_raises_naming_field(kwargs, field):
