@@ -47,9 +47,13 @@ def check_int(name: str, x) -> None:
     raise ValueError(f"{name} must be an integer array (int32), got dtype {dtype}")
 
 
-def check_pow2(name: str, value: int, minimum: int = 16) -> None:
+def is_pow2(value: int, minimum: int = 1) -> bool:
   """``value`` is a power of two >= ``minimum`` (Triton block shapes, kernels.md §6.3)."""
-  if value < minimum or value & (value - 1):
+  return value >= max(minimum, 1) and not value & (value - 1)
+
+
+def check_pow2(name: str, value: int, minimum: int = 16) -> None:
+  if not is_pow2(value, minimum):
     raise ValueError(f"{name}={value} must be a power of two >= {minimum}")
 
 

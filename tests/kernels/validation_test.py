@@ -52,6 +52,8 @@ def test_dtype_and_pow2_checks():
     validation.check_float("x", jnp.zeros(2, jnp.int32))
   with pytest.raises(ValueError, match="initial_state has dtype bfloat16; expected float32"):
     validation.check_dtype("initial_state", jnp.zeros(2, jnp.bfloat16), jnp.float32)
+  assert [v for v in range(70) if validation.is_pow2(v)] == [1, 2, 4, 8, 16, 32, 64]
+  assert not validation.is_pow2(8, 16) and validation.is_pow2(16, 16)
   validation.check_pow2("block", 64)
   with pytest.raises(ValueError, match="block=48 must be a power of two >= 16"):
     validation.check_pow2("block", 48)

@@ -26,10 +26,6 @@ def _first_bad(name, values, bad, allowed):
     raise ValueError(f"{name}[{k}]={int(values[bad][0])} is out of range; allowed {allowed}")
 
 
-def _is_pow2(x: int) -> bool:
-  return x > 0 and x & (x - 1) == 0
-
-
 def _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window, scale):
   if np.ndim(q) != 3:
     _shape_error("q", "[T, H_q, D]", np.shape(q))
@@ -160,14 +156,14 @@ def paged_attention(
     raise ValueError(f"block_k={bk} must divide block_size={k_pages.shape[1]}")
   if impl == "pallas":
     head_dim = q.shape[2]
-    if not (_is_pow2(head_dim) and head_dim >= 16):
+    if not validation.is_pow2(head_dim, 16):
       raise ValueError(f"Pallas GPU kernel needs a power-of-two head dim >= 16, got D={head_dim}")
-    if not (_is_pow2(bk) and bk >= 16):
+    if not validation.is_pow2(bk, 16):
       raise ValueError(
         f"Pallas GPU kernel needs block_k a power of two >= 16 dividing block_size, got "
         f"block_k={bk} for block_size={k_pages.shape[1]}"
       )
-    if not (_is_pow2(bq * group) and bq * group >= 16):
+    if not validation.is_pow2(bq * group, 16):
       raise ValueError(
         f"Pallas GPU kernel needs block_q * (H_q // H_kv) a power of two >= 16, got "
         f"block_q={bq}, group={group}"

@@ -42,7 +42,7 @@ def _check_pallas_dims(impl, d_k, d_v):
   if impl == "xla":
     return
   for name, d in (("q/k head dim d_k", d_k), ("v head dim d_v", d_v)):
-    if d < 16 or d & (d - 1):
+    if not validation.is_pow2(d, 16):
       raise ValueError(
         f"{name}={d} is not supported by implementation={impl!r}: it must be a power of 2 "
         ">= 16; use implementation='xla'"
@@ -51,8 +51,8 @@ def _check_pallas_dims(impl, d_k, d_v):
 
 def _check_pool_and_slots(q, v, state_pool, read_indices, write_indices=None):
   n = q.shape[0]
-  validation.check_pool("state_pool", state_pool, (v.shape[-2], q.shape[-1], v.shape[-1]))
-  validation.check_dtype("state_pool", state_pool, jnp.float32)
+  inner = (v.shape[-2], q.shape[-1], v.shape[-1])
+  validation.check_pool("state_pool", state_pool, inner, jnp.float32)
   validation.check_slot_indices("read_indices", read_indices, n, state_pool.shape[0])
   if write_indices is not None:
     validation.check_slot_indices("write_indices", write_indices, n, state_pool.shape[0])

@@ -96,7 +96,7 @@ def chunk_scan(
   h, p, _, n = _validate_common(x, dt, A, B, C, D, dt_bias, (t_total,))
   if not isinstance(chunk_size, int) or chunk_size < 1:
     raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
-  if impl != "xla" and (chunk_size < 16 or chunk_size & (chunk_size - 1)):
+  if impl != "xla" and not validation.is_pow2(chunk_size, 16):
     raise ValueError(f"chunk_size={chunk_size} must be a power of two >= 16 for Pallas")
   _, n_seq = packing.normalize_cu_seqlens(cu_seqlens, t_total)
   packing.resolve_checkpoints(checkpoint_every, max_checkpoints, t_total, cu_seqlens, chunk_size)

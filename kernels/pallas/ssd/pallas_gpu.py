@@ -35,24 +35,20 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from kernels.pallas import packing
+from kernels.pallas import validation
 from kernels.pallas.ssd import reference
-
-
-def _pow2(n: int) -> bool:
-  return n >= 1 and not n & (n - 1)
 
 
 def _block_p(p: int, block_p: int | None) -> int:
   bp = block_p or min(p, 64)
-  if not _pow2(bp) or p % bp:
+  if not validation.is_pow2(bp) or p % bp:
     raise ValueError(f"block_p={bp} must be a power of two dividing the head dim P={p}")
   return bp
 
 
 def _check_pow2(**dims):
   for name, v in dims.items():
-    if not _pow2(v) or v < 16:
-      raise ValueError(f"{name}={v} must be a power of two >= 16 for the Pallas SSD kernels")
+    validation.check_pow2(name, v, 16)
 
 
 def _compiler_params(num_warps=4, num_stages=1):
