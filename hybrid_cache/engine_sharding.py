@@ -5,6 +5,12 @@ heads and Mamba2 heads; everything else (embeddings, norms, MLPs, conv states, s
 replicated. The jitted step then runs under GSPMD propagation (mesh axes are made `Auto`), so
 the sharding changes where work happens, never what is computed.
 
+On XLA:CPU with virtual devices, start the process with the environment variable NPROC
+larger than the number of devices (e.g. NPROC=32 for 8): the CPU client runs every device's
+program on an intra-op pool of max(cores, devices) threads, and a LAPACK custom call (the GDN
+kernel's triangular solve) splits its work onto the same pool and waits for it; with every
+thread in such a wait the step deadlocks. A bigger pool leaves a thread free.
+
 Example::
 
   mesh = heads_mesh(4)                  # 4 devices on axis "model"
