@@ -7,9 +7,10 @@ the sharding changes where work happens, never what is computed.
 
 On XLA:CPU with virtual devices, start the process with the environment variable NPROC
 larger than the number of devices (e.g. NPROC=32 for 8): the CPU client runs every device's
-program on an intra-op pool of max(cores, devices) threads, and a LAPACK custom call (the GDN
-kernel's triangular solve) splits its work onto the same pool and waits for it; with every
-thread in such a wait the step deadlocks. A bigger pool leaves a thread free.
+program on an intra-op pool (8 threads seen with 8 devices on the 2-core host), and a LAPACK
+custom call (the GDN kernel's triangular solve) splits its work onto the same pool and waits
+for it; with every thread in such a wait the step deadlocks. A bigger pool leaves a thread
+free.
 
 Example::
 
