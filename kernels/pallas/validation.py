@@ -86,14 +86,13 @@ def check_decode_slots(read_indices, write_indices) -> None:
     )
   if r is None:
     return
-  for i, slot in enumerate(w.tolist()):
-    readers = np.flatnonzero(r == slot)
-    other = readers[readers != i]
-    if other.size:
-      raise ValueError(
-        f"write_indices[{i}]={slot} is read by sequence {int(other[0])} (read_indices); a slot "
-        "may be both a source and a destination only for the same sequence"
-      )
+  clash = (w[:, None] == r[None, :]) & ~np.eye(w.shape[0], dtype=bool)  # [writer, reader]
+  if clash.any():
+    i, j = (int(a) for a in np.argwhere(clash)[0])
+    raise ValueError(
+      f"write_indices[{i}]={int(w[i])} is read by sequence {j} (read_indices); a slot may be "
+      "both a source and a destination only for the same sequence"
+    )
 
 
 def check_pool(name: str, pool, inner: tuple, dtype=None) -> None:
