@@ -194,8 +194,8 @@ def _soak(n, chunk):
   assert counters["final_cached_blocks_per_group"][1] > 0
 
 
-def test_invariants_after_every_request_150():
-  _soak(150, 1)
+def test_invariants_after_every_request_100():
+  _soak(100, 1)
 
 
 @pytest.mark.slow
@@ -226,8 +226,7 @@ def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
   )
   zero, _ = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=0.0)
   assert zero == lru
-  for alpha in (1.0, 5.0):
-    s, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=alpha)
-    p, cp = core_sim.run_core(tr, cfg, "jax", alpha=alpha)
-    assert s == p
-    assert cs.get("states_evicted") == cp.get("states_evicted")
+  s, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=5.0)
+  p, cp = core_sim.run_core(tr, cfg, "jax", alpha=5.0)
+  assert s == p and s != lru  # alpha 5 changes the victims here
+  assert cs.get("states_evicted") == cp.get("states_evicted")
