@@ -230,3 +230,16 @@ def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
   p, cp = core_sim.run_core(tr, cfg, "jax", alpha=5.0)
   assert s == p and s != lru  # alpha 5 changes the victims here
   assert cs.get("states_evicted") == cp.get("states_evicted")
+
+
+def test_scan_matches_protocol_with_swa_and_pinning():
+  # full + sliding window (8 tokens) + recurrent groups, the pinned tier on, under pressure
+  model = dataclasses.replace(TINY, name="tiny_swa", n_swa=1, swa_window=8)
+  tr = _chat(40, seed=6)
+  cfg, sizing = core_sim.build_config(tr, model, 34 * 90, "vllm_align_marconi", 4, pinning=True)
+  assert sizing["groups"] == ["full", "swa", "mamba"] and cfg.pinning
+  a, ca = core_sim.run_core(tr, cfg, "reference")
+  b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)
+  assert a == b and sum(_reused(b)) > 0
+  assert ca["final_pinned_blocks"] == cb["final_pinned_blocks"]
+  assert ca["final_cached_blocks_per_group"] == cb["final_cached_blocks_per_group"]
