@@ -163,7 +163,8 @@ def _pinned_history(cfg):
 @pytest.mark.parametrize("pinning,expected_hit", [(False, 0), (True, 8)])
 def test_pinning_keeps_a_dropped_swa_prefix_hittable(pinning, expected_hit):
   m = _pinned_history(PIN.replace(pinning=pinning))
-  assert m.pool_stats().num_pinned_blocks == (2 if pinning else 0)
+  # A's dropped SWA 0-1, then finish pins: A full 0-5 + SWA 4-5, D full 0-4 + SWA 3-4
+  assert m.pool_stats().num_pinned_blocks == (2 + 8 + 7 if pinning else 0)
   m.add_request("E", list(range(500, 540)))  # 20 blocks: evicts past the unused ones
   _prefill(m, "E")
   # vllm profile: A's dropped SWA blocks sat first in the cached tail and were evicted;
@@ -175,12 +176,13 @@ def test_pinning_keeps_a_dropped_swa_prefix_hittable(pinning, expected_hit):
 def test_pinned_blocks_are_demoted_oldest_first_when_capacity_needs_them():
   m = _pinned_history(PIN.replace(pinning=True))
   stats = m.pool_stats()
-  assert stats.num_free_blocks == 39 and stats.num_pinned_blocks == 2
-  m.add_request("F", list(range(600, 676)))  # 19 + 19 = 38 blocks > 37 unpinned free
+  assert stats.num_free_blocks == 39 and stats.num_pinned_blocks == 17
+  m.add_request("F", list(range(600, 676)))  # 19 + 19 = 38 blocks > 22 unpinned free
   entry = m.schedule([E("F")]).entries[0]
   assert entry.scheduled_tokens == 76 and entry.reason is None
   stats = m.pool_stats()
   assert stats.num_pinned_blocks == 1 and stats.num_free_blocks == 1
-  # the newer pinned block (A's SWA block 0, dropped last) is the one left
-  assert m.lookup(PREFIX[:4] + [1, 2]).per_group_hit_tokens[1] == 4
+  # the 16 oldest pins are demoted and evicted, leaving only D's SWA block 3
+  assert m.lookup(PREFIX[:4] + [1, 2]).per_group_hit_tokens == (0, 0)
+  assert m.lookup(list(range(300, 316)) + [1]).per_group_hit_tokens[0] == 0
   assert_invariants(m.config, m.state)
