@@ -67,6 +67,15 @@ def make_setup(defaults: Mapping[str, Any], params: Mapping[str, Any]) -> ArmsSe
   return ArmsSetup(**{**dict(defaults), **dict(params)})
 
 
+def setup_record(setup: ArmsSetup) -> dict[str, Any]:
+  """Every resolved `ArmsSetup` field (defaults included) as JSON-ready values.
+
+  config.gin records only the bound parameters; results.json carries this record so the exact
+  setup of a run sits next to its results.
+  """
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(setup).items()}
+
+
 def run_arms(
   workdir: str, seed: int, setup: ArmsSetup, plot_name: str, title: str
 ) -> dict[str, dict[str, Any]]:

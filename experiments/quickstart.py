@@ -36,4 +36,4 @@ def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
   for a in arms.values():
     a["speedup_vs_off"] = arms["off"]["wall_s"] / a["wall_s"]
   print(format_table(arms))
-  return {"model": s.model, "seed": seed, "arms": arms}
+  return {"model": s.model, "seed": seed, "setup": prefix_arms.setup_record(s), "arms": arms}

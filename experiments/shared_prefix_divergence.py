@@ -44,5 +44,6 @@ def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
     "model": s.model,
     "seed": seed,
     "workload": {k: getattr(s, k) for k in workload},
+    "setup": prefix_arms.setup_record(s),
     "arms": arms,
   }

@@ -1,6 +1,7 @@
 """The shared-prefix experiments' shared setup (experiments/prefix_arms.py) and table."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -37,3 +38,13 @@ def test_quickstart_table():
   assert lines[0].split() == ["arm", "cached", "computed", "wall_s", "speedup", "exact"]
   assert lines[2].split() == ["off", "0", "100", "2.000", "1.00", "True"]
   assert lines[3].split() == ["align_marconi", "64", "100", "1.000", "2.00", "True"]
+
+
+def test_setup_record_has_every_field_json_ready():
+  s = prefix_arms.make_setup(shared_prefix_divergence.DEFAULTS, {"num_prompts": 3})
+  rec = prefix_arms.setup_record(s)
+  assert set(rec) == {f.name for f in dataclasses.fields(prefix_arms.ArmsSetup)}
+  assert (
+    rec["num_prompts"] == 3 and rec["prefix_len"] == shared_prefix_divergence.DEFAULTS["prefix_len"]
+  )
+  assert json.loads(json.dumps(rec)) == rec
