@@ -133,13 +133,18 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   retention = core.pop("retention", "policy")
   pinning = core.pop("pinning", False)
   budget = core.pop("token_budget", None)
-  alpha = core.pop("alpha", None)
+  alpha = core_alpha = core.pop("alpha", None)
   if core:
     raise ValueError(
       f"core options must be backend/retention/pinning/token_budget/alpha, got {core}"
     )
-  if alpha is not None and not 0.0 <= alpha <= 100.0:
-    raise ValueError(f"alpha must be in [0, 100], got {alpha!r}")
+  if alpha is not None and alpha != "tuned":
+    try:
+      alpha = float(alpha)
+    except (TypeError, ValueError):
+      alpha = float("nan")
+    if not 0.0 <= alpha <= 100.0:
+      raise ValueError(f"alpha must be 'tuned' or a number in [0, 100], got {core_alpha!r}")
   if name == "flop_aware" and alpha is None:
     alpha = DEFAULT_FLOP_ALPHA
   check_capacity(trace, model, capacity_bytes)
@@ -156,7 +161,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
-    trace, cfg, backend, alpha=alpha if name == "flop_aware" else None
+    trace, cfg, backend, alpha=alpha if name == "flop_aware" else None, model=model
   )
   extra |= sizing | counters
   extra["wall_s"] = time.perf_counter() - t0
@@ -206,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     "--token-budget", type=int, default=None, help="core policies: tokens per step (None: prompt)"
   )
   p.add_argument(
-    "--alpha", type=float, default=None, help="flop_aware: static alpha in [0, 100] (default 1)"
+    "--alpha",
+    default=None,
+    help="flop_aware: static alpha in [0, 100] (default 1), or 'tuned' (Marconi's online tuner)",
   )
   return p
 

@@ -265,50 +265,11 @@ def replay_chunk(config: CacheConfig, state: CacheState, hashes, n_in, n_total, 
   )
 
 
-def run_scan(
-  trace: Trace,
-  config: CacheConfig,
-  *,
-  chunk: int | None = None,
-  on_chunk: Callable[[int, CacheState], None] | None = None,
-  prepared: Prepared | None = None,
-  details: dict | None = None,
-  alpha: float | None = None,
-) -> tuple[list[tuple[int, int, int]], dict]:
-  """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
-
-  `chunk` requests per jitted call (None: DEFAULT_CHUNK; the last chunk is padded; shapes stay
-  fixed so one compile serves all chunks). `on_chunk(last_request_index, state)` runs after
-  each chunk (chunk=1 gives a check after every request). ValueError if a request cannot make
-  progress (capacity).
-  `alpha` (FLOP-aware eviction) is written into the initial state (`eviction.set_alpha`).
-  `details`, if given, receives the per-request output columns ("per_request") and the final
-  state ("final_state").
-  """
-  chunk = DEFAULT_CHUNK if chunk is None else chunk
-  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-  if config.max_requests < 1:
-    raise ValueError(f"config.max_requests must be >= 1, got {config.max_requests}")
-  check = getattr(eviction, "check_policy", None)
-  if check is not None:
-    try:
-      check(config)
-    except NotImplementedError as e:
-      raise ValueError(f"backend 'jax': {e}") from None
-  t0 = time.perf_counter()
-  c0 = time.process_time()
-  p = prepared if prepared is not None else prepare(trace, config)
-  t_prep = time.perf_counter() - t0
-  n = len(p.n_in)
-  chunk = chunk
-  state = init_state(config)
-  if alpha is not None:
-    state = eviction.set_alpha(state, alpha)
-  hashes = jnp.asarray(p.hashes)
+def _replay_range(config, p: Prepared, hashes, state, start: int, end: int, chunk, on_chunk):
+  """Scans requests [start, end) from `state`; returns (state, [i32[k, 6] per chunk])."""
   outs = []
-  for s in range(0, n, chunk):
-    e = min(s + chunk, n)
+  for s in range(start, end, chunk):
+    e = min(s + chunk, end)
     pad = chunk - (e - s)
 
     def col(a, s=s, e=e, pad=pad):
@@ -328,6 +289,126 @@ def run_scan(
       )
     if on_chunk is not None:
       on_chunk(e - 1, state)
+  return state, outs
+
+
+LAST_SCORED = 500  # Marconi's tuner scores FLOPs saved over the last 500 replayed requests
+
+
+def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
+  """Marconi's V2 alpha schedule on the scan (`hybrid_cache.alpha_tuning.OnlineAlphaTuner`).
+
+  alpha = 0 until the first request that evicts a recurrent state (request e; the core's
+  `C_REC_EVICTED` counter, Marconi's "first eviction" where every node holds a state); window
+  W = multiplier * (e + 1); after request W - 1 the first W requests are replayed from an empty
+  cache once per grid alpha (one compile serves them all: alpha lives in the state), scored by
+  the FLOPs saved (`model.prefill_flops`) over their last 500 requests; the best alpha applies
+  from request W on. Returns (state, outs, tuning summary).
+  """
+  try:
+    from hybrid_cache import alpha_tuning
+  except ImportError as e:
+    raise ValueError(f"alpha 'tuned' needs the core's alpha tuner ({e})") from None
+  if model is None:
+    raise ValueError("alpha 'tuned' needs tune_model (the sim cost model)")
+  if counter_index("C_REC_EVICTED") is None:
+    raise ValueError("alpha 'tuned' needs the core's C_REC_EVICTED counter")
+  from hybrid_cache.sim.metrics import flops_saved
+
+  opts = dict(opts or {})
+  n = len(p.n_in)
+  runs: dict[float, tuple] = {}
+
+  def replay(a: float, k: int) -> float:
+    st = eviction.set_alpha(init_state(config), a)
+    st, o = _replay_range(config, p, hashes, st, 0, k, chunk, None)
+    runs[a] = (st, o)
+    reused = np.concatenate(o)[:, 0] if o else np.zeros(0, np.int32)
+    return float(flops_saved(model, reused[-LAST_SCORED:]))
+
+  tuner = alpha_tuning.OnlineAlphaTuner(replay, **opts)
+  # alpha 0, chunk by chunk, until the first recurrent eviction
+  state, outs, s, e = init_state(config), [], 0, None
+  while s < n and e is None:
+    state, o = _replay_range(config, p, hashes, state, s, min(s + chunk, n), chunk, None)
+    outs += o
+    ev = np.nonzero(o[0][:, 5] > 0)[0]
+    e = s + int(ev[0]) if len(ev) else None
+    s = min(s + chunk, n)
+  info = {"alpha": 0.0, "first_eviction": e, "window": None, "scores": None}
+  if e is None:
+    return state, outs, info
+  got = tuner.observe(requests_seen=e + 1, evicted=True)
+  w = tuner.window
+  info["window"] = w
+  if got is None:
+    if w > n:  # the window never closes: alpha stays 0 (as Marconi)
+      state, rest = _replay_range(config, p, hashes, state, s, n, chunk, None)
+      return state, outs + rest, info
+    got = tuner.observe(requests_seen=w, evicted=True)
+  info["alpha"] = float(got)
+  info["scores"] = [list(x) for x in tuner.history[-1].scores]
+  # the live state after request W - 1 at alpha 0 is the alpha-0 grid replay's state
+  if 0.0 not in runs:
+    replay(0.0, w)
+  st0, o0 = runs[0.0]
+  st = eviction.set_alpha(st0, got)
+  st, rest = _replay_range(config, p, hashes, st, w, n, chunk, None)
+  if on_chunk is not None:
+    on_chunk(n - 1, st)
+  return st, list(o0) + rest, info
+
+
+def run_scan(
+  trace: Trace,
+  config: CacheConfig,
+  *,
+  chunk: int | None = None,
+  on_chunk: Callable[[int, CacheState], None] | None = None,
+  prepared: Prepared | None = None,
+  details: dict | None = None,
+  alpha: float | str | None = None,
+  tune_model=None,
+  tune_opts: dict | None = None,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
+
+  `chunk` requests per jitted call (None: DEFAULT_CHUNK; the last chunk is padded; shapes stay
+  fixed so one compile serves all chunks). `on_chunk(last_request_index, state)` runs after
+  each chunk (chunk=1 gives a check after every request). ValueError if a request cannot make
+  progress (capacity).
+  `alpha` (FLOP-aware eviction) is written into the initial state (`eviction.set_alpha`);
+  "tuned" runs Marconi's online tuner instead (`_replay_tuned`; needs `tune_model`, the sim
+  cost model that scores FLOPs saved, and the core's `hybrid_cache.alpha_tuning`).
+  `details`, if given, receives the per-request output columns ("per_request") and the final
+  state ("final_state").
+  """
+  chunk = DEFAULT_CHUNK if chunk is None else chunk
+  if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+  if config.max_requests < 1:
+    raise ValueError(f"config.max_requests must be >= 1, got {config.max_requests}")
+  check = getattr(eviction, "check_policy", None)
+  if check is not None:
+    try:
+      check(config)
+    except NotImplementedError as e:
+      raise ValueError(f"backend 'jax': {e}") from None
+  t0 = time.perf_counter()
+  c0 = time.process_time()
+  p = prepared if prepared is not None else prepare(trace, config)
+  t_prep = time.perf_counter() - t0
+  n = len(p.n_in)
+  hashes = jnp.asarray(p.hashes)
+  tuning = None
+  if alpha == "tuned":
+    state, outs, tuning = _replay_tuned(config, p, hashes, chunk, on_chunk, tune_model, tune_opts)
+    alpha = tuning["alpha"]
+  else:
+    state = init_state(config)
+    if alpha is not None:
+      state = eviction.set_alpha(state, alpha)
+    state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
   triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, 0].tolist())]
@@ -343,6 +424,8 @@ def run_scan(
     "final_pinned_blocks": int(st["num_pinned"]),
     "recurrent_blocks_held_at_finish": int(res[:, 3].sum()),
   }
+  if tuning is not None:
+    counters["alpha_tuning"] = tuning
   for name, col_i, key in (
     ("C_REC_ADMITTED", 4, "states_admitted"),
     ("C_REC_EVICTED", 5, "states_evicted"),

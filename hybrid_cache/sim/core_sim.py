@@ -302,15 +302,22 @@ def token_ids_fit(trace: Trace) -> None:
 
 
 def replay(
-  trace: Trace, config: CacheConfig, backend: str = "jax", alpha: float | None = None
+  trace: Trace,
+  config: CacheConfig,
+  backend: str = "jax",
+  alpha: float | str | None = None,
+  model: ModelConfig | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
   JaxCacheManager through the protocol, "reference" = ReferencePolicy. `alpha`: FLOP-aware
-  eviction's alpha (jax backends)."""
+  eviction's static alpha (jax backends), or "tuned" (scan only: Marconi's online tuner,
+  scored with `model`'s FLOPs)."""
+  if alpha == "tuned" and backend != "jax":
+    raise ValueError(f"alpha 'tuned' needs backend 'jax', got {backend!r}")
   if backend == "jax":
     from hybrid_cache.sim import core_scan
 
-    return core_scan.run_scan(trace, config, alpha=alpha)
+    return core_scan.run_scan(trace, config, alpha=alpha, tune_model=model)
   if backend == "jax_protocol":
     return run_core(trace, config, "jax", alpha=alpha)
   if backend == "reference":

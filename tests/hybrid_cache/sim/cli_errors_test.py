@@ -41,7 +41,7 @@ def test_core_replay_that_cannot_progress_writes_nothing(tmp_path, monkeypatch, 
   rows = [{"input_tokens": list(range(1, 40)), "output_tokens": [7, 8]} for _ in range(3)]
   p.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-  def fail(trace, config, backend="jax", alpha=None):
+  def fail(trace, config, backend="jax", **kw):
     raise ValueError("request 1 made no progress (allocation failed); capacity too small")
 
   monkeypatch.setattr(core_sim, "replay", fail)

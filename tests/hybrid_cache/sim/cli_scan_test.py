@@ -21,3 +21,15 @@ def test_core_policy_through_the_scan(tmp_path, capsys):
   assert json.loads(dump.read_text()) == [[0, 37, 0]] + [[1, 37, 32]] * 3
   assert s["fraction_of_oracle"] == 1.0
   assert s.get("states_admitted", 1) > 0
+
+
+def test_bad_alpha_is_a_clean_error(tmp_path, capsys):
+  p = tmp_path / "t.jsonl"
+  p.write_text(json.dumps({"input_tokens": [1, 2, 3], "output_tokens": [4]}) + "\n")
+  argv = ["--trace", str(p), "--format", "marconi", "--model", "marconi_7b"]
+  argv += ["--capacity-bytes", "1e12", "--policy", "flop_aware", "--block-size", "8"]
+  for bad in ("abc", "-1", "101"):
+    assert cli.main(argv + ["--alpha", bad]) == 2
+    assert "alpha must be 'tuned' or a number in [0, 100]" in capsys.readouterr().err
+  assert cli.main(argv + ["--alpha", "tuned", "--backend", "reference"]) == 2
+  assert "alpha 'tuned' needs backend 'jax'" in capsys.readouterr().err

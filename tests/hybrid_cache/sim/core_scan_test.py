@@ -243,3 +243,33 @@ def test_scan_matches_protocol_with_swa_and_pinning():
   assert a == b and sum(_reused(b)) > 0
   assert ca["final_pinned_blocks"] == cb["final_pinned_blocks"]
   assert ca["final_cached_blocks_per_group"] == cb["final_cached_blocks_per_group"]
+
+
+def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
+  from hybrid_cache import eviction
+
+  pytest.importorskip("hybrid_cache.alpha_tuning")
+  from hybrid_cache.sim.metrics import flops_saved
+
+  tr = _chat(48)
+  cfg = _flop_config(tr, 34 * 60)
+  grid = (0.5, 1.0)  # no 0: the tuned alpha is never LRU here
+  opts = {"multiplier": 2, "grid": grid}
+  tri, c = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha="tuned", tune_model=TINY, tune_opts=opts)
+  t = c["alpha_tuning"]
+  e, w, a = t["first_eviction"], t["window"], t["alpha"]
+  assert e is not None and w == 2 * (e + 1) < len(tr) and a in grid
+  # scores: FLOPs saved over the last 500 of the first W requests, each alpha from empty
+  for g, score in t["scores"]:
+    p, _ = core_sim.run_core(tr.head(w), cfg, "jax", alpha=g)
+    assert score == float(flops_saved(TINY, np.array(_reused(p))[-500:]))
+  assert a == max(t["scores"], key=lambda x: x[1])[0]
+
+  # the live run: alpha 0 for requests [0, W), then the tuned alpha (switched on the protocol
+  # path right after request W - 1 is freed)
+  def switch(i, m):
+    if i == w - 1:
+      m.state = eviction.set_alpha(m.state, a)
+
+  ref, _ = core_sim.run_core(tr, cfg, "jax", on_request=switch, alpha=0.0)
+  assert tri == ref
