@@ -100,7 +100,8 @@ def eviction_costs(model: ModelConfig, groups, block_size: int) -> dict:
   Each group's prefix cost is F(L) = linear * L + quadratic * L^2 from the sim cost model
   (taken at L = 1 and 2; swa windows are >= 2 tokens): full = attention layers (+ the MLP
   layers), swa = its layers (+ MLP if there is no full group), mamba = recurrent layers (+ MLP
-  if there is no attention). Block bytes = `group_block_bytes`.
+  if there is no attention). Block bytes = the pool's page for every group (a block of any group
+  frees one page; `hybrid_cache.alpha_tuning.cost_fields`' default convention).
   """
   kinds = [g.kind for g in groups]
   mlp_home = "full" if "full" in kinds else ("swa" if "swa" in kinds else "mamba")
@@ -119,7 +120,8 @@ def eviction_costs(model: ModelConfig, groups, block_size: int) -> dict:
     q = (f(2) - 2 * f(1)) / 2
     lin.append(f(1) - q)
     quad.append(q)
-  byt = [float(b) for b in group_block_bytes(model, groups, block_size)]
+  page = float(max(group_block_bytes(model, groups, block_size)))
+  byt = [page] * len(groups)  # every block occupies one page of the shared pool
   return {
     "eviction_flops_linear": tuple(lin),
     "eviction_flops_quadratic": tuple(quad),

@@ -220,7 +220,7 @@ def _flop_config(tr, cap):
 def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
   tr = _chat(48)
   cfg = _flop_config(tr, 34 * 60)
-  assert len(cfg.eviction_flops_linear) == 2 and cfg.eviction_block_bytes == (16.0, 34.0)
+  assert len(cfg.eviction_flops_linear) == 2 and cfg.eviction_block_bytes == (34.0, 34.0)
   lru, _ = core_scan.run_scan(
     tr, core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)[0], chunk=CHUNK
   )

@@ -140,4 +140,4 @@ def test_eviction_costs_follow_marconi_formulas():
   # recurrent group: 24 SSM layers, linear only
   assert c["eviction_flops_linear"][1] == pytest.approx(24 * (12 * d**2 + 16 * d * n + 10 * d))
   assert c["eviction_flops_quadratic"][1] == pytest.approx(0.0, abs=1e-3)
-  assert c["eviction_block_bytes"] == (64 * 65536.0, 26_787_840.0)
+  assert c["eviction_block_bytes"] == (26_787_840.0, 26_787_840.0)  # one page each
