@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ _KIND_ALIASES = {
 }
 RECURRENT_MODES = ("none", "align", "all")
 EVICTION_POLICIES = ("lru", "flop_aware")
+EVICTION_COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 PROFILES = ("vllm", "pinned")
 
 
@@ -121,7 +123,16 @@ class CacheConfig:
     use_eagle: EAGLE lookups (drop one unit); all groups are EAGLE groups if none is flagged.
     pinning: the pinned tier of SPEC B1 (off in the `vllm` profile).
     pin_min_drop_size: an SWA window drop smaller than this many blocks pins nothing.
-    eviction: "lru" (vLLM free-queue order) or "flop_aware".
+    eviction: "lru" (vLLM free-queue order) or "flop_aware" (SPEC B2: Marconi's utility,
+      see `hybrid_cache.eviction`; alpha lives in the state, `eviction.set_alpha`).
+    eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
+      of the layers the group stands for (linear part: projections, MLP share, recurrence).
+    eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
+      a full group's prefix of L tokens costs linear*L + q*L^2, a swa group's
+      linear*L + q*L*min(L, window); must be 0 for mamba groups.
+    eviction_block_bytes: per group (or () = 1.0 each), bytes one block of the group costs
+      the pool (> 0; in a pool of equal pages this is the page size for every group).
+      Only `eviction="flop_aware"` reads the three cost fields (`hybrid_cache.eviction_costs`).
     max_requests: request slots in the jitted state (static).
   """
 
@@ -142,6 +153,9 @@ class CacheConfig:
   pin_min_drop_size: int = 1
   eviction: str = "lru"
   max_requests: int = 64
+  eviction_flops_linear: tuple[float, ...] = ()
+  eviction_flops_quadratic: tuple[float, ...] = ()
+  eviction_block_bytes: tuple[float, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.groups, tuple):
@@ -161,6 +175,7 @@ class CacheConfig:
     _check_int("max_requests", self.max_requests, minimum=1)
     if self.eviction not in EVICTION_POLICIES:
       raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
+    self._check_eviction_costs()
     sizes = [g.block_size or self.block_size for g in self.groups]
     hbs = self.hash_block_size
     if hbs is None:
@@ -189,6 +204,34 @@ class CacheConfig:
         )
       if not any(g.kind in ("swa", "mamba") for g in self.groups):
         raise ValueError("retention_interval needs at least one swa or mamba group")
+
+  def _check_eviction_costs(self) -> None:
+    """Validates the per-group FLOP-aware cost fields and stores them as float tuples."""
+    n = len(self.groups)
+    for name in EVICTION_COST_FIELDS:
+      raw = getattr(self, name)
+      if isinstance(raw, (str, bytes)) or not isinstance(raw, (tuple, list)):
+        raise ValueError(
+          f"{name} must be a list of {n} numbers (one per group) or empty, got {raw!r}"
+        )
+      if len(raw) not in (0, n):
+        raise ValueError(
+          f"{name} must have 0 or {n} entries (one per group), got {len(raw)}: {list(raw)!r}"
+        )
+      rng = "> 0" if name == "eviction_block_bytes" else ">= 0"
+      vals = []
+      for i, v in enumerate(raw):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+          raise ValueError(f"{name}[{i}] must be a finite number {rng}, got {v!r}")
+        if not (v > 0 if name == "eviction_block_bytes" else v >= 0):
+          raise ValueError(f"{name}[{i}] must be {rng}, got {v!r}")
+        vals.append(float(v))
+      object.__setattr__(self, name, tuple(vals))
+    for i, (g, q) in enumerate(zip(self.groups, self.eviction_flops_quadratic)):
+      if g.kind == "mamba" and q != 0:
+        raise ValueError(
+          f"eviction_flops_quadratic[{i}] must be 0 for the mamba group {i}, got {q!r}"
+        )
 
   # ---- derived, static ----
   @property

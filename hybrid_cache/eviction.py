@@ -2,36 +2,150 @@
 
 `lru` reproduces vLLM's free queue exactly: the key is the block's position in the doubly linked
 free list (head insertions below every key, tail insertions above), the victim is the smallest
-key. `flop_aware` (Marconi's utility, SPEC B2) will supply a different key per block; the
-selection (argmin, no sort) stays the same.
+key; `prepare` leaves it alone.
+
+`flop_aware` (Marconi's utility, SPEC B2, M§1.4) re-keys the normal free queue in `prepare`, at
+the start of every scheduler step, so that the unchanged pop (smallest key first) follows it:
+
+* alpha = 0 (`counters[C_ALPHA_MILLI]`, thousandths): nothing moves, exactly LRU.
+* alpha > 0: free blocks without a key first, in their current order (scratch first); then the
+  keyed free blocks ("candidates") by increasing utility
+  `1000 * rn + alpha_milli * en` (ties: least recently freed first), where
+  `rn = floor(r * 2^14 / (n - 1))` is the min-max normalised LRU rank r (0 = least recently
+  freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
+  normalised efficiency q (FLOPs saved per byte, `eviction_costs.efficiency_table`); a single
+  candidate or all-equal values normalise to 2^14 (Marconi's `_normalize`). Integer arithmetic
+  only, so the plain-Python oracle (`hybrid_cache.reference.flop_eviction`) agrees exactly.
+
+Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
+[W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
+and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14, K levels beyond);
+blocks freed to the tail later get keys >= W_END (`prepare` lifts the tail counter there), so
+the next `prepare` recovers the LRU order as (window blocks by l, then later frees by key).
+The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare
+renormalisation (2^28 tail frees later) turns the current utility order into the recency order
+once.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.eviction_costs import efficiency_table
+from hybrid_cache.state import AUX_END
 from hybrid_cache.state import BIG
+from hybrid_cache.state import C_ALPHA_MILLI
+from hybrid_cache.state import C_TAIL
+
+NORM_BITS = 14
+NORM = 1 << NORM_BITS
+ALPHA_MAX = 100.0
+ALPHA_MILLI_MAX = int(ALPHA_MAX * 1000)  # 1000 * NORM + ALPHA_MILLI_MAX * NORM < 2^31
+WINDOW_LIMIT = 1 << 28
+
+
+def window(num_blocks: int) -> tuple[int, int, int, int]:
+  """(W0, K, SHIFT, W_END) of the re-keying window for a pool of `num_blocks` blocks."""
+  p = 1 << max(0, (num_blocks - 1).bit_length())  # next power of two >= num_blocks
+  k = min(p, max(1, WINDOW_LIMIT // p))
+  shift = (p // k).bit_length() - 1
+  w0 = num_blocks
+  return w0, k, shift, w0 + num_blocks * k
 
 
 def check_policy(config: CacheConfig) -> None:
-  """Raises NotImplementedError for policies the jitted core does not implement yet."""
-  if config.eviction != "lru":
-    raise NotImplementedError(
-      f"eviction={config.eviction!r} is not implemented in the jitted core yet (only 'lru')"
-    )
+  """Raises NotImplementedError for policies the jitted core does not implement."""
+  if config.eviction not in ("lru", "flop_aware"):
+    raise NotImplementedError(f"eviction={config.eviction!r} is not implemented in the core")
+
+
+def alpha_milli(alpha: float) -> int:
+  """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX]."""
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+    raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")
+  if not 0.0 <= float(alpha) <= ALPHA_MAX:
+    raise ValueError(f"alpha must be in [0, {ALPHA_MAX:g}], got {alpha!r}")
+  return int(round(float(alpha) * 1000))
+
+
+def set_alpha(state, alpha: float):
+  """The state with the FLOP-aware weight alpha (host call; pure, returns a new state)."""
+  return state.replace(counters=state.counters.at[C_ALPHA_MILLI].set(alpha_milli(alpha)))
+
+
+def get_alpha(state) -> float:
+  """The FLOP-aware weight alpha the state holds."""
+  return int(jax.device_get(state.counters[C_ALPHA_MILLI])) / 1000.0
+
+
+def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:
+  """floor(a * 2^NORM_BITS / d) for int32 0 <= a <= d, 1 <= d <= 2^30, without overflow."""
+  q = a // d
+  rem = a - q * d
+  for _ in range(NORM_BITS):
+    rem = rem * 2
+    bit = rem >= d
+    q = q * 2 + bit.astype(jnp.int32)
+    rem = jnp.where(bit, rem - d, rem)
+  return q
+
+
+def _rank(order: jax.Array) -> jax.Array:
+  n = order.shape[0]
+  return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+
+
+def _rekey(lay, config: CacheConfig, state, alpha):
+  nb = lay.num_blocks
+  w0, k, shift, w_end = window(nb)
+  qk0 = state.queue_key[0]
+  grp = state.block_group
+  free = qk0 < BIG
+  keyed = free & (grp >= 0)
+  stray = free & ~keyed & (qk0 >= w0)  # key-less blocks inside the window / tail range
+  n = jnp.sum(keyed).astype(jnp.int32)
+  # recency: window blocks by their stored LRU rank, then later tail frees by key
+  t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
+  r = _rank(jnp.lexsort((qk0, jnp.where(keyed, t, BIG))))
+  # efficiency of each candidate
+  table = jnp.asarray(efficiency_table(config))
+  bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
+  g_safe = jnp.clip(grp, 0, lay.num_groups - 1)
+  col = jnp.clip(state.block_aux[:, AUX_END] // bs[g_safe], 0, table.shape[1] - 1)
+  q = table[g_safe, col]
+  q_min = jnp.min(jnp.where(keyed, q, BIG))
+  q_max = jnp.max(jnp.where(keyed, q, -1))
+  span = q_max - q_min
+  r_c = jnp.clip(r, 0, jnp.maximum(n - 1, 0))
+  rn = jnp.where(n > 1, scaled_ratio(r_c, jnp.maximum(n - 1, 1)), NORM)
+  q_c = jnp.clip(q - q_min, 0, jnp.maximum(span, 0))
+  en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
+  util = 1000 * rn + alpha * en
+  primary = jnp.where(stray, -1, jnp.where(keyed, util, BIG))
+  secondary = jnp.where(stray, qk0, jnp.where(keyed, r, BIG))
+  slot = _rank(jnp.lexsort((secondary, primary)))
+  moved = stray | keyed
+  new_key = w0 + slot * k + jnp.where(keyed, r_c >> shift, 0)
+  qk = state.queue_key.at[0].set(jnp.where(moved, new_key, qk0))
+  return state.replace(queue_key=qk)
 
 
 def prepare(lay, config: CacheConfig, state):
   """Hook run at the start of every scheduler step, before any allocation.
 
-  `lru` leaves the free queue as it is. A policy that orders victims by something other than
-  the free-queue position (e.g. `flop_aware`) re-keys the evictable blocks here, so that the
-  pop (smallest key first) follows it.
+  `lru`: the state unchanged. `flop_aware`: lifts the tail counter above the re-keying window
+  and, when alpha > 0, re-keys the normal free queue (module docstring). Pinned tier untouched.
   """
-  del lay, config
-  return state
+  if config.eviction != "flop_aware":
+    return state
+  _, _, _, w_end = window(lay.num_blocks)
+  c = state.counters
+  state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
+  alpha = jnp.clip(c[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)
+  return jax.lax.cond(alpha > 0, lambda s: _rekey(lay, config, s, alpha), lambda s: s, state)
 
 
 def select_victim(queue_key: jax.Array) -> jax.Array:

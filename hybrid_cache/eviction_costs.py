@@ -1,0 +1,81 @@
+"""Host-side cost model of FLOP-aware eviction (SPEC B2, M§1.4–1.5): FLOPs saved per byte.
+
+A keyed block of group g with token end E (its key covers the prefix [0, E), block size B)
+saves, when it is hit:
+
+* full / swa group: the group's compute of its own tokens [E - B, E):
+  `F_g(E) - F_g(E - B)`;
+* mamba group: the whole prefix, `F_g(E)` (a recurrent state replaces recomputing every token
+  before it; Marconi charges only the edge since its parent node holds a state too, a block
+  pool does not know the previous state, so this is the saving against a cold start).
+
+with `F_g(L) = lin*L + quad*L^2` (full), `lin*L + quad*L*min(L, window)` (swa, the sim cost
+model's non-causal count) and `lin*L` (mamba); `lin`, `quad` and the block's bytes come from
+`CacheConfig.eviction_flops_linear / _quadratic / eviction_block_bytes` (empty = 1, 0, 1).
+Efficiency = FLOPs / bytes, quantised once per config to int32 in [0, 2^30] relative to the
+largest efficiency any block of the config can have, so the jitted core and the plain-Python
+oracle compare exactly the same integers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+
+EFF_BITS = 30
+
+
+def group_costs(config: CacheConfig) -> tuple[tuple[float, float, float], ...]:
+  """(linear, quadratic, block_bytes) per group, defaults filled in."""
+  n = config.num_groups
+  lin = config.eviction_flops_linear or (1.0,) * n
+  quad = config.eviction_flops_quadratic or (0.0,) * n
+  byt = config.eviction_block_bytes or (1.0,) * n
+  return tuple(zip(lin, quad, byt))
+
+
+def prefix_flops(kind: str, tokens, linear: float, quadratic: float, window: int | None):
+  """F_g(L) of one group over `tokens` tokens (float64 array or scalar)."""
+  L = np.asarray(tokens, np.float64)
+  if kind == "full":
+    return linear * L + quadratic * L * L
+  if kind == "swa":
+    return linear * L + quadratic * L * np.minimum(L, float(window))
+  return linear * L
+
+
+def block_flops(config: CacheConfig) -> np.ndarray:
+  """float64[G, MB + 1]: FLOPs saved by the block of group g ending at token j * B_g (j >= 1)."""
+  mb = config.max_blocks_per_request
+  out = np.zeros((config.num_groups, mb + 1), np.float64)
+  j = np.arange(1, mb + 1, dtype=np.float64)
+  for g, (spec, (lin, quad, _)) in enumerate(zip(config.resolved_groups, group_costs(config))):
+    end = j * spec.block_size
+    total = prefix_flops(spec.kind, end, lin, quad, spec.window)
+    if spec.kind == "mamba":
+      out[g, 1:] = total
+    else:
+      out[g, 1:] = total - prefix_flops(spec.kind, end - spec.block_size, lin, quad, spec.window)
+  return out
+
+
+@functools.lru_cache(maxsize=64)
+def efficiency_table(config: CacheConfig) -> np.ndarray:
+  """int32[G, MB + 1]: quantised FLOPs-per-byte of the block of group g ending at j * B_g.
+
+  Read-only. Entry = rint(eff / max_eff * 2^30), max over the whole table; all 0 if no block
+  saves anything. Index column j = token end // block size of the group (column 0 unused).
+  """
+  byt = np.array([c[2] for c in group_costs(config)], np.float64)
+  eff = block_flops(config) / byt[:, None]
+  top = float(eff.max())
+  if top > 0:
+    q = np.rint(eff / top * float(1 << EFF_BITS)).astype(np.int64)
+  else:
+    q = np.zeros(eff.shape, np.int64)
+  out = q.astype(np.int32)
+  out.setflags(write=False)
+  return out
