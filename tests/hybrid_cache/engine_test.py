@@ -221,6 +221,19 @@ def test_bad_input_raises_and_engine_keeps_serving():
   with pytest.raises(ValueError, match="window"):
     bad = (GroupSpec("swa", window=8), GroupSpec("full"))
     Engine("gemma3_tiny", cache_config_for("gemma3_tiny").replace(groups=bad))
+  two = _two_recurrent_groups()
+  mixed = cache_config_for(two).replace(
+    groups=(
+      GroupSpec("mamba"),
+      GroupSpec("swa", window=24),
+      GroupSpec("mamba", mode="all"),
+      GroupSpec("full"),
+    )
+  )
+  with pytest.raises(ValueError, match="mode must be the same"):
+    Engine(two, mixed)
+  with pytest.raises(ValueError, match="recurrent_grouping"):
+    get_preset("hybrid3_tiny", recurrent_grouping="both")
   cfg = cache_config_for(
     "qwen35_tiny", num_blocks=96, max_model_len=256, max_num_batched_tokens=BUDGET, max_requests=4
   )
