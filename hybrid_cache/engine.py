@@ -42,6 +42,7 @@ import collections
 import dataclasses
 import functools
 import time
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -285,6 +286,9 @@ class Engine:
     self.mesh = None
     if mesh is not None:
       engine_sharding.check_mesh(self.model_config, mesh)
+      risk = engine_sharding.cpu_deadlock_risk(self.model_config, mesh)
+      if risk is not None:
+        warnings.warn(risk, RuntimeWarning, stacklevel=2)
       self.mesh = engine_sharding.as_auto(mesh)
     self.manager = _make_manager(cache_manager, cache_config)
     self.graphdef, params = _split_model(self.model_config, seed)

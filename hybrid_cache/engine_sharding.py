@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 from jax.sharding import Mesh
@@ -81,6 +83,31 @@ def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
         f"mesh axis {_axis(mesh)!r} has {n} devices, which does not divide {f}={v}; "
         f"use a mesh size that divides {f}"
       )
+
+
+def cpu_deadlock_risk(cfg: ModelConfig, mesh: Mesh) -> str | None:
+  """Why running `cfg` on `mesh` may deadlock on XLA:CPU, or None when it should not.
+
+  XLA:CPU's intra-op pool has max(NPROC or cores, devices) threads (measured with jax 0.10.2:
+  2 cores and 1/4/8/16 devices gave 2/4/8/16 threads; NPROC=16 with 8 devices gave 16). The
+  GDN chunk kernel's LAPACK triangular solve blocks a pool thread while its split work waits
+  for a free one, so a mesh of at least that many devices can leave no thread to run it.
+  NPROC is read when the CPU client starts; this check reads it now.
+  """
+  if "G" not in cfg.layer_kinds or mesh.devices.size < 2:
+    return None
+  if any(d.platform != "cpu" for d in mesh.devices.flat):
+    return None
+  env = os.environ.get("NPROC", "")
+  threads = int(env) if env.isdigit() else (os.cpu_count() or 1)
+  pool = max(threads, len(jax.devices("cpu")))
+  if mesh.devices.size < pool:
+    return None
+  return (
+    f"a mesh of {mesh.devices.size} CPU devices with GDN layers can deadlock XLA:CPU (its "
+    f"intra-op pool has ~{pool} threads, all of which the LAPACK triangular solve may block); "
+    f"start the process with NPROC > {mesh.devices.size} (e.g. NPROC={4 * mesh.devices.size})"
+  )
 
 
 def _param_spec(path, leaf, axis: str) -> P:

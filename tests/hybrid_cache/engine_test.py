@@ -200,6 +200,18 @@ def test_sharded_2_devices_in_process_equals_one_device():
   assert eng.cache.k.addressable_shards[0].data.shape[3] == 4
 
 
+def test_cpu_deadlock_risk_is_flagged_for_gdn_meshes(monkeypatch):
+  model, mesh = _wide("hybrid3_tiny"), engine_sharding.heads_mesh(8)
+  monkeypatch.setenv("NPROC", "2")
+  assert "NPROC" in engine_sharding.cpu_deadlock_risk(model, mesh)
+  with pytest.warns(RuntimeWarning, match="deadlock"):
+    Engine(model, cache_manager="reference", mesh=mesh)
+  assert engine_sharding.cpu_deadlock_risk(model, engine_sharding.heads_mesh(2)) is None
+  assert engine_sharding.cpu_deadlock_risk(_wide("gemma3_tiny"), mesh) is None  # no GDN
+  monkeypatch.setenv("NPROC", "32")
+  assert engine_sharding.cpu_deadlock_risk(model, mesh) is None
+
+
 def test_sharded_8_devices_equals_one_device(tmp_path):
   one, _ = _sharded_case(1)
   got = _run_sharded_subprocess(8, tmp_path)
