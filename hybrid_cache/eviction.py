@@ -19,7 +19,8 @@ the start of every scheduler step, so that the unchanged pop (smallest key first
 
 Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
 [W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
-and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14, K levels beyond);
+and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14; beyond, K levels,
+equal levels tie in block-id order, which the oracle does not model);
 blocks freed to the tail later get keys >= W_END (`prepare` lifts the tail counter there), so
 the next `prepare` recovers the LRU order as (window blocks by l, then later frees by key).
 The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare
@@ -107,9 +108,13 @@ def _rekey(lay, config: CacheConfig, state, alpha):
   keyed = free & (grp >= 0)
   stray = free & ~keyed & (qk0 >= w0)  # key-less blocks inside the window / tail range
   n = jnp.sum(keyed).astype(jnp.int32)
-  # recency: window blocks by their stored LRU rank, then later tail frees by key
+  # recency: window blocks by their stored LRU rank, then later tail frees by key (unique
+  # among candidates while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
   t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
-  r = _rank(jnp.lexsort((qk0, jnp.where(keyed, t, BIG))))
+  # one sort: candidates by recency, strays by key (classes are separated by the final sort)
+  perm = jnp.argsort(jnp.where(keyed, t, jnp.where(stray, qk0, BIG)), stable=True)
+  keyed_p = keyed[perm]
+  r = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(keyed_p).astype(jnp.int32) - 1)
   # efficiency of each candidate
   table = jnp.asarray(efficiency_table(config))
   bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
@@ -125,8 +130,8 @@ def _rekey(lay, config: CacheConfig, state, alpha):
   en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
   util = 1000 * rn + alpha * en
   primary = jnp.where(stray, -1, jnp.where(keyed, util, BIG))
-  secondary = jnp.where(stray, qk0, jnp.where(keyed, r, BIG))
-  slot = _rank(jnp.lexsort((secondary, primary)))
+  # stable sort of the recency-ordered list: utility ties keep recency order (strays: key order)
+  slot = _rank(perm[jnp.argsort(primary[perm], stable=True)])
   moved = stray | keyed
   new_key = w0 + slot * k + jnp.where(keyed, r_c >> shift, 0)
   qk = state.queue_key.at[0].set(jnp.where(moved, new_key, qk0))
