@@ -26,6 +26,13 @@ the next `prepare` recovers the LRU order as (window blocks by l, then later fre
 The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare
 renormalisation (2^28 tail frees later) turns the current utility order into the recency order
 once.
+
+Known limitation: the utility is per block and blind to prefix chains (a free block does not
+know which blocks its prefix needs). In a hybrid model a recurrent state saves far more FLOPs
+per page than one KV block, so at alpha > 0 KV blocks are evicted before the states that need
+them, and a state whose KV prefix is gone stays cached without being hittable. Marconi evicts
+tree nodes (edge KV + state) together; the block-level analogue needs a per-block chain value
+recorded at release time (not implemented).
 """
 
 from __future__ import annotations
