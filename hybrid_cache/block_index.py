@@ -39,9 +39,10 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
   same = jnp.all(hh == h[..., None, :], axis=-1) & (blk >= 0)
   same &= state.block_group[jnp.maximum(blk, 0)] == group[..., None]
   seq = jnp.where(same, ent[..., 1], BIG)
-  w = jnp.argmin(seq, axis=-1)
-  found = jnp.take_along_axis(blk, w[..., None], axis=-1)[..., 0]
-  return jnp.where(jnp.any(same, axis=-1), found, -1)
+  # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
+  # sequence numbers are unique, so the oldest matching way is the one at the minimum
+  oldest = same & (seq == jnp.min(seq, axis=-1, keepdims=True))
+  return jnp.max(jnp.where(oldest, blk, -1), axis=-1)
 
 
 def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array) -> CacheState:
@@ -75,7 +76,7 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
   nth = nth.astype(jnp.int32) - 1
   hit_way = empty & (nth == rank[:, None])
   ok = valid & jnp.any(hit_way, axis=1)
-  way = jnp.argmax(hit_way, axis=1)
+  way = jnp.min(jnp.where(hit_way, jnp.arange(ways), ways), axis=1)  # no variadic argmax
   seq = c[C_SEQ] + jnp.cumsum(valid) - 1
   bi = jnp.where(ok, bks, buckets)
   ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
@@ -115,8 +116,10 @@ def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
   keyed = valid & (grp >= 0)
   b = bucket_of(state.block_hash[safe], grp, buckets)
   hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
-  way = jnp.argmax(hit, axis=1)
-  bi = jnp.where(jnp.any(hit, axis=1), b, buckets)
+  # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
+  ways = hit.shape[1]
+  way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
+  bi = jnp.where(way < ways, b, buckets)
   ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   idx = jnp.where(valid, ids, nb)
   return state.replace(

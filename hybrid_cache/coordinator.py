@@ -79,6 +79,9 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
       spb=zero,
     )
 
+  if not any(s.spec.eagle for s in lay.spec_groups):
+    return _lookup_closed_form(lay, found, cached, max_len)
+
   alone = []
   for g, spec in enumerate(lay.groups):
     need = -(-(spec.window - 1) // spec.block_size) if spec.kind == "swa" else 0
@@ -144,3 +147,81 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
       masks[g] = m & cached[g]
   spb = jnp.where(longest > hit, longest, 0)
   return dict(hit=hit, alone=alone, hit_mask=jnp.stack(masks), found=found, spb=spb)
+
+
+def _valid_ends(lay: Layout, spec, need: int, cached: jax.Array, cs: jax.Array) -> jax.Array:
+  """bool[MB]: block positions where a hit of group kind `spec` may end (no EAGLE drop).
+
+  `find(cap)` of that kind is the largest `(pos + 1) * bs <= cap` over these positions (0 if
+  none): full attention: aligned ends inside the leading cached run; SWA: aligned cached ends
+  with `need` cached blocks before them, or inside the leading run; recurrent: aligned cached
+  blocks. `cs` (i32[MB]) is the inclusive prefix count of `cached`.
+  """
+  mb = cached.shape[0]
+  pos = np.arange(mb)
+  bs = spec.block_size
+  aligned = jnp.asarray(((pos + 1) * bs) % lay.sbs == 0)
+  lead = cs == jnp.asarray(pos + 1)  # pos inside the leading cached run
+  if spec.kind == "full":
+    return lead & aligned
+  if spec.kind == "swa":
+    k = max(need, 1)
+    before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
+    window = ((cs - before) == k) & jnp.asarray(pos >= k - 1)
+    return cached & aligned & (window | lead)
+  return cached & aligned
+
+
+def _lookup_closed_form(lay: Layout, found, cached, max_len):
+  """`lookup` without EAGLE groups, in one vectorised pass instead of the fixed-point loop.
+
+  Without the EAGLE drop every finder returns the largest valid end at or below its cap, so
+  the fixed point is the largest `L <= num_tokens - 1` (a multiple of the scheduler block size)
+  that is a valid end in every spec group; a one-pass "simple hybrid" (full attention + one
+  group) reaches the same point because full attention's valid ends are downward closed.
+  """
+  g_n, mb = lay.num_groups, lay.max_blocks
+  sgs = lay.spec_groups
+  pos = np.arange(mb)
+  sg_cached = [jnp.all(cached[jnp.asarray(s.members)], axis=0) for s in sgs]
+  rows = jnp.concatenate([cached, jnp.stack(sg_cached)], axis=0)  # [G + NS, MB]
+  # inclusive prefix counts of every row in one small exact matmul (no reduce-window cumsum)
+  tri = jnp.asarray((pos[:, None] <= pos[None, :]).astype(np.float32))
+  cs = jnp.matmul(rows.astype(jnp.float32), tri, precision=jax.lax.Precision.HIGHEST)
+  cs = cs.astype(jnp.int32)
+  specs = [(g, g.window and -(-(g.window - 1) // g.block_size)) for g in lay.groups]
+  specs += [(s.spec, s.need) for s in sgs]
+  valid = jnp.stack(
+    [_valid_ends(lay, spec, need, rows[i], cs[i]) for i, (spec, need) in enumerate(specs)]
+  )
+  bss = np.array([spec.block_size for spec, _ in specs], np.int32)[:, None]
+  ends = (pos[None, :] + 1) * bss  # i32[G + NS, MB] token end of each position
+  best = jnp.max(jnp.where(valid & (ends <= max_len), ends, 0), axis=1)
+  alone = best[:g_n]
+  longest = best[g_n]  # first spec group at the full cap: every later find is at most this
+  # common valid ends on the scheduler-block grid: L = k * sbs, k = 1..K
+  al = lay.sbs
+  k_max = min(mb * s.spec.block_size // al for s in sgs)
+  common = jnp.ones((k_max,), bool)
+  for j, s in enumerate(sgs):
+    step = al // s.spec.block_size
+    common &= valid[g_n + j, step - 1 :: step][:k_max]
+  grid = (np.arange(k_max, dtype=np.int32) + 1) * al
+  hit = jnp.max(jnp.where(common & (grid <= max_len), grid, 0), initial=0).astype(jnp.int32)
+  masks = [None] * g_n
+  for s in sgs:
+    bs = s.spec.block_size
+    hi = hit // bs
+    if s.spec.kind == "swa":
+      lo = jnp.maximum(hi - max(s.need, 1), 0)
+    elif s.spec.kind == "mamba":
+      lo = jnp.maximum(hi - 1, 0)
+    else:
+      lo = 0
+    m = (pos >= lo) & (pos < hi)
+    for g in s.members:
+      masks[g] = m & cached[g]
+  spb = jnp.where(longest > hit, longest, 0).astype(jnp.int32)
+  return dict(
+    hit=hit, alone=alone.astype(jnp.int32), hit_mask=jnp.stack(masks), found=found, spb=spb
+  )
