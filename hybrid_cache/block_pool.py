@@ -130,9 +130,11 @@ def _smallest(keys: jax.Array, k: jax.Array, pivots: int = 3):
   it; the first round tries `min + k - 1` (exact when the queue head has no gaps).
   """
   valid = keys < BIG
-  mn = jnp.min(jnp.where(valid, keys, BIG))
+  # min and max in ONE reduction over [2, N] (keys lie inside (-2^30, 2^30), so -key is exact)
+  ext = jnp.min(jnp.stack([jnp.where(valid, keys, BIG), jnp.where(valid, -keys, BIG)]), axis=1)
+  mn = ext[0]
   lo = mn - 1  # count(<= lo) = 0 < k
-  hi = jnp.max(jnp.where(valid, keys, -BIG))  # count(<= hi) >= k
+  hi = -ext[1]  # max valid key, -BIG if none: count(<= hi) >= k
   guess = jnp.minimum(mn + k - 1, hi)
   c_guess = jnp.sum(valid & (keys <= guess))
   lo = jnp.where(c_guess >= k, lo, guess)
@@ -190,8 +192,17 @@ def _compact(mask: jax.Array, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
 
 
-def pop_many(state: CacheState, count: jax.Array, kmax: int, count_groups: tuple[int, ...] = ()):
+def pop_many(
+  state: CacheState,
+  count: jax.Array,
+  kmax: int,
+  count_groups: tuple[int, ...] = (),
+  n_norm: jax.Array | None = None,
+):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
+
+  `n_norm` (optional i32): the caller's count of normal-queue blocks (`queue_key[0] < BIG`),
+  saving one reduction over the pool.
 
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
@@ -200,7 +211,8 @@ def pop_many(state: CacheState, count: jax.Array, kmax: int, count_groups: tuple
   """
   nb = state.ref_cnt.shape[0]
   qk = state.queue_key
-  n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+  if n_norm is None:
+    n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
   k1 = jnp.minimum(count, n_norm)
   k2 = count - k1
   sel1, mn1, hi1 = _smallest(qk[0], k1)

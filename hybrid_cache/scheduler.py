@@ -123,8 +123,14 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
 # allocation + caching
 
 
-def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n):
+def _allocate(
+  lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n, ok, n_norm
+):
   """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
+
+  Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
+  the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
+  `n_norm`: blocks in the normal free queue before the hits are touched.
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
   queue, so the concatenation is the queue's first `sum(counts)` blocks).
@@ -135,7 +141,10 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
   need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
-  state = block_pool.touch(state, hit_ids.reshape(-1))
+  touched = jnp.where(ok, hit_ids, 0).reshape(-1)
+  # touching unlinks the hits that sit in the normal queue (small gather, no pool reduction)
+  n_norm = n_norm - jnp.sum((touched > 0) & (state.queue_key[0, touched] < BIG)).astype(jnp.int32)
+  state = block_pool.touch(state, touched)
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]
   bases, counts = [], []
@@ -182,20 +191,25 @@ def _allocate(lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hi
   counts = jnp.stack(counts)
   offsets = jnp.cumsum(counts) - counts
   kmax = lay.num_groups * lay.max_blocks
-  state, ids = block_pool.pop_many(state, jnp.sum(counts), kmax, lay.recurrent_groups)
+  total = jnp.where(ok, jnp.sum(counts), 0)
+  state, ids = block_pool.pop_many(state, total, kmax, lay.recurrent_groups, n_norm=n_norm)
   for g in range(lay.num_groups):
     j = pos - bases[g]
     take = (j >= 0) & (j < counts[g])
     fresh = ids[jnp.clip(offsets[g] + j, 0, kmax - 1)]
     rows = rows.at[g].set(jnp.where(take, fresh, rows[g]))
   state = state.replace(
-    tables=state.tables.at[r].set(rows), req_group=state.req_group.at[r].set(rg)
+    tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
+    req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  return _cache(lay, config, state, r, start + n)
+  return _cache(lay, config, state, r, start + n, ok)
 
 
-def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
-  """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7)."""
+def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True):
+  """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
+
+  Nothing is written when `ok` (bool) is False.
+  """
   if not lay.caching:
     return state
   info = state.req_info[r]
@@ -212,7 +226,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
     upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
     row = state.tables[r, g]
     nca = rg[g, RG_NCACHED]
-    sel = (pos >= nca) & (pos < upto) & (row > 0) & (state.block_group[row] < 0)
+    sel = (pos >= nca) & (pos < upto) & (row > 0) & (state.block_group[row] < 0) & ok
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
@@ -228,7 +242,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed):
     all_keys.append(keys)
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
-    rg = rg.at[g, RG_NCACHED].set(jnp.maximum(nca, upto))
+    rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
   ids = jnp.concatenate(all_ids)
   state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
   nb = lay.num_blocks
@@ -296,47 +310,41 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
     hit_ids.append(jnp.where(keep, lk["found"][g], 0))
   hit_ids = jnp.stack(hit_ids)
 
-  def do(state):
-    state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb))
-    c = state.req_info[r, INFO_COMPUTED]
-    state = jax.lax.cond(is_new, lambda s: s, lambda s: remove_skipped(lay, config, s, r, c), state)
-    main = start + n
-    need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
-    count, impossible = admission.blocks_needed(
-      lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
+  # allocate_slots without `lax.cond` over the state (XLA:CPU copies the state leaves a cond
+  # passes through): every write below is masked by `attempt` / `ok`
+  c = info[INFO_COMPUTED]
+  state = jax.lax.cond(
+    attempt & ~is_new, lambda s: remove_skipped(lay, config, s, r, c), lambda s: s, state
+  )
+  main = start + n
+  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  count, impossible = admission.blocks_needed(
+    lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
+  )
+  queued = jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)  # [normal, pinned]
+  free = queued[0] + queued[1]  # = block_pool.num_free(state)
+  ok = attempt & ~impossible & (count <= free)
+  if config.full_sequence_must_fit:
+    full_main = num_tokens
+    full_need = jnp.minimum(num_tokens + lay.lookahead, config.max_model_len)
+    fcount, _ = admission.blocks_needed(
+      lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
     )
-    free = block_pool.num_free(state)
-    ok = ~impossible & (count <= free)
-    if config.full_sequence_must_fit:
-      full_main = num_tokens
-      full_need = jnp.minimum(num_tokens + lay.lookahead, config.max_model_len)
-      fcount, _ = admission.blocks_needed(
-        lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
-      )
-      ok &= ~is_new | (fcount <= free)
-    others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (
-      jnp.arange(lay.max_requests) != r
+    ok &= ~is_new | (fcount <= free)
+  others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
+  watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
+  ok &= ~is_new | (count + watermark <= free)
+  state = state.replace(
+    req_info=state.req_info.at[r, INFO_SPB].set(
+      jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
     )
-    watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
-    ok &= ~is_new | (count + watermark <= free)
-    state = state.replace(
-      req_info=state.req_info.at[r, INFO_SPB].set(jnp.where(ok | ~is_new, spb, info[INFO_SPB]))
-    )
-    lens_before = jnp.where(is_new, hit // jnp.asarray(lay_bs(lay)), state.req_group[r, :, RG_LEN])
-
-    def commit(state):
-      state = _allocate(lay, config, state, r, is_new, hit, hit_ids, n)
-      inf = state.req_info[r]
-      inf = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
-      return state.replace(req_info=state.req_info.at[r].set(inf))
-
-    state = jax.lax.cond(ok, commit, lambda s: s, state)
-    return state, ok, lens_before
-
-  def skip(state):
-    return state, jnp.bool_(False), state.req_group[r, :, RG_LEN]
-
-  state, ok, lens_before = jax.lax.cond(attempt, do, skip, state)
+  )
+  lens_now = state.req_group[r, :, RG_LEN]
+  lens_before = jnp.where(attempt & is_new, hit // jnp.asarray(lay_bs(lay)), lens_now)
+  state = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued[0])
+  inf = state.req_info[r]
+  done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+  state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
   scheduled = jnp.where(ok, n, 0)
   reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
   out = dict(
