@@ -94,8 +94,6 @@ def test_bad_input_raises_value_error_naming_the_field():
   with pytest.raises(ValueError, match="max_requests"):
     for name in "BCDE":
       m.add_request(name, [1])
-  with pytest.raises(NotImplementedError, match="flop_aware"):
-    JaxCacheManager(SMALL.replace(eviction="flop_aware"))
 
 
 def test_state_copy_plan_for_align_hits():
