@@ -8,8 +8,9 @@ key; `prepare` leaves it alone.
 the start of every scheduler step, so that the unchanged pop (smallest key first) follows it:
 
 * alpha = 0 (`counters[C_ALPHA_MILLI]`, thousandths): nothing moves, exactly LRU.
-* alpha > 0: free blocks without a key first, in their current order (scratch first); then the
-  keyed free blocks ("candidates") by increasing utility
+* alpha > 0: free blocks without a key first, in their current order (scratch first); then
+  dead recurrent states (`dead_states`: their KV prefix is gone, they can never be hit), least
+  recently freed first; then the other keyed free blocks ("candidates") by increasing utility
   `1000 * rn + alpha_milli * en` (ties: least recently freed first), where
   `rn = floor(r * 2^14 / (n - 1))` is the min-max normalised LRU rank r (0 = least recently
   freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
@@ -29,10 +30,11 @@ once.
 
 Known limitation: the utility is per block and blind to prefix chains (a free block does not
 know which blocks its prefix needs). In a hybrid model a recurrent state saves far more FLOPs
-per page than one KV block, so at alpha > 0 KV blocks are evicted before the states that need
-them, and a state whose KV prefix is gone stays cached without being hittable. Marconi evicts
-tree nodes (edge KV + state) together; the block-level analogue needs a per-block chain value
-recorded at release time (not implemented).
+per page than one KV block, so at alpha > 0 KV blocks go before the states that need them;
+`dead_states` frees a state once the KV block at its own end is gone, but a KV chain broken
+further up is not detected, and KV blocks of a long prefix rank like those of a short one.
+Marconi evicts tree nodes (edge KV + state) together; the block-level analogue needs a
+per-block chain value recorded at release time (not implemented).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache import block_index
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.eviction_costs import efficiency_table
 from hybrid_cache.state import AUX_END
@@ -106,6 +109,24 @@ def _rank(order: jax.Array) -> jax.Array:
   return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
 
 
+def dead_states(lay, state) -> jax.Array:
+  """bool[NB]: keyed blocks of recurrent groups whose prefix cannot be hit any more.
+
+  A state at token end E is dead when the first full-attention group has a block ending at E
+  (E % its block size == 0) but no block carries that key (same fine hash, that group): its KV
+  prefix was evicted, so the state can never be the boundary of a hit. No full group: none.
+  """
+  full = [i for i, g in enumerate(lay.groups) if g.kind == "full"]
+  nb = lay.num_blocks
+  if not full or not lay.recurrent_groups:
+    return jnp.zeros((nb,), bool)
+  fg = full[0]
+  rec = jnp.isin(state.block_group, jnp.asarray(lay.recurrent_groups, jnp.int32))
+  aligned = state.block_aux[:, AUX_END] % lay.groups[fg].block_size == 0
+  found = block_index.probe(state, state.block_hash, jnp.full((nb,), fg, jnp.int32))
+  return rec & aligned & (found < 0)
+
+
 def _rekey(lay, config: CacheConfig, state, alpha):
   nb = lay.num_blocks
   w0, k, shift, w_end = window(nb)
@@ -113,34 +134,37 @@ def _rekey(lay, config: CacheConfig, state, alpha):
   grp = state.block_group
   free = qk0 < BIG
   keyed = free & (grp >= 0)
+  dead = keyed & dead_states(lay, state)
+  alive = keyed & ~dead
   stray = free & ~keyed & (qk0 >= w0)  # key-less blocks inside the window / tail range
-  n = jnp.sum(keyed).astype(jnp.int32)
+  n = jnp.sum(alive).astype(jnp.int32)
   # recency: window blocks by their stored LRU rank, then later tail frees by key (unique
-  # among candidates while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
+  # among keyed blocks while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
   t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
-  # one sort: candidates by recency, strays by key (classes are separated by the final sort)
+  # one sort: keyed blocks by recency, strays by key (classes are separated by the final sort)
   perm = jnp.argsort(jnp.where(keyed, t, jnp.where(stray, qk0, BIG)), stable=True)
-  keyed_p = keyed[perm]
-  r = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(keyed_p).astype(jnp.int32) - 1)
+  r_all = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(keyed[perm]).astype(jnp.int32) - 1)
+  r = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(alive[perm]).astype(jnp.int32) - 1)
   # efficiency of each candidate
   table = jnp.asarray(efficiency_table(config))
   bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
   g_safe = jnp.clip(grp, 0, lay.num_groups - 1)
   col = jnp.clip(state.block_aux[:, AUX_END] // bs[g_safe], 0, table.shape[1] - 1)
   q = table[g_safe, col]
-  q_min = jnp.min(jnp.where(keyed, q, BIG))
-  q_max = jnp.max(jnp.where(keyed, q, -1))
+  q_min = jnp.min(jnp.where(alive, q, BIG))
+  q_max = jnp.max(jnp.where(alive, q, -1))
   span = q_max - q_min
   r_c = jnp.clip(r, 0, jnp.maximum(n - 1, 0))
   rn = jnp.where(n > 1, scaled_ratio(r_c, jnp.maximum(n - 1, 1)), NORM)
   q_c = jnp.clip(q - q_min, 0, jnp.maximum(span, 0))
   en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
   util = 1000 * rn + alpha * en
-  primary = jnp.where(stray, -1, jnp.where(keyed, util, BIG))
-  # stable sort of the recency-ordered list: utility ties keep recency order (strays: key order)
+  primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
+  # stable sort of the recency-ordered list: ties keep recency order (strays: key order)
   slot = _rank(perm[jnp.argsort(primary[perm], stable=True)])
   moved = stray | keyed
-  new_key = w0 + slot * k + jnp.where(keyed, r_c >> shift, 0)
+  l_digit = jnp.clip(r_all, 0, nb) >> shift
+  new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
   qk = state.queue_key.at[0].set(jnp.where(moved, new_key, qk0))
   return state.replace(queue_key=qk)
 

@@ -21,6 +21,7 @@ from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from hybrid_cache import alpha_tuning
+from hybrid_cache import block_index
 from hybrid_cache import eviction
 from hybrid_cache import replay as replay_lib
 from hybrid_cache import scenario as scenario_lib
@@ -31,6 +32,7 @@ from hybrid_cache.eviction_costs import efficiency_table
 from hybrid_cache.invariants import check_invariants
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.reference.flop_eviction import FlopEviction
+from hybrid_cache.reference.flop_eviction import dead_states
 from hybrid_cache.reference_policy import ReferencePolicy
 from hybrid_cache.state import AUX_END
 from hybrid_cache.state import BIG
@@ -53,7 +55,8 @@ class FlopReference(ReferencePolicy):
   def schedule(self, entries):
     if self.config.eviction == "flop_aware":
       groups = [None if k is None else k[1] for k in self._key]
-      self._free = self.flop.reorder(self._free, groups, self.key_end)
+      dead = dead_states(self.config, self._key, self.key_end, self._index)
+      self._free = self.flop.reorder(self._free, groups, self.key_end, dead)
     out = super().schedule(entries)
     for r in self._reqs.values():  # token end of every key registered so far
       for gid, row in enumerate(r.rows):
@@ -85,24 +88,29 @@ TINY = CacheConfig(
 def _tiny_state():
   """Blocks 1..7 free: 1 key-less at the head, 7 key-less among the keyed ones (its key was
   dropped while free), keyed 2 (full, end 16), 3 (mamba, end 16), 4 (full, end 4),
-  5 (mamba, end 4), 6 (full, end 8), least recently freed first."""
+  5 (mamba, end 4), 6 (full, end 8), least recently freed first. Each state shares the hash
+  of the full block with the same end (same prefix), and every key is indexed."""
   s = init_state(TINY)
+  blocks = {2: (0, 16), 3: (1, 16), 4: (0, 4), 5: (1, 4), 6: (0, 8)}
+  ids = np.array(list(blocks), np.int32)
+  hashes = np.array([[blocks[b][1], 7] for b in blocks], np.uint32)
+  grps = np.array([blocks[b][0] for b in blocks], np.int32)
+  s = block_index.insert(
+    s, jax.numpy.asarray(ids), jax.numpy.asarray(hashes), jax.numpy.asarray(grps)
+  )
   _, _, _, w_end = eviction.window(TINY.num_blocks)
   qk = np.full((2, 8), BIG, np.int32)
   keys = {1: 1, 2: w_end + 10, 3: w_end + 11, 7: w_end + 12, 4: w_end + 13, 5: w_end + 14}
   keys[6] = w_end + 15
   for b, k in keys.items():
     qk[0, b] = k
-  grp = np.full(8, -1, np.int32)
   aux = np.asarray(s.block_aux).copy()
-  for b, (g, end) in {2: (0, 16), 3: (1, 16), 4: (0, 4), 5: (1, 4), 6: (0, 8)}.items():
-    grp[b] = g
+  for b, (_, end) in blocks.items():
     aux[b, AUX_END] = end
   c = np.asarray(s.counters).copy()
   c[C_TAIL] = w_end + 16
   return s.replace(
     queue_key=jax.numpy.asarray(qk),
-    block_group=jax.numpy.asarray(grp),
     block_aux=jax.numpy.asarray(aux),
     counters=jax.numpy.asarray(c),
   )
@@ -139,6 +147,27 @@ def test_prepare_hand_computed_order(alpha, expected):
   groups = [None, None, 0, 1, 0, 1, 0, None]
   ends = [-1, -1, 16, 16, 4, 4, 8, -1]
   assert list(fe.reorder([1, 2, 3, 7, 4, 5, 6], groups, ends)) == expected
+
+
+def test_dead_state_goes_right_after_key_less_blocks():
+  """Block 4 (full, end 4) loses its key while free, so state 5 (end 4) can never be hit.
+  alpha 1: key-less 1, strays 7 and 4 (key order), dead 5, then candidates 2, 3, 6 with
+  rn 0, 8192, 16384 and en 0, 16384, 0: utilities 0, 2.4576e7, 1.6384e7 -> 2, 6, 3."""
+  lay = layout(TINY)
+  s = _tiny_state()
+  s = block_index.evict(s, jax.numpy.arange(8) == 4)
+  assert np.asarray(eviction.dead_states(lay, s)).nonzero()[0].tolist() == [5]
+  out = eviction.prepare(lay, TINY, eviction.set_alpha(s, 1.0))
+  assert _jax_free_queue(out) == [1, 7, 4, 5, 2, 6, 3]
+  assert _jax_free_queue(eviction.prepare(lay, TINY, s)) == [1, 2, 3, 7, 4, 5, 6]  # alpha 0
+  fe = FlopEviction(TINY, 1.0)
+  groups = [None, None, 0, 1, None, 1, 0, None]
+  ends = [-1, -1, 16, 16, 4, 4, 8, -1]
+  keys = [None, None, (16, 0), (16, 1), None, (4, 1), (8, 0), None]
+  index = {(16, 0), (16, 1), (4, 1), (8, 0)}
+  dead = dead_states(TINY, keys, ends, index)
+  assert dead == {5}
+  assert list(fe.reorder([1, 2, 3, 7, 4, 5, 6], groups, ends, dead)) == [1, 7, 4, 5, 2, 6, 3]
 
 
 def test_prepare_is_identity_for_lru():
@@ -221,7 +250,7 @@ CONFIGS = (
   CacheConfig(
     groups=(GroupSpec("full"), GroupSpec("mamba")),
     block_size=4,
-    num_blocks=24,
+    num_blocks=14,
     eviction_flops_linear=(1.0, 30.0),
     eviction_flops_quadratic=(0.5, 0.0),
     **_COMMON,
