@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import platform
 import sys
 import time
@@ -55,28 +56,33 @@ def make_prompts(n: int, seed: int) -> list[list[int]]:
   return out
 
 
-def time_batches(manager, prompts, batch: int, rounds: int) -> float:
-  """µs per entry: add `batch` requests, ONE schedule call (timed), free them."""
-  total, count = 0.0, 0
+def time_batches(manager, prompts, batch: int, rounds: int) -> tuple[float, float]:
+  """(wall, process CPU) µs per entry: add `batch` requests, ONE schedule call (timed), free them.
+
+  Process CPU time (all threads of this process) is far less sensitive to other jobs on a
+  shared machine than wall time; both are reported.
+  """
+  total, cpu, count = 0.0, 0.0, 0
   for r in range(rounds + 1):  # round 0 warms up (compiles)
     names = [f"r{r}_{i}" for i in range(batch)]
     for i, name in enumerate(names):
       manager.add_request(name, prompts[(r * batch + i) % len(prompts)])
     entries = [ScheduleEntry(n) for n in names]
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     res = manager.schedule(entries)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
     # same-family requests in one step can be deferred by the same-step rule (both backends)
     assert any(e.scheduled_tokens > 0 for e in res.entries)
     if r:
       total += dt
+      cpu += dc
       count += batch
     for name in names:
       manager.free(name)
-  return 1e6 * total / count
+  return 1e6 * total / count, 1e6 * cpu / count
 
 
-def bench_batches(rounds: int) -> list[tuple[int, float, float]]:
+def bench_batches(rounds: int) -> list[tuple[int, float, float, float, float]]:
   rows = []
   prompts = make_prompts(512, seed=0)
   for batch in (1, 16, 64):
@@ -84,13 +90,14 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float]]:
     # reference first, each after a full GC: the jitted run leaves ~50k more live Python objects
     # (tracing caches) that made later pure-Python timings up to 2x slower in the same process
     gc.collect()
-    ref_us = time_batches(ReferencePolicy(cfg), prompts, batch, rounds)
+    ref_us, ref_cpu = time_batches(ReferencePolicy(cfg), prompts, batch, rounds)
     gc.collect()
-    jit_us = time_batches(JaxCacheManager(cfg), prompts, batch, rounds)
-    rows.append((batch, jit_us, ref_us))
+    jit_us, jit_cpu = time_batches(JaxCacheManager(cfg), prompts, batch, rounds)
+    rows.append((batch, jit_us, ref_us, jit_cpu, ref_cpu))
     print(
       f"batch {batch:3d}: jitted {jit_us:9.1f} us/request  reference {ref_us:9.1f} us/request"
-      f"  reference/jitted {ref_us / jit_us:5.2f}x",
+      f"  reference/jitted {ref_us / jit_us:5.2f}x  | CPU time: jitted {jit_cpu:7.1f}"
+      f" reference {ref_cpu:7.1f}  ratio {ref_cpu / jit_cpu:5.2f}x",
       flush=True,
     )
   return rows
@@ -150,8 +157,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   print("command: PYTHONPATH=. python -m experiments.bench_scheduler " + " ".join(sys.argv[1:]))
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {platform.processor() or ''}")
+  print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
   bench_batches(args.rounds)
   bench_scan(args.scan_steps)
+  print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
   return 0
 
 
