@@ -27,7 +27,6 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from hybrid_cache import scheduler
 from hybrid_cache.engine import Engine
 
 
@@ -110,19 +109,4 @@ def restore_warm_cache(engine: Engine, path: str) -> None:
   out = ocp.StandardCheckpointer().restore(os.path.join(path, "arrays"), target)
   engine.manager.state = _merge(state, out["cache_state"])
   engine.cache = _merge(engine.cache, out["model_cache"])
-  _refresh_pool_stats(engine.manager)
-
-
-def _refresh_pool_stats(manager) -> None:
-  """Recomputes the manager's cached `pool_stats()` from its (restored) `CacheState`.
-
-  `JaxCacheManager` keeps the stats of the last core call on the host; a restored state
-  changes them without a call. A manager method for this (`refresh_stats`) is used when
-  it exists; otherwise the stats are recomputed with the core's own `scheduler.pool_stats`.
-  """
-  refresh = getattr(manager, "refresh_stats", None)
-  if refresh is not None:
-    refresh()
-    return
-  packed = scheduler.pool_stats(manager.config, manager.state)
-  manager._stats = manager._to_stats(packed)  # noqa: SLF001 (no public setter yet)
+  engine.manager.refresh_stats()  # the host-side pool counters follow the restored state

@@ -29,6 +29,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.hashing import NO_EXTRAS
 from hybrid_cache.hashing import RequestExtras
+from hybrid_cache.reference import flop_eviction
 from hybrid_cache.reference import rules
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
@@ -103,6 +104,8 @@ class ReferencePolicy:
     self._pinned = [False] * n
     self._free: list[int] = list(range(1, n))
     self._pinned_free: list[int] = []  # oldest first
+    self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
+    self._flop = flop_eviction.FlopEviction(cfg) if cfg.eviction == "flop_aware" else None
     self._index: dict[tuple[int, int], list[int]] = {}
     self._cached_this_step: set[int] = set()
     self._reqs: dict[str, _Request] = {}
@@ -133,6 +136,12 @@ class ReferencePolicy:
   # ------------------------------------------------------------------------------------------
   # pool primitives (§1.6) and the pinned tier (SPEC B1)
   # ------------------------------------------------------------------------------------------
+
+  def set_eviction_alpha(self, alpha: float) -> None:
+    """FLOP-aware eviction weight alpha in [0, 100] (ValueError otherwise, or if not flop_aware)."""
+    if self._flop is None:
+      raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
+    self._flop.set_alpha(alpha)
 
   def _num_free(self) -> int:
     return len(self._free) + len(self._pinned_free)
@@ -456,6 +465,7 @@ class ReferencePolicy:
         key = (hashes[i], gid)
         self._index.setdefault(key, []).append(b)
         self._key[b] = key
+        self._key_end[b] = (i + 1) * bs
         self._cached_this_step.add(b)
       req.num_cached[gid] = full
 
@@ -614,6 +624,10 @@ class ReferencePolicy:
         isinstance(e.max_tokens, bool) or not isinstance(e.max_tokens, int) or e.max_tokens < 1
       ):
         raise ValueError(f"entries[{i}].max_tokens must be an integer >= 1, got {e.max_tokens!r}")
+    if self._flop is not None:  # SPEC B2: re-order the eviction candidates at step start
+      groups = [None if k is None else k[1] for k in self._key]
+      dead = flop_eviction.dead_states(self.config, self._key, self._key_end, self._index)
+      self._free = self._flop.reorder(self._free, groups, self._key_end, dead)
     self._cached_this_step.clear()
     budget = self.config.max_num_batched_tokens
     out, copies = [], []

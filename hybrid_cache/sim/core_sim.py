@@ -7,7 +7,7 @@ Policies (static config, `CORE_POLICY_CONFIGS`):
   vllm_all             mode all (a state at every block boundary = vLLM+ in block terms).
   lru                  Marconi admission in block terms: align + junction + retention 0
                        (replay boundary + junction states only), LRU free queue.
-  flop_aware           as lru with `eviction="flop_aware"` (needs the core to implement it).
+  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, hybrid_cache/eviction.py).
 `retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
 turns on the SWA/prefix pinned tier (SPEC B1).
 
@@ -213,10 +213,6 @@ def make_manager(config: CacheConfig, backend: str):
   if backend == "reference":
     from hybrid_cache.reference_policy import ReferencePolicy
 
-    if config.eviction != "lru":
-      raise ValueError(
-        f"backend 'reference' implements eviction='lru' only, got {config.eviction!r}"
-      )
     return ReferencePolicy(config)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
@@ -249,9 +245,7 @@ def run_core(
   """
   m = make_manager(config, backend)
   if alpha is not None:
-    from hybrid_cache import eviction
-
-    m.state = eviction.set_alpha(m.state, alpha)
+    m.set_eviction_alpha(alpha)
   B = config.block_size
   mamba = [i for i, g in enumerate(config.groups) if g.kind == "mamba"]
   triples = []
@@ -323,5 +317,5 @@ def replay(
   if backend == "jax_protocol":
     return run_core(trace, config, "jax", alpha=alpha)
   if backend == "reference":
-    return run_core(trace, config, "reference")
+    return run_core(trace, config, "reference", alpha=alpha)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -44,26 +44,8 @@ from hybrid_cache.types import ScheduleEntry
 SCENARIOS = os.path.join(os.path.dirname(__file__), "scenarios")
 
 
-class FlopReference(ReferencePolicy):
-  """ReferencePolicy with the oracle hooked in (what `reference_policy.py` should do)."""
-
-  def __init__(self, config: CacheConfig):
-    super().__init__(config)
-    self.flop = FlopEviction(config)
-    self.key_end = [-1] * config.num_blocks
-
-  def schedule(self, entries):
-    if self.config.eviction == "flop_aware":
-      groups = [None if k is None else k[1] for k in self._key]
-      dead = dead_states(self.config, self._key, self.key_end, self._index)
-      self._free = self.flop.reorder(self._free, groups, self.key_end, dead)
-    out = super().schedule(entries)
-    for r in self._reqs.values():  # token end of every key registered so far
-      for gid, row in enumerate(r.rows):
-        for i, b in enumerate(row):
-          if b and self._key[b] is not None:
-            self.key_end[b] = (i + 1) * self._bs[gid]
-    return out
+# The plain-Python oracle with the FLOP-aware hook (reference_policy.ReferencePolicy has it).
+FlopReference = ReferencePolicy
 
 
 def _jax_free_queue(state) -> list[int]:
@@ -203,12 +185,9 @@ def test_long_recurrent_prefix_survives_where_lru_evicts_it(backend):
       max_requests=2,
       eviction=ev,
     )
-    if backend == "jax":
-      m = JaxCacheManager(cfg)
-      m.state = eviction.set_alpha(m.state, 2.0)
-    else:
-      m = FlopReference(cfg)
-      m.flop.set_alpha(2.0)
+    m = JaxCacheManager(cfg) if backend == "jax" else FlopReference(cfg)
+    if ev == "flop_aware":
+      m.set_eviction_alpha(2.0)
     _serve(m, "A", list(range(17)))
     _serve(m, "B", list(range(100, 105)))
     _serve(m, "C", list(range(200, 205)))
@@ -295,7 +274,7 @@ class FlopMachine(RuleBasedStateMachine):
 
   def _alpha(self, alpha):
     self.jax.state = eviction.set_alpha(self.jax.state, alpha)
-    self.ref.flop.set_alpha(alpha)
+    self.ref.set_eviction_alpha(alpha)
 
   def _both(self, fn):
     outs = []

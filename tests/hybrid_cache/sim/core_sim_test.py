@@ -100,9 +100,11 @@ def test_bounded_by_oracle(policy):
   assert all(r <= b for (_, _, r), b in zip(tri, o))
 
 
-def test_flop_aware_needs_the_core():
-  with pytest.raises(ValueError, match="flop_aware"):
-    simulate(SHARED, TINY, 3400, "flop_aware", 4, core={"backend": "reference"})
+def test_flop_aware_reference_backend_bounded_by_oracle():
+  tr = _chat(120, seed=3)
+  o = oracle_reused(tr, 4).tolist()
+  tri, _ = simulate(tr, TINY, 34 * 80, "flop_aware", 4, core={"backend": "reference"})
+  assert all(r <= b for (_, _, r), b in zip(tri, o))
 
 
 def _soak(n):
