@@ -279,6 +279,16 @@ class JaxCacheManager:
   def pool_stats(self) -> PoolStats:
     return self._stats
 
+  def refresh_stats(self) -> None:
+    """Recomputes the pool counters from `self.state` (after replacing it, e.g. a restore)."""
+    self._stats = self._to_stats(scheduler.pool_stats(self.config, self.state))
+
+  def set_eviction_alpha(self, alpha: float) -> None:
+    """FLOP-aware eviction weight alpha in [0, 100] (ValueError otherwise, or if not flop_aware)."""
+    if self.config.eviction != "flop_aware":
+      raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
+    self.state = eviction.set_alpha(self.state, alpha)
+
   def request_view(self, req) -> RequestView:
     r = self._get(req)
     g_n = self._lay.num_groups
