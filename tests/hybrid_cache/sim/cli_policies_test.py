@@ -80,7 +80,7 @@ def test_core_policy_reference_backend(tmp_path):
     (["--backend", "tpu"], "backend must be one of"),
     (["--retention", "-3"], "retention must be"),
     (["--capacity-bytes", "1e9"], "capacity_bytes must be >="),
-    (["--policy", "flop_aware"], "flop_aware"),
+    (["--policy", "flop_aware", "--alpha", "tuned"], "alpha 'tuned' needs backend 'jax'"),
   ],
 )
 def test_core_bad_input(args, needle):
