@@ -106,7 +106,6 @@ def test_marconi_junction_makes_recurrent_prefix_hit():
   assert [o.num_cached_tokens for o in cut] == [0, 64, 80]
 
 
-@pytest.mark.slow
 def test_all_mode_equals_uncached():
   prompts = _prompts(3, 3, 140, 30)
   kw = dict(block_size=64, num_blocks=48, max_model_len=512)

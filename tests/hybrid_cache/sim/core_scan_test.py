@@ -198,7 +198,6 @@ def test_invariants_after_every_request_100():
   _soak(100, 1)
 
 
-@pytest.mark.slow
 def test_invariants_after_every_request_10k():
   _soak(10_000, 1)
 
