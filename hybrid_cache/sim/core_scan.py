@@ -232,8 +232,11 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
       state, hit, steps, _ = c
       computed = state.req_info[slot, INFO_COMPUTED]
       grow = (computed >= n_in) & (state.req_info[slot, INFO_TOKENS] < n_total)
-      state = jax.lax.cond(
-        grow, lambda s: _register(s, slot, row_all, n_total, n_in), lambda s: s, state
+      # masked write, not lax.cond: on XLA:CPU a cond over the state copies its leaves
+      grown = _register(state, slot, row_all, n_total, n_in)
+      state = state.replace(
+        req_info=jnp.where(grow, grown.req_info, state.req_info),
+        req_hashes=jnp.where(grow, grown.req_hashes, state.req_hashes),
       )
       max_tok = jnp.where(computed < n_in, -1, bs - computed % bs)
       state, out = scheduler.admit_one(config, state, slot, max_tok)
