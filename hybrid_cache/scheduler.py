@@ -473,14 +473,20 @@ def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
 def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt):
-  """Registers a waiting request in `slot` (or updates tokens of an existing one)."""
+  """Jitted `register_request` plus the pool counters."""
+  state = register_request(state, slot, hashes, num_tokens, num_prompt)
+  return state, pack_stats(layout(config), stats(layout(config), state))
+
+
+def register_request(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
+  """Registers a waiting request in `slot` (or updates tokens of an existing one); pure."""
   info = state.req_info[slot]
   status = jnp.where(info[INFO_STATUS] == STATUS_EMPTY, STATUS_WAITING, info[INFO_STATUS])
   info = info.at[INFO_STATUS].set(status).at[INFO_TOKENS].set(num_tokens)
   info = info.at[INFO_PROMPT].set(num_prompt)
   return state.replace(
     req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(hashes)
-  ), pack_stats(layout(config), stats(layout(config), state))
+  )
 
 
 def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):

@@ -42,11 +42,7 @@ from hybrid_cache import state as state_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.sim.trace import Trace
 from hybrid_cache.state import INFO_COMPUTED
-from hybrid_cache.state import INFO_PROMPT
-from hybrid_cache.state import INFO_STATUS
 from hybrid_cache.state import INFO_TOKENS
-from hybrid_cache.state import STATUS_EMPTY
-from hybrid_cache.state import STATUS_WAITING
 from hybrid_cache.state import CacheState
 from hybrid_cache.state import init_state
 from hybrid_cache.state import layout
@@ -190,17 +186,6 @@ def prepare(trace: Trace, config: CacheConfig) -> Prepared:
 # device side: one request's life, scanned
 
 
-def _register(state: CacheState, slot, row, num_tokens, num_prompt) -> CacheState:
-  """`scheduler.write_request`'s update (status waiting if empty, tokens, prompt, hashes)."""
-  info = state.req_info[slot]
-  status = jnp.where(info[INFO_STATUS] == STATUS_EMPTY, STATUS_WAITING, info[INFO_STATUS])
-  info = info.at[INFO_STATUS].set(status).at[INFO_TOKENS].set(num_tokens)
-  info = info.at[INFO_PROMPT].set(num_prompt)
-  return state.replace(
-    req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(row)
-  )
-
-
 def _counter(state: CacheState, idx: int | None):
   return state.counters[idx] if idx is not None else jnp.int32(0)
 
@@ -222,7 +207,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
   def live(state):
     adm0, ev0 = _counter(state, i_adm), _counter(state, i_ev)
     state = block_pool.maybe_renormalise(state)
-    state = _register(state, slot, row_in, n_in, n_in)
+    state = scheduler.register_request(state, slot, row_in, n_in, n_in)
 
     def cond(c):
       state, _, _, failed = c
@@ -233,7 +218,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
       computed = state.req_info[slot, INFO_COMPUTED]
       grow = (computed >= n_in) & (state.req_info[slot, INFO_TOKENS] < n_total)
       # masked write, not lax.cond: on XLA:CPU a cond over the state copies its leaves
-      grown = _register(state, slot, row_all, n_total, n_in)
+      grown = scheduler.register_request(state, slot, row_all, n_total, n_in)
       state = state.replace(
         req_info=jnp.where(grow, grown.req_info, state.req_info),
         req_hashes=jnp.where(grow, grown.req_hashes, state.req_hashes),
