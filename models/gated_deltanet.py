@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels.pallas.conv1d import api as conv_api
 from kernels.pallas.gdn import api as gdn_api
 from models import layers
+from models import short_conv
 from models import state_pool
 from models.config import ModelConfig
 
@@ -71,29 +71,16 @@ class GatedDeltaNet(nnx.Module):
     mixed = self.in_proj_qkv(x)
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
-    if decode:
-      ids = state_pool.slot_ids(t)
-      y, conv_final = conv_api.causal_conv1d_update(
-        mixed,
-        self.conv_weight[...],
-        None,
-        state_pool=conv0,
-        read_indices=ids,
-        write_indices=ids,
-        activation="silu",
-        implementation=implementation,
-      )
-    else:
-      y, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
-        mixed,
-        self.conv_weight[...],
-        None,
-        conv_state=conv0,
-        cu_seqlens=query_start_loc,
-        **ckpt_kw,
-        activation="silu",
-        implementation=implementation,
-      )
+    y, conv_out = short_conv.causal_conv(
+      mixed,
+      self.conv_weight[...],
+      None,
+      conv0,
+      decode=decode,
+      query_start_loc=query_start_loc,
+      ckpt_kw=ckpt_kw,
+      implementation=implementation,
+    )
     nq = self.hk * self.dk
     q = y[:, :nq].reshape(t, self.hk, self.dk)
     k = y[:, nq : 2 * nq].reshape(t, self.hk, self.dk)
@@ -103,6 +90,7 @@ class GatedDeltaNet(nnx.Module):
     g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])
     s0 = state_pool.read_states(state_pool_, state_read)
     if decode:
+      ids = state_pool.slot_ids(t)
       o, s_final = gdn_api.fused_recurrent_gated_delta_rule_decode(
         q,
         k,
@@ -115,31 +103,29 @@ class GatedDeltaNet(nnx.Module):
         scale=self.dk**-0.5,
         implementation=implementation,
       )
-      state_pool_ = state_pool.write_states(state_pool_, state_write, s_final)
-      conv_pool = state_pool.write_states(conv_pool, state_write, conv_final)
-      z = self.in_proj_z(x)
-      o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)
-      return self.out_proj(o), state_pool_, conv_pool
-    o, s_final, (s_ckpts, s_counts) = gdn_api.chunk_gated_delta_rule(
-      q,
-      k,
-      v,
-      g,
-      beta,
-      initial_state=s0,
-      cu_seqlens=query_start_loc,
-      **ckpt_kw,
-      scale=self.dk**-0.5,
-      implementation=implementation,
-    )
+      state_out = (s_final, (None, None))
+    else:
+      o, s_final, s_ckpts = gdn_api.chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=s0,
+        cu_seqlens=query_start_loc,
+        **ckpt_kw,
+        scale=self.dk**-0.5,
+        implementation=implementation,
+      )
+      state_out = (s_final, s_ckpts)
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,
       state_write,
       ckpt_write,
-      (s_final, (s_ckpts, s_counts)),
-      (conv_final, (conv_ckpts, conv_counts)),
-      checkpointed=ckpt_kw["checkpoint_every"] is not None,
+      state_out,
+      conv_out,
+      checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,
     )
     z = self.in_proj_z(x)
     o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels.pallas.conv1d import api as conv_api
 from kernels.pallas.ssd import api as ssd_api
 from models import layers
+from models import short_conv
 from models import state_pool
 from models.config import ModelConfig
 
@@ -86,35 +86,23 @@ class Mamba2(nnx.Module):
     dt = proj[:, self.d_inner + self.conv_dim :]
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
     conv0 = state_pool.read_states(conv_pool, state_read)
-    if decode:
-      ids = state_pool.slot_ids(t)
-      xbc, conv_final = conv_api.causal_conv1d_update(
-        xbc,
-        self.conv_weight[...],
-        self.conv_bias[...],
-        state_pool=conv0,
-        read_indices=ids,
-        write_indices=ids,
-        activation="silu",
-        implementation=implementation,
-      )
-    else:
-      xbc, conv_final, (conv_ckpts, conv_counts) = conv_api.causal_conv1d(
-        xbc,
-        self.conv_weight[...],
-        self.conv_bias[...],
-        conv_state=conv0,
-        cu_seqlens=query_start_loc,
-        **ckpt_kw,
-        activation="silu",
-        implementation=implementation,
-      )
+    xbc, conv_out = short_conv.causal_conv(
+      xbc,
+      self.conv_weight[...],
+      self.conv_bias[...],
+      conv0,
+      decode=decode,
+      query_start_loc=query_start_loc,
+      ckpt_kw=ckpt_kw,
+      implementation=implementation,
+    )
     gn = self.g * self.n
     xs = xbc[:, : self.d_inner].reshape(t, self.h, self.p)
     b = xbc[:, self.d_inner : self.d_inner + gn].reshape(t, self.g, self.n)
     c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
     s0 = state_pool.read_states(state_pool_, state_read)
     if decode:
+      ids = state_pool.slot_ids(t)
       y, s_final = ssd_api.ssd_decode(
         xs,
         dt,
@@ -128,31 +116,30 @@ class Mamba2(nnx.Module):
         write_indices=ids,
         implementation=implementation,
       )
-      state_pool_ = state_pool.write_states(state_pool_, state_write, s_final)
-      conv_pool = state_pool.write_states(conv_pool, state_write, conv_final)
-      y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
-      return self.out_proj(y), state_pool_, conv_pool
-    y, s_final, (s_ckpts, s_counts) = ssd_api.chunk_scan(
-      xs,
-      dt,
-      -jnp.exp(self.A_log[...]),
-      b,
-      c,
-      D=self.D[...],
-      dt_bias=self.dt_bias[...],
-      initial_state=s0,
-      cu_seqlens=query_start_loc,
-      **ckpt_kw,
-      implementation=implementation,
-    )
+      state_out = (s_final, (None, None))
+    else:
+      y, s_final, s_ckpts = ssd_api.chunk_scan(
+        xs,
+        dt,
+        -jnp.exp(self.A_log[...]),
+        b,
+        c,
+        D=self.D[...],
+        dt_bias=self.dt_bias[...],
+        initial_state=s0,
+        cu_seqlens=query_start_loc,
+        **ckpt_kw,
+        implementation=implementation,
+      )
+      state_out = (s_final, s_ckpts)
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,
       state_write,
       ckpt_write,
-      (s_final, (s_ckpts, s_counts)),
-      (conv_final, (conv_ckpts, conv_counts)),
-      checkpointed=ckpt_kw["checkpoint_every"] is not None,
+      state_out,
+      conv_out,
+      checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,
     )
     y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
     return self.out_proj(y), state_pool_, conv_pool

@@ -80,7 +80,8 @@ def write_recurrent(
   """Writes a recurrent layer's (final, (checkpoints, counts)) for its state and conv pools.
 
   `checkpointed` is whether the kernels were asked for checkpoints (`checkpoint_kwargs`);
-  without it only the final states are written. Returns (state_pool, conv_pool).
+  without it (also a decode step, whose checkpoints are (None, None)) only the final states
+  are written. Returns (state_pool, conv_pool).
   """
   pools = []
   for pool, (final, (ckpts, counts)) in ((state_pool, state_out), (conv_pool, conv_out)):
