@@ -13,30 +13,13 @@ from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as T
-from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.testing import TINY
+from hybrid_cache.sim.testing import small_chat
 
-M7B = get_model("marconi_7b")
-# 1 attention + 1 recurrent layer, d = N = 1: KV 4 B/token, one state 34 B.
-TINY = dataclasses.replace(
-  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
-)
 MOONCAKE = os.path.join(
   os.path.dirname(__file__), "../../../experiments/traces/mooncake_conversation_trace.jsonl"
 )
 CHUNK = 16  # one compile per config for every test trace
-
-
-def _chat(n, seed=0):
-  return synthetic.chat(
-    seed=seed,
-    num_sessions=max(1, n // 2),
-    min_turns=4,
-    max_turns=12,
-    user_mean=12.0,
-    out_mean=10.0,
-    vocab=50,
-    max_context=96,
-  ).head(n)
 
 
 def _agent(n, seed=1):
@@ -71,7 +54,7 @@ def _classes(h):
 
 
 def test_prefix_hashes_identify_the_same_prefixes_as_blake2b():
-  tr = _chat(30, seed=4)
+  tr = small_chat(30, seed=4)
   ends = np.array([r.num_tokens for r in tr.requests], np.int64)
   got, nblk = core_scan._prefix_hashes(tr, 4, ends)
   ref = np.concatenate(
@@ -109,8 +92,8 @@ def _reused(tri):
 @pytest.mark.parametrize(
   "policy, make, cap",
   [
-    ("lru", lambda: _chat(48), 34 * 60),
-    ("vllm_all", lambda: _chat(48, seed=2), 34 * 70),
+    ("lru", lambda: small_chat(48), 34 * 60),
+    ("vllm_all", lambda: small_chat(48, seed=2), 34 * 70),
     ("vllm_align_marconi", lambda: _agent(36), 34 * 90),
     ("vllm_align", lambda: _agent(36, seed=3), 34 * 90),
   ],
@@ -141,7 +124,7 @@ def test_scan_matches_both_protocol_backends_on_a_mooncake_excerpt():
 
 def test_replay_routes_backends(monkeypatch):
   monkeypatch.setattr(core_scan, "DEFAULT_CHUNK", CHUNK)
-  tr = _chat(48)  # same config and shapes as the lru case above: no new compile
+  tr = small_chat(48)  # same config and shapes as the lru case above: no new compile
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
   a, ca = core_sim.replay(tr, cfg, "jax")
   b, cb = core_sim.replay(tr, cfg, "reference")
@@ -156,7 +139,7 @@ def test_replay_routes_backends(monkeypatch):
 def test_states_admitted_and_evicted_match_the_protocol_core():
   if core_scan.counter_index("C_REC_ADMITTED") is None:
     pytest.skip("core has no C_REC_ADMITTED counter yet")
-  tr = _chat(48)
+  tr = small_chat(48)
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
   _, cp = core_sim.run_core(tr, cfg, "jax")
   _, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK)
@@ -169,7 +152,7 @@ def test_states_admitted_and_evicted_match_the_protocol_core():
 
 
 def test_request_that_cannot_progress_raises():
-  tr = _chat(8)
+  tr = small_chat(8)
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
   small = dataclasses.replace(cfg, num_blocks=4)
   with pytest.raises(ValueError, match="request 0 made no progress"):
@@ -179,7 +162,7 @@ def test_request_that_cannot_progress_raises():
 
 
 def _soak(n, chunk):
-  tr = _chat(n, seed=7)
+  tr = small_chat(n, seed=7)
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
   bad = []
 
@@ -217,7 +200,7 @@ def _flop_config(tr, cap):
 
 
 def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
-  tr = _chat(48)
+  tr = small_chat(48)
   cfg = _flop_config(tr, 34 * 60)
   assert len(cfg.eviction_flops_linear) == 2 and cfg.eviction_block_bytes == (34.0, 34.0)
   lru, _ = core_scan.run_scan(
@@ -236,7 +219,7 @@ def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
 def test_scan_matches_protocol_with_swa_and_pinning():
   # full + sliding window (8 tokens) + recurrent groups, the pinned tier on, under pressure
   model = dataclasses.replace(TINY, name="tiny_swa", n_swa=1, swa_window=8)
-  tr = _chat(40, seed=6)
+  tr = small_chat(40, seed=6)
   cfg, sizing = core_sim.build_config(tr, model, 34 * 90, "vllm_align_marconi", 4, pinning=True)
   assert sizing["groups"] == ["full", "swa", "mamba"] and cfg.pinning
   a, ca = core_sim.run_core(tr, cfg, "reference")
@@ -252,7 +235,7 @@ def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
   pytest.importorskip("hybrid_cache.alpha_tuning")
   from hybrid_cache.sim.metrics import flops_saved
 
-  tr = _chat(48)
+  tr = small_chat(48)
   cfg = _flop_config(tr, 34 * 60)
   grid = (0.5, 1.0)  # no 0: the tuned alpha is never LRU here
   opts = {"multiplier": 2, "grid": grid}

@@ -7,27 +7,19 @@ import pytest
 
 from hybrid_cache import invariants
 from hybrid_cache.sim import core_sim
-from hybrid_cache.sim import synthetic
-from hybrid_cache.sim import trace as T
 from hybrid_cache.sim.cli import simulate
-from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.testing import M7B
+from hybrid_cache.sim.testing import TINY
+from hybrid_cache.sim.testing import small_chat
+from hybrid_cache.sim.testing import trace_of
 
-M7B = get_model("marconi_7b")
-# 1 attention + 1 recurrent layer, d = N = 1: KV 4 B/token, one state 34 B.
-TINY = dataclasses.replace(
-  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
-)
 ATTN_ONLY = dataclasses.replace(TINY, name="tiny_attn", n_recurrent=0)
-
-
-def _trace(*reqs):
-  return T.Trace(tuple(T.token_request(i, o) for i, o in reqs))
 
 
 # R0 computes [1..16] (align: chunks end at 12 = floor(15/4)*4, then 16). R1 shares blocks
 # [1-4] [5-8] then diverges; R2 shares the same 8 tokens (third occurrence).
-SHARED = _trace(
+SHARED = trace_of(
   (list(range(1, 17)), []),
   (list(range(1, 9)) + list(range(30, 38)), []),
   (list(range(1, 9)) + list(range(40, 48)), []),
@@ -68,22 +60,9 @@ def test_sizing_pages_and_padding():
     core_sim.make_manager(cfg, "gpu")
 
 
-def _chat(n, seed=0):
-  return synthetic.chat(
-    seed=seed,
-    num_sessions=max(1, n // 2),
-    min_turns=4,
-    max_turns=12,
-    user_mean=12.0,
-    out_mean=10.0,
-    vocab=50,
-    max_context=96,
-  ).head(n)
-
-
 @pytest.mark.parametrize("policy", ["vllm_align_marconi", "lru"])
 def test_jax_and_reference_backends_agree(policy):
-  tr = _chat(40)
+  tr = small_chat(40)
   cap = 34 * 60  # forces evictions
   a, ea = simulate(tr, TINY, cap, policy, 4, core={"backend": "reference"})
   b, eb = simulate(tr, TINY, cap, policy, 4, core={"backend": "jax"})
@@ -94,21 +73,21 @@ def test_jax_and_reference_backends_agree(policy):
 
 @pytest.mark.parametrize("policy", ["vllm_align", "vllm_align_marconi", "vllm_all", "lru"])
 def test_bounded_by_oracle(policy):
-  tr = _chat(120, seed=3)
+  tr = small_chat(120, seed=3)
   o = oracle_reused(tr, 4).tolist()
   tri, _ = simulate(tr, TINY, 34 * 80, policy, 4, core={"backend": "reference"})
   assert all(r <= b for (_, _, r), b in zip(tri, o))
 
 
 def test_flop_aware_reference_backend_bounded_by_oracle():
-  tr = _chat(120, seed=3)
+  tr = small_chat(120, seed=3)
   o = oracle_reused(tr, 4).tolist()
   tri, _ = simulate(tr, TINY, 34 * 80, "flop_aware", 4, core={"backend": "reference"})
   assert all(r <= b for (_, _, r), b in zip(tri, o))
 
 
 def _soak(n):
-  tr = _chat(n, seed=7)
+  tr = small_chat(n, seed=7)
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
   bad = []
 

@@ -1,16 +1,17 @@
 """Marconi-compat semantics on hand-checked traces (expected values derived by hand from
 Marconi's rules, marconi_and_peers.md §1.1-1.4 and §6.3), plus consistency properties."""
 
-import dataclasses
 import pathlib
 
 import pytest
 
 from hybrid_cache.sim import trace as T
-from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.marconi_compat import TUNER_ALPHAS
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.testing import M7B
+from hybrid_cache.sim.testing import TINY
+from hybrid_cache.sim.testing import trace_of
 
 MOONCAKE = str(
   pathlib.Path(__file__).resolve().parents[3]
@@ -18,15 +19,7 @@ MOONCAKE = str(
   / "traces"
   / "mooncake_conversation_trace.jsonl"
 )
-M7B = get_model("marconi_7b")
 # d = N = 1: one state = 1*1*2 + (2 + 2)*4*2 = 34 bytes, KV = 1 layer * 2*1*2 = 4 bytes/token.
-TINY = dataclasses.replace(
-  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
-)
-
-
-def _trace(*reqs):
-  return T.Trace(tuple(T.token_request(i, o) for i, o in reqs))
 
 
 def test_tiny_model_bytes():
@@ -37,7 +30,7 @@ def test_tiny_model_bytes():
 def test_admission_leaf_and_branch(version):
   # R1 extends R0's whole sequence (leaf state); R2 diverges inside R0's edge -> no reuse, but
   # its insert splits the edge (branch state); R3 reuses the branch (3rd occurrence of [1, 2]).
-  tr = _trace(([1, 2, 3], [4]), ([1, 2, 3, 4, 5], [6]), ([1, 2, 9], []), ([1, 2, 7], []))
+  tr = trace_of(([1, 2, 3], [4]), ([1, 2, 3, 4, 5], [6]), ([1, 2, 9], []), ([1, 2, 7], []))
   hist, tree = run_marconi(tr, M7B, 1e12, version)
   assert hist == [(False, 3, 0), (True, 5, 4), (False, 3, 0), (True, 3, 2)]
   assert tree.num_nodes == 5 and tree.total_tokens == 8  # [1,2] [3,4] [5,6] [9] [7]
@@ -46,7 +39,7 @@ def test_admission_leaf_and_branch(version):
 def test_match_continues_after_partial_edge():
   # Marconi's match keeps walking into a partially matched child's children: the key [1,2,4,5,8]
   # diverges inside [1,2,3] but then fully matches its child [4,5] -> 2 "reusable" tokens.
-  tr = _trace(([1, 2, 3], []), ([1, 2, 3, 4, 5], []), ([1, 2, 4, 5, 8], []))
+  tr = trace_of(([1, 2, 3], []), ([1, 2, 3, 4, 5], []), ([1, 2, 4, 5, 8], []))
   hist, _ = run_marconi(tr, M7B, 1e12, 1)
   assert hist == [(False, 3, 0), (True, 5, 3), (True, 5, 2)]
 
@@ -54,7 +47,7 @@ def test_match_continues_after_partial_edge():
 def test_v1_lru_refreshes_path():
   # capacity 108 = 2 states + 10 tokens. R2 hits R0 (refreshing it), then needs 38 bytes:
   # 30 over -> LRU leaf is R1 (older access), so R3 = R1's sequence misses.
-  tr = _trace(([1, 2, 3], [4]), ([5, 6, 7], [8]), ([1, 2, 3, 4, 9], []), ([5, 6, 7, 8], []))
+  tr = trace_of(([1, 2, 3], [4]), ([5, 6, 7], [8]), ([1, 2, 3, 4, 9], []), ([5, 6, 7, 8], []))
   hist, tree = run_marconi(tr, TINY, 108, 1)
   assert hist == [(False, 3, 0), (False, 3, 0), (True, 5, 4), (False, 4, 0)]
   assert tree.tree_bytes <= 108
@@ -65,7 +58,7 @@ def test_static_alpha_flop_aware_choice(alpha, r3_reused):
   # One eviction of >= 1 state is needed at R2. alpha=0 (LRU): the older long R0 goes.
   # alpha=2: R0's FLOPs/byte (normalised 1, x2) outweighs R1's recency (normalised 1): R1 goes.
   long, short = list(range(1000, 2000)), list(range(5000, 5010))
-  tr = _trace((long, []), (short, []), (list(range(6000, 6010)), []), (long, []))
+  tr = trace_of((long, []), (short, []), (list(range(6000, 6010)), []), (long, []))
   cap = 2 * M7B.state_bytes + M7B.kv_bytes(1020)
   hist, _ = run_marconi(tr, M7B, cap, 3, alpha)
   assert hist[3] == (r3_reused > 0, 1000, r3_reused)
@@ -75,7 +68,7 @@ def test_leaf_eviction_counts_last_candidate_bytes():
   # Capacity 472 = R0 (34 + 400) + R1 (34 + 4). R2 needs 46 bytes, all over budget. Victim R0
   # (LRU) is counted with the KV of the last candidate in DFS order (R1, 1 token): 38 < 46, so
   # R1 is evicted too (R0's real 434 bytes would have sufficed); R3 = R1's sequence misses.
-  tr = _trace((list(range(1, 101)), []), ([200], []), ([300, 301, 302], []), ([200], []))
+  tr = trace_of((list(range(1, 101)), []), ([200], []), ([300, 301, 302], []), ([200], []))
   hist, tree = run_marconi(tr, TINY, 472, 3, 0.0)
   assert hist[3] == (False, 1, 0)
   assert tree.states_evicted == 2
@@ -128,7 +121,7 @@ def test_oracle_bounds_every_policy():
 
 
 def test_bad_arguments():
-  tr = _trace(([1], []))
+  tr = trace_of(([1], []))
   with pytest.raises(ValueError, match="version"):
     run_marconi(tr, M7B, 1e9, 4)
   with pytest.raises(ValueError, match="capacity_bytes"):

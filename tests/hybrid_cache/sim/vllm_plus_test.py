@@ -1,7 +1,6 @@
 """marconi_compat_vllm (vLLM+): hand-checked traces, and the compressed tree against a literal
 one-node-per-block transcription of Marconi's vLLM+ rules (marconi_and_peers.md §1.2, §1.7)."""
 
-import dataclasses
 import heapq
 import pathlib
 
@@ -11,8 +10,10 @@ import pytest
 from hypothesis import given
 
 from hybrid_cache.sim import trace as T
-from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.testing import M7B
+from hybrid_cache.sim.testing import TINY
+from hybrid_cache.sim.testing import trace_of
 from hybrid_cache.sim.vllm_plus import request_tokens
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
@@ -22,15 +23,7 @@ MOONCAKE = str(
   / "traces"
   / "mooncake_conversation_trace.jsonl"
 )
-M7B = get_model("marconi_7b")
 # d = N = 1: one state = 34 bytes, KV = 4 bytes/token; a full 4-token block = 50 bytes.
-TINY = dataclasses.replace(
-  M7B, name="tiny", d_model=1, ssm_state_dim=1, n_attn=1, n_recurrent=1, n_mlp=1
-)
-
-
-def _trace(*reqs):
-  return T.Trace(tuple(T.token_request(i, o) for i, o in reqs))
 
 
 # ---- a literal block tree: one node per block, written straight from the rules ----
@@ -157,7 +150,7 @@ def test_hand_checked_blocks_partial_fill_and_lru():
   #   evict the LRU leaf B2 (50 B); insert C1=[21-24] C2=[25] (partial): tree 238 B.
   # R4 = R1 -> only B1 (4); need 0 but tree is 38 over -> evict LRU leaf A2; re-add B2.
   # R5 [1..4] -> A (4). R6 [21..26] -> C1 + the partial C2 as a prefix (5).
-  tr = _trace(
+  tr = trace_of(
     (list(range(1, 9)), []),
     (list(range(11, 19)), []),
     (list(range(1, 9)), []),
@@ -176,7 +169,7 @@ def test_hand_checked_blocks_partial_fill_and_lru():
 def test_hand_checked_partial_leaf_fill_and_reuse():
   # Chat-like: R1 extends R0's whole sequence; R0's partial tail [9, 10] is filled by R1's
   # insert. R2 shares [1..8] and the filled block, diverges after.
-  tr = _trace(
+  tr = trace_of(
     (list(range(1, 9)), [9, 10]),  # blocks [1-4] [5-8] [9,10]
     (list(range(1, 13)), [13]),  # match 8 + partial [9,10] (prefix) = 10; fill -> [9-12], [13]
     (list(range(1, 13)) + [50], []),  # 12 full-block tokens
@@ -190,7 +183,7 @@ def test_hand_checked_partial_leaf_fill_and_reuse():
 def test_partial_fill_then_prefix_shorter_than_block():
   # R1 fills R0's partial [5, 6] to [5-8] and adds [9, 10]; R2's [5, 6, 7] is not a full
   # block of [5-8] and no partial child is its prefix -> only [1-4].
-  tr = _trace(
+  tr = trace_of(
     ([1, 2, 3, 4, 5, 6], []),
     ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], []),
     ([1, 2, 3, 4, 5, 6, 7], []),
@@ -206,7 +199,7 @@ def test_partial_children_first_prefix_in_order_wins():
   # (the full child shares 2 > 1 tokens) -> new partial [5, 9] after [5].
   # R3 [..5,9,1]: match still takes [5] (first in order) -> 5, not [5, 9] -> 6; insert fills
   # [5, 9] to [5, 9, 1] (longest prefix child with the max common prefix). R4 likewise 5.
-  tr = _trace(
+  tr = trace_of(
     ([1, 2, 3, 4, 5, 9, 7, 7], []),
     ([1, 2, 3, 4, 5], []),
     ([1, 2, 3, 4, 5, 9], []),
@@ -246,7 +239,7 @@ def _random_trace(seed, n_req, vocab):
     out = rng.integers(1, vocab, rng.integers(0, 6)).tolist()
     reqs.append((inp, out))
     ctxs.append(inp + out)
-  return _trace(*reqs)
+  return trace_of(*reqs)
 
 
 @given(
@@ -282,7 +275,7 @@ def test_oracle_bounds_vllm_plus():
 
 
 def test_bad_arguments():
-  tr = _trace(([1], []))
+  tr = trace_of(([1], []))
   with pytest.raises(ValueError, match="capacity_bytes"):
     run_vllm_plus(tr, M7B, 0)
   with pytest.raises(ValueError, match="block_size"):
