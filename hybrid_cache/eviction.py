@@ -67,12 +67,6 @@ def window(num_blocks: int) -> tuple[int, int, int, int]:
   return w0, k, shift, w0 + num_blocks * k
 
 
-def check_policy(config: CacheConfig) -> None:
-  """Raises NotImplementedError for policies the jitted core does not implement."""
-  if config.eviction not in ("lru", "flop_aware"):
-    raise NotImplementedError(f"eviction={config.eviction!r} is not implemented in the core")
-
-
 def alpha_milli(alpha: float) -> int:
   """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX]."""
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):

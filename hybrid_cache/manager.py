@@ -69,7 +69,6 @@ class JaxCacheManager:
   def __init__(self, config: CacheConfig):
     if not isinstance(config, CacheConfig):
       raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
-    eviction.check_policy(config)
     self.config = config
     self._lay = layout(config)
     self.state: CacheState = init_state(config)

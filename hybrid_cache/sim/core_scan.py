@@ -376,12 +376,6 @@ def run_scan(
     raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
   if config.max_requests < 1:
     raise ValueError(f"config.max_requests must be >= 1, got {config.max_requests}")
-  check = getattr(eviction, "check_policy", None)
-  if check is not None:
-    try:
-      check(config)
-    except NotImplementedError as e:
-      raise ValueError(f"backend 'jax': {e}") from None
   t0 = time.perf_counter()
   c0 = time.process_time()
   p = prepared if prepared is not None else prepare(trace, config)

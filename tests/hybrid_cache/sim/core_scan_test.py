@@ -185,17 +185,11 @@ def test_invariants_after_every_request_10k():
   _soak(10_000, 1)
 
 
-# ---- FLOP-aware eviction (runs once the core implements it)
+# ---- FLOP-aware eviction
 
 
 def _flop_config(tr, cap):
-  from hybrid_cache import eviction
-
   cfg, _ = core_sim.build_config(tr, TINY, cap, "flop_aware", 4)
-  try:
-    eviction.check_policy(cfg)
-  except NotImplementedError:
-    pytest.skip("the core does not implement eviction='flop_aware' yet")
   return cfg
 
 
