@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache.state import BIG
 from hybrid_cache.state import C_OVERFLOW
 from hybrid_cache.state import C_SEQ
 from hybrid_cache.state import CacheState
+
+_RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 
 
 def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
@@ -45,16 +48,90 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(oldest, blk, -1), axis=-1)
 
 
+def inclusive_count(mask: jax.Array, width: int = 32) -> jax.Array:
+  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
+
+  XLA:CPU lowers `cumsum` to a reduce-window (quadratic in N); a [N/w, w] x [w, w] triangular
+  matmul plus a [N/w, N/w] one for the row offsets is exact (counts < 2^24, HIGHEST precision).
+  """
+  n = mask.shape[0]
+  rows = -(-n // width)
+  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
+  x = x.reshape(rows, width)
+  hi = jax.lax.Precision.HIGHEST
+  up = jnp.asarray(np.arange(width)[:, None] <= np.arange(width)[None, :], jnp.float32)
+  within = jnp.matmul(x, up, precision=hi)
+  low = jnp.asarray(np.arange(rows)[None, :] < np.arange(rows)[:, None], jnp.float32)
+  off = jnp.matmul(low, within[:, -1], precision=hi)
+  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
+
+
+def _rank_in_bucket(bks: jax.Array, buckets: int, chunk: int = _RANK_CHUNK) -> jax.Array:
+  """i32[k]: for each i, the number of j < i with bks[j] == bks[i] (bks in [0, buckets]).
+
+  Blocked instead of one [k, k] compare: inside each chunk of `chunk` keys a [chunk, chunk]
+  compare; across chunks a per-chunk bucket histogram (scatter-add) and its exclusive prefix
+  over chunks (one small exact matmul), read at (chunk of i, bks[i]).
+  """
+  k = bks.shape[0]
+  i = jnp.arange(chunk if k > 2 * chunk else k)
+  if k <= 2 * chunk:
+    earlier = (bks[None, :] == bks[:, None]) & (i[None, :] < i[:, None])
+    return jnp.sum(earlier, axis=1).astype(jnp.int32)
+  m = -(-k // chunk)
+  b = jnp.full((m * chunk,), buckets, jnp.int32).at[:k].set(bks)
+  b2 = b.reshape(m, chunk)
+  earlier = (b2[:, None, :] == b2[:, :, None]) & (i[None, :] < i[:, None])[None]
+  within = jnp.matmul(
+    earlier.astype(jnp.float32),
+    jnp.ones((chunk,), jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+  )
+  row = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), chunk))
+  hist = jnp.zeros((m, buckets + 1), jnp.float32).at[row, b].add(1.0)
+  low = jnp.asarray(np.arange(m)[None, :] < np.arange(m)[:, None], jnp.float32)
+  before = jnp.matmul(low, hist, precision=jax.lax.Precision.HIGHEST)
+  across = before[row, b]
+  return (within.reshape(-1) + across).astype(jnp.int32)[:k]
+
+
+def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
+  """(way, ok) i32[k], bool[k]: the `rank[i]`-th (0-based) empty way of bucket `bks[i]`.
+
+  `empty` bool[BK, W] (W <= 32); `bks` may be BK (no bucket: ok False). Each bucket's empty
+  ways become one uint32 bit mask; the rank-th set bit is found by a binary search on
+  population counts (log2 W elementwise rounds, no [k, W] gather or prefix count).
+  """
+  buckets, ways = empty.shape
+  if ways > 32:
+    raise ValueError(f"index ways must be <= 32, got {ways}")
+  u = jnp.uint32
+  bits = jnp.sum(jnp.where(empty, u(1) << jnp.arange(ways, dtype=u), u(0)), axis=1, dtype=u)
+  m = jnp.where(bks < buckets, bits[jnp.minimum(bks, buckets - 1)], u(0))
+  ok = rank < jax.lax.population_count(m).astype(jnp.int32)
+  r = rank
+  way = jnp.zeros_like(rank)
+  width = 1 << max(0, (ways - 1).bit_length() - 1)
+  while width >= 1:
+    low = m & u((1 << width) - 1)
+    cnt = jax.lax.population_count(low).astype(jnp.int32)
+    up = r >= cnt
+    r = jnp.where(up, r - cnt, r)
+    m = jnp.where(up, m >> u(width), low)
+    way = way + jnp.where(up, width, 0)
+    width //= 2
+  return way, ok
+
+
 def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array) -> CacheState:
   """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
 
   Sets the block's `block_group`/`block_hash` and adds index entries without a per-key loop:
-  keys landing in one bucket are ranked in list order (one [k, k] compare, no sort) and take
+  keys landing in one bucket are ranked in list order (`_rank_in_bucket`, no sort) and take
   that bucket's empty ways in order; insertion sequence numbers follow list order.
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
-  k = ids.shape[0]
   valid = ids > 0
   idx = jnp.where(valid, ids, nb)
   state = state.replace(
@@ -63,21 +140,12 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
   )
   c = state.counters
   bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
-  # rank among earlier keys of the same bucket: one [k, k] compare, no sort (the barrier keeps
-  # XLA from recomputing the bucket hash for every pair)
+  # the barrier keeps XLA from recomputing the bucket hash inside every consumer
   bks = jax.lax.optimization_barrier(bks)
-  i = jnp.arange(k)
-  earlier = (bks[None, :] == bks[:, None]) & (i[None, :] < i[:, None])
-  rank = jnp.sum(earlier, axis=1).astype(jnp.int32)
-  empty = state.index_entry[jnp.minimum(bks, buckets - 1), :, 0] < 0  # [k, W]
-  # inclusive count of empty ways (an exact small matmul: XLA:CPU's cumsum is a reduce-window)
-  tri = (jnp.arange(ways)[:, None] <= jnp.arange(ways)[None, :]).astype(jnp.float32)
-  nth = jnp.matmul(empty.astype(jnp.float32), tri, precision=jax.lax.Precision.HIGHEST)
-  nth = nth.astype(jnp.int32) - 1
-  hit_way = empty & (nth == rank[:, None])
-  ok = valid & jnp.any(hit_way, axis=1)
-  way = jnp.min(jnp.where(hit_way, jnp.arange(ways), ways), axis=1)  # no variadic argmax
-  seq = c[C_SEQ] + jnp.cumsum(valid) - 1
+  rank = _rank_in_bucket(bks, buckets)
+  way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
+  ok &= valid
+  seq = c[C_SEQ] + inclusive_count(valid) - 1
   bi = jnp.where(ok, bks, buckets)
   ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
   hsh = state.index_hash.at[bi, way].set(keys, mode="drop")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hybrid_cache import block_index
 from hybrid_cache.config import CacheConfig
@@ -51,3 +53,56 @@ def test_many_keys_in_one_bucket_take_distinct_ways():
   found = np.asarray(block_index.probe(state, keys, jnp.zeros((n,), jnp.int32)))
   assert found.tolist() == list(range(1, n + 1))
   assert int((np.asarray(state.index_entry)[..., 0] >= 0).sum()) == n
+
+
+def _insert_model(entry, hsh, counters, ids, keys, group, block_group):
+  """Plain-Python insert: keys in list order take their bucket's first empty way."""
+  entry, hsh = entry.copy(), hsh.copy()
+  buckets = entry.shape[0]
+  seq, ovf = int(counters[4]), int(counters[5])
+  bks = np.asarray(block_index.bucket_of(jnp.asarray(keys), jnp.asarray(group), buckets))
+  for i in np.nonzero(ids > 0)[0]:
+    b = bks[i]
+    free = np.nonzero(entry[b, :, 0] < 0)[0]
+    if len(free):
+      entry[b, free[0]] = (ids[i], seq)
+      hsh[b, free[0]] = keys[i]
+    else:
+      ovf += 1
+    seq += 1
+    block_group[ids[i]] = group[i]
+  return entry, hsh, seq, ovf, block_group
+
+
+@pytest.mark.parametrize("k", [3, 64, 65, 150, 498])
+def test_insert_matches_sequential_model_with_full_buckets(k):
+  # 8 buckets x 16 ways with random holes: many keys per bucket, some buckets overflow
+  rng = np.random.default_rng(k)
+  state = init_state(CFG)
+  buckets, ways = state.index_entry.shape[:2]
+  insert = jax.jit(block_index.insert)
+  for trial in range(3):
+    entry = np.full((buckets, ways, 2), -1, np.int32)
+    taken = rng.random((buckets, ways)) < 0.6
+    entry[taken, 0] = rng.integers(1, 32, int(taken.sum()))
+    entry[taken, 1] = rng.integers(0, 1000, int(taken.sum()))
+    hsh = rng.integers(0, 2**32, (buckets, ways, 2), dtype=np.uint64).astype(np.uint32)
+    counters = np.zeros(16, np.int32)
+    counters[4], counters[5] = 1000 + trial, trial
+    st = state.replace(
+      index_entry=jnp.asarray(entry), index_hash=jnp.asarray(hsh), counters=jnp.asarray(counters)
+    )
+    ids = np.where(rng.random(k) < 0.7, rng.integers(1, 32, k), 0).astype(np.int32)
+    keys = rng.integers(0, 2**32, (k, 2), dtype=np.uint64).astype(np.uint32)
+    group = rng.integers(0, 2, k).astype(np.int32)
+    got = insert(st, jnp.asarray(ids), jnp.asarray(keys), jnp.asarray(group))
+    e, h, seq, ovf, bg = _insert_model(
+      entry, hsh, counters, ids, keys, group, np.full(32, -1, np.int32)
+    )
+    np.testing.assert_array_equal(np.asarray(got.index_entry), e)
+    np.testing.assert_array_equal(np.asarray(got.index_hash), h)
+    assert int(got.counters[4]) == seq and int(got.counters[5]) == ovf
+    v = ids[ids > 0]
+    if len(np.unique(v)) == len(v):  # duplicate ids: which write lands is unspecified
+      np.testing.assert_array_equal(np.asarray(got.block_group), bg)
+    assert ovf > trial or k < 150  # the large cases really overflow buckets
