@@ -48,6 +48,29 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(oldest, blk, -1), axis=-1)
 
 
+def materialise(x: jax.Array) -> jax.Array:
+  """`x` (1-D) written to its own buffer: a fusion boundary.
+
+  XLA:CPU fuses a cheap elementwise producer into a pairwise [N, N] consumer and recomputes
+  it N times per element (`lax.optimization_barrier` is expanded away before fusion); an
+  identity scatter is not fused into its consumers.
+  """
+  n = x.shape[0]
+  return jnp.zeros_like(x).at[jnp.arange(n)].set(x, unique_indices=True, indices_are_sorted=True)
+
+
+def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
+  """bool[N]: some block carries key (h[i], group) (`probe(...) >= 0` for one static group,
+  without picking the oldest duplicate). h: u32[N, 2]."""
+  buckets = state.index_entry.shape[0]
+  blk = state.index_entry[..., 0]
+  # entries of `group`, once per index slot instead of once per (query, way)
+  mine = (blk >= 0) & (state.block_group[jnp.maximum(blk, 0)] == group)  # [BK, W]
+  b = materialise(bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets))
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & mine[b]
+  return jnp.any(same, axis=-1)
+
+
 def inclusive_count(mask: jax.Array, width: int = 32) -> jax.Array:
   """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
 
@@ -140,8 +163,7 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
   )
   c = state.counters
   bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
-  # the barrier keeps XLA from recomputing the bucket hash inside every consumer
-  bks = jax.lax.optimization_barrier(bks)
+  bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
   rank = _rank_in_bucket(bks, buckets)
   way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
   ok &= valid
@@ -171,25 +193,32 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
 
 
 def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
-  """`evict` for the blocks `ids` (i32[k], unique, 0 = skip) without scanning the whole index.
+  """`evict` for the blocks `ids` (i32[k], unique, 0 = skip).
 
   A block carries at most one key and its entry (if it was not dropped by a full bucket) lies
-  in the bucket of its `block_hash`/`block_group`, so only those k buckets are searched.
+  in the bucket of its `block_hash`/`block_group`. With fewer buckets than ids (static) the
+  whole index is scanned against a bool[NB] mask of the ids (BK * W gathers), else only the k
+  buckets of the keyed ids are searched (k * W); both clear exactly those entries.
   """
   nb = state.ref_cnt.shape[0]
-  buckets = state.index_entry.shape[0]
+  buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
-  safe = jnp.where(valid, ids, 0)
-  grp = state.block_group[safe]
-  keyed = valid & (grp >= 0)
-  b = bucket_of(state.block_hash[safe], grp, buckets)
-  hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
-  # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
-  ways = hit.shape[1]
-  way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
-  bi = jnp.where(way < ways, b, buckets)
-  ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   idx = jnp.where(valid, ids, nb)
+  if buckets <= ids.shape[0]:
+    mask = jnp.zeros((nb,), bool).at[idx].set(True, mode="drop")
+    blk = state.index_entry[..., 0]
+    hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
+    ent = jnp.where(hit[..., None], -1, state.index_entry)
+  else:
+    safe = jnp.where(valid, ids, 0)
+    grp = state.block_group[safe]
+    keyed = valid & (grp >= 0)
+    b = bucket_of(state.block_hash[safe], grp, buckets)
+    hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
+    # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
+    way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
+    bi = jnp.where(way < ways, b, buckets)
+    ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   return state.replace(
     index_entry=ent,
     block_group=state.block_group.at[idx].set(-1, mode="drop"),

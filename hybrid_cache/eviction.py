@@ -98,9 +98,11 @@ def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:
   return q
 
 
-def _rank(order: jax.Array) -> jax.Array:
+def _rank(order: jax.Array, values: jax.Array | None = None) -> jax.Array:
+  """i32[N]: out[order[i]] = values[i] (default i: the inverse permutation)."""
   n = order.shape[0]
-  return jnp.zeros((n,), jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+  values = jnp.arange(n, dtype=jnp.int32) if values is None else values
+  return jnp.zeros((n,), jnp.int32).at[order].set(values, unique_indices=True)
 
 
 def dead_states(lay, state) -> jax.Array:
@@ -117,11 +119,33 @@ def dead_states(lay, state) -> jax.Array:
   fg = full[0]
   rec = jnp.isin(state.block_group, jnp.asarray(lay.recurrent_groups, jnp.int32))
   aligned = state.block_aux[:, AUX_END] % lay.groups[fg].block_size == 0
-  found = block_index.probe(state, state.block_hash, jnp.full((nb,), fg, jnp.int32))
-  return rec & aligned & (found < 0)
+  found = block_index.contains(state, state.block_hash, fg)
+  return rec & aligned & ~found
 
 
-def _rekey(lay, config: CacheConfig, state, alpha):
+def stable_argsort(x: jax.Array) -> jax.Array:
+  """i32[N]: `jnp.argsort(x, stable=True)` of int32 `x` (N <= 2^16), by two radix passes.
+
+  XLA:CPU sorts a single primitive operand with a fast path but a (key, index) pair through
+  a comparator call per comparison (several times slower). Each pass sorts one packed uint32,
+  16 key bits above the log2(N) position bits (unique, so no tie order is needed): first by
+  the low 16 bits and block index, then by the high 16 bits and the first pass's position.
+  """
+  n = x.shape[0]
+  bits = max(1, (n - 1).bit_length())
+  if n > 1 << 16:
+    return jnp.argsort(x, stable=True).astype(jnp.int32)
+  u = jnp.uint32
+  ux = x.astype(u) ^ u(1 << 31)  # order-preserving int32 -> uint32
+  mask = u((1 << bits) - 1)
+  idx = jnp.arange(n, dtype=u)
+  perm1 = jnp.sort(((ux & u(0xFFFF)) << u(bits)) | idx) & mask
+  perm = jnp.sort(((ux[perm1] >> u(16)) << u(bits)) | idx) & mask
+  return perm1[perm].astype(jnp.int32)
+
+
+def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
+  """The re-keyed normal free-queue row (i32[NB]); see the module docstring."""
   nb = lay.num_blocks
   w0, k, shift, w_end = window(nb)
   qk0 = state.queue_key[0]
@@ -135,10 +159,11 @@ def _rekey(lay, config: CacheConfig, state, alpha):
   # recency: window blocks by their stored LRU rank, then later tail frees by key (unique
   # among keyed blocks while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
   t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
-  # one sort: keyed blocks by recency, strays by key (classes are separated by the final sort)
-  perm = jnp.argsort(jnp.where(keyed, t, jnp.where(stray, qk0, BIG)), stable=True)
-  r_all = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(keyed[perm]).astype(jnp.int32) - 1)
-  r = jnp.zeros((nb,), jnp.int32).at[perm].set(jnp.cumsum(alive[perm]).astype(jnp.int32) - 1)
+  # one order: keyed blocks by recency, strays by key (classes are separated by the final one)
+  rec_key = jnp.where(keyed, t, jnp.where(stray, qk0, BIG))
+  perm = stable_argsort(rec_key)
+  r_all = _rank(perm, block_index.inclusive_count(keyed[perm]) - 1)
+  r = _rank(perm, block_index.inclusive_count(alive[perm]) - 1)
   # efficiency of each candidate
   table = jnp.asarray(efficiency_table(config))
   bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
@@ -154,13 +179,12 @@ def _rekey(lay, config: CacheConfig, state, alpha):
   en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
   util = 1000 * rn + alpha * en
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
-  # stable sort of the recency-ordered list: ties keep recency order (strays: key order)
-  slot = _rank(perm[jnp.argsort(primary[perm], stable=True)])
+  # stable order of the recency-ordered list by primary: ties keep recency order
+  slot = _rank(perm[stable_argsort(primary[perm])])
   moved = stray | keyed
   l_digit = jnp.clip(r_all, 0, nb) >> shift
   new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
-  qk = state.queue_key.at[0].set(jnp.where(moved, new_key, qk0))
-  return state.replace(queue_key=qk)
+  return jnp.where(moved, new_key, qk0)
 
 
 def prepare(lay, config: CacheConfig, state):
@@ -175,7 +199,13 @@ def prepare(lay, config: CacheConfig, state):
   c = state.counters
   state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
   alpha = jnp.clip(c[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)
-  return jax.lax.cond(alpha > 0, lambda s: _rekey(lay, config, s, alpha), lambda s: s, state)
+  # the cond returns only the queue row (a cond over the whole state copies its leaves)
+  qk0 = jax.lax.cond(
+    alpha > 0,
+    lambda: _rekey_queue(lay, config, state, alpha),
+    lambda: state.queue_key[0],
+  )
+  return state.replace(queue_key=state.queue_key.at[0].set(qk0))
 
 
 def select_victim(queue_key: jax.Array) -> jax.Array:

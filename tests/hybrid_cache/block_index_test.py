@@ -106,3 +106,19 @@ def test_insert_matches_sequential_model_with_full_buckets(k):
     if len(np.unique(v)) == len(v):  # duplicate ids: which write lands is unspecified
       np.testing.assert_array_equal(np.asarray(got.block_group), bg)
     assert ovf > trial or k < 150  # the large cases really overflow buckets
+
+
+def test_contains_agrees_with_probe():
+  rng = np.random.default_rng(1)
+  state = init_state(CFG)
+  keys = rng.integers(0, 50, (40, 2)).astype(np.uint32)  # repeated keys: duplicates
+  ids = np.arange(1, 41, dtype=np.int32) % 32
+  group = rng.integers(0, 2, 40).astype(np.int32)
+  state = block_index.insert(state, jnp.asarray(ids), jnp.asarray(keys), jnp.asarray(group))
+  state = block_index.evict(state, jnp.asarray(np.arange(32) % 5 == 0))
+  queries = np.concatenate([keys, rng.integers(0, 50, (20, 2)).astype(np.uint32)])
+  for g in (0, 1):
+    found = block_index.probe(state, jnp.asarray(queries), jnp.full((len(queries),), g))
+    got = block_index.contains(state, jnp.asarray(queries), g)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(found) >= 0)
+    assert 0 < int(np.sum(np.asarray(got))) < len(queries)
