@@ -50,10 +50,11 @@ class _Req:
   status: str = "waiting"
   num_computed: int = 0
   state_idx: dict[int, int] = dataclasses.field(default_factory=dict)
-  # host mirror of the slot's block table and table lengths as the last step left them
-  # (only a step changes them; release clears them), so `request_view` needs no device read
+  # host mirror of the slot's block table (i32[G, MB]) and table lengths (list of ints) as the
+  # last step left them (only a step changes them; release clears them), so `request_view`
+  # needs no device read
   row: np.ndarray | None = None
-  lens: np.ndarray | None = None
+  lens: list[int] | None = None
 
 
 def _pow2(n: int) -> int:
@@ -75,16 +76,27 @@ class JaxCacheManager:
     self._reqs: dict[str, _Req] = {}
     self._free_slots = list(range(config.max_requests - 1, -1, -1))
     self._stats = self._to_stats(scheduler.pool_stats(config, self.state))
+    # align-mode recurrent groups (index, block size): the ones with pre-forward state copies
+    self._align_groups = tuple(
+      (g, spec.block_size)
+      for g, spec in enumerate(self._lay.groups)
+      if spec.kind == "mamba" and spec.mode == "align" and self._lay.caching
+    )
+    self._empty_ids = ((),) * self._lay.num_groups
 
   # ---- helpers ----
   def _to_stats(self, packed) -> PoolStats:
-    s = scheduler.unpack_stats(jax.device_get(packed))
+    return self._stats_from_row(np.asarray(jax.device_get(packed)).tolist())
+
+  @staticmethod
+  def _stats_from_row(p: list[int]) -> PoolStats:
+    """PoolStats from the `scheduler.pack_stats` row as a list of ints."""
     return PoolStats(
-      num_free_blocks=int(s["num_free"]),
-      num_used_blocks=int(s["num_used"]),
-      num_free_cached_blocks=int(s["num_free_cached"]),
-      cached_blocks_per_group=tuple(int(x) for x in s["cached_per_group"]),
-      num_pinned_blocks=int(s["num_pinned"]),
+      num_free_blocks=p[0],
+      num_used_blocks=p[1],
+      num_free_cached_blocks=p[2],
+      cached_blocks_per_group=tuple(p[4:]),
+      num_pinned_blocks=p[3],
     )
 
   def _hash_row(self, hashes: np.ndarray) -> np.ndarray:
@@ -173,10 +185,16 @@ class JaxCacheManager:
       slots[i] = self._reqs[e.req].slot
       max_tok[i] = -1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2)
       valid[i] = True
-    self.state, packed = scheduler.schedule_step(self.config, self.state, slots, max_tok, valid)
-    packed = jax.device_get(packed)
+    # no running request among the entries (the host mirrors each request's status): the
+    # step variant without the release of skipped blocks (identical results, cheaper)
+    admit_only = all(self._reqs[e.req].status != "running" for e in entries)
+    self.state, packed = scheduler.schedule_step(
+      self.config, self.state, slots, max_tok, valid, admit_only=admit_only
+    )
+    packed = np.asarray(jax.device_get(packed))
     out, _ = scheduler.unpack_step(self.config, packed)
-    self._stats = self._to_stats(packed[-1, : 4 + self._lay.num_groups])
+    g_n = self._lay.num_groups
+    self._stats = self._stats_from_row(packed[-1, : 4 + g_n].tolist())
     results, copies = [], []
     n = len(entries)
     # whole columns to Python lists once (per-element NumPy scalar conversions dominate here)
@@ -184,38 +202,35 @@ class JaxCacheManager:
     sched_l, reason_l, comp_l = (out[k][:n].tolist() for k in ("scheduled", "reason", "computed"))
     alone_l, hb_l = out["alone"][:n].tolist(), out["hit_blocks"][:n].tolist()
     before_l, after_l = out["lens_before"][:n].tolist(), out["lens_after"][:n].tolist()
-    g_n = self._lay.num_groups
+    rows = out["row"]
+    empty = self._empty_ids
     for i, e in enumerate(entries):
       r = self._reqs[e.req]
-      adm = bool(adm_l[i])
       sched = sched_l[i]
-      before, after = before_l[i], after_l[i]
-      row = out["row"][i]
-      new_ids = (
-        tuple(tuple(row[g, before[g] : after[g]].tolist()) for g in range(g_n))
-        if sched
-        else ((),) * g_n
-      )
-      hit = None
-      if adm:
-        hit = HitInfo(
-          hit_tokens=hit_l[i],
-          per_group_hit_tokens=tuple(alone_l[i]),
-          hit_blocks_per_group=tuple(hb_l[i]),
-          shared_prefix_boundary=spb_l[i],
-        )
+      row = rows[i]
       computed = comp_l[i]
-      r.row, r.lens = row, out["lens_after"][i]
       if sched:
-        start = computed - sched
-        copies.extend(self._copies(r, start, sched, row))
+        before, after = before_l[i], after_l[i]
+        new_ids = tuple(tuple(row[g, before[g] : after[g]].tolist()) for g in range(g_n))
+        if self._align_groups:
+          copies.extend(self._copies(r, computed - sched, sched, row))
         r.status = "running"
+      else:
+        new_ids = empty
+      r.row, r.lens = row, after_l[i]
       r.num_computed = computed
       results.append(
         EntryResult(
           req=e.req,
-          admission=adm,
-          hit=hit,
+          admission=bool(adm_l[i]),
+          hit=HitInfo(
+            hit_tokens=hit_l[i],
+            per_group_hit_tokens=tuple(alone_l[i]),
+            hit_blocks_per_group=tuple(hb_l[i]),
+            shared_prefix_boundary=spb_l[i],
+          )
+          if adm_l[i]
+          else None,
           scheduled_tokens=sched,
           reason=_REASONS[reason_l[i]],
           num_computed_tokens=computed,
@@ -227,10 +242,7 @@ class JaxCacheManager:
   def _copies(self, r: _Req, start: int, sched: int, row) -> list[StateCopy]:
     """Pre-forward recurrent state copies (vLLM §5.2) for align-mode groups."""
     out = []
-    for g, spec in enumerate(self._lay.groups):
-      if spec.kind != "mamba" or spec.mode != "align" or not self._lay.caching:
-        continue
-      bs = spec.block_size
+    for g, bs in self._align_groups:
       prev = r.state_idx.get(g, (start - 1) // bs if start > 0 else -1)
       curr = -(-(start + sched) // bs) - 1
       r.state_idx[g] = curr
@@ -294,7 +306,7 @@ class JaxCacheManager:
     if r.row is None:  # never scheduled since it was added or released: an empty table
       block_ids = ((),) * g_n
     else:
-      block_ids = tuple(tuple(int(b) for b in r.row[g, : int(r.lens[g])]) for g in range(g_n))
+      block_ids = tuple(tuple(r.row[g, : r.lens[g]].tolist()) for g in range(g_n))
     return RequestView(
       req=req,
       status=r.status,

@@ -124,13 +124,14 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
 
 
 def _allocate(
-  lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n, ok, n_norm
+  lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n, ok, queued
 ):
   """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
 
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
-  `n_norm`: blocks in the normal free queue before the hits are touched.
+  `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
+  are touched. Returns (state, queued after the touches and pops).
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
   queue, so the concatenation is the queue's first `sum(counts)` blocks).
@@ -142,18 +143,26 @@ def _allocate(
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
-  # touching unlinks the hits that sit in the normal queue (small gather, no pool reduction)
-  n_norm = n_norm - jnp.sum((touched > 0) & (state.queue_key[0, touched] < BIG)).astype(jnp.int32)
+  # touching unlinks the hits that sit in a queue (small gather, no pool reduction)
+  in_queue = (touched > 0)[None, :] & (state.queue_key[:, touched] < BIG)
+  n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
+  # touch scatters into queue_key in place only if XLA sees every read of it (the gather
+  # above) ordered before: the ids depend on n_norm (>= 0 always, so this is the identity);
+  # without it XLA copies the [2, NB] array twice per entry
+  touched = jnp.where(n_norm >= 0, touched, 0)
   state = block_pool.touch(state, touched)
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]
-  bases, counts = [], []
+  # per-group values collected in Python lists and stacked once (one small array op instead
+  # of a chain of single-element updates per group)
+  row_l, len_l, nc_l, last_l, bases, counts = [], [], [], [], [], []
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     hits_len = jnp.where(is_new, hit // bs, 0)
     len0 = rg[g, RG_LEN]
     length = jnp.where(is_new, hits_len, len0)
-    ncached = jnp.where(is_new, hits_len, rg[g, RG_NCACHED])
+    nc_l.append(jnp.where(is_new, hits_len, rg[g, RG_NCACHED]))
+    last = rg[g, RG_LAST]
     row = rows[g]
     if spec.kind == "mamba" and spec.mode == "align":
       req = cdiv(main, bs) + s
@@ -172,7 +181,7 @@ def _allocate(
         nrel = nrel + move.astype(jnp.int32)
       bases.append(base + nrel)
       counts.append(jnp.where(grow, req - base - nrel, 0))
-      rg = rg.at[g, RG_LAST].set(jnp.where(grow, last_state, rg[g, RG_LAST]))
+      last = jnp.where(grow, last_state, last)
       length = jnp.maximum(length, req)
     elif spec.kind == "mamba" and spec.mode == "none":
       cnt = jnp.where(length == 0, 1 + s, 0)
@@ -186,23 +195,30 @@ def _allocate(
       bases.append(length)
       counts.append(cnt)
       length = length + cnt
-    rows = rows.at[g].set(row)
-    rg = rg.at[g, RG_LEN].set(length).at[g, RG_NCACHED].set(ncached)
-  counts = jnp.stack(counts)
-  offsets = jnp.cumsum(counts) - counts
+    row_l.append(row)
+    len_l.append(length)
+    last_l.append(last)
+  rows = jnp.stack(row_l)
+  rg = jnp.stack([jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l)], axis=1)
+  # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
+  offsets = [jnp.int32(0)]
+  for g in range(1, lay.num_groups):
+    offsets.append(offsets[-1] + counts[g - 1])
   kmax = lay.num_groups * lay.max_blocks
-  total = jnp.where(ok, jnp.sum(counts), 0)
+  total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
   state, ids = block_pool.pop_many(state, total, kmax, lay.recurrent_groups, n_norm=n_norm)
-  for g in range(lay.num_groups):
-    j = pos - bases[g]
-    take = (j >= 0) & (j < counts[g])
-    fresh = ids[jnp.clip(offsets[g] + j, 0, kmax - 1)]
-    rows = rows.at[g].set(jnp.where(take, fresh, rows[g]))
+  k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
+  queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
+  # fresh blocks of every group in one [G, MB] gather
+  j = pos[None, :] - jnp.stack(bases)[:, None]
+  take = (j >= 0) & (j < jnp.stack(counts)[:, None])
+  fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + j, 0, kmax - 1)]
+  rows = jnp.where(take, fresh, rows)
   state = state.replace(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  return _cache(lay, config, state, r, start + n, ok)
+  return _cache(lay, config, state, r, start + n, ok), queued
 
 
 def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True):
@@ -281,8 +297,11 @@ def _lookup_or_zero(lay, state, r, is_new):
   return jax.lax.cond(is_new, yes, no, None)
 
 
-def _entry(lay: Layout, config: CacheConfig, carry, x):
-  state, budget = carry
+def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False):
+  """One entry of a step (the scan body). `admit_only` (static): no entry's request is
+  running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
+  (XLA:CPU copies the state leaves a cond passes through, even on its identity branch)."""
+  state, budget, queued = carry
   r, max_tok, valid = x
   info = state.req_info[r]
   status = info[INFO_STATUS]
@@ -313,15 +332,18 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
   # allocate_slots without `lax.cond` over the state (XLA:CPU copies the state leaves a cond
   # passes through): every write below is masked by `attempt` / `ok`
   c = info[INFO_COMPUTED]
-  state = jax.lax.cond(
-    attempt & ~is_new, lambda s: remove_skipped(lay, config, s, r, c), lambda s: s, state
-  )
+
+  def release_skipped(carry):
+    s = remove_skipped(lay, config, carry[0], r, c)
+    return s, free_counts(s)
+
+  if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
+    state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
   count, impossible = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
   )
-  queued = jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)  # [normal, pinned]
   free = queued[0] + queued[1]  # = block_pool.num_free(state)
   ok = attempt & ~impossible & (count <= free)
   if config.full_sequence_must_fit:
@@ -341,7 +363,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
   )
   lens_now = state.req_group[r, :, RG_LEN]
   lens_before = jnp.where(attempt & is_new, hit // jnp.asarray(lay_bs(lay)), lens_now)
-  state = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued[0])
+  state, queued = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued)
   inf = state.req_info[r]
   done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
   state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
@@ -360,7 +382,12 @@ def _entry(lay: Layout, config: CacheConfig, carry, x):
     lens_after=state.req_group[r, :, RG_LEN],
     row=state.tables[r],
   )
-  return (state, budget - scheduled), out
+  return (state, budget - scheduled, queued), out
+
+
+def free_counts(state: CacheState) -> jax.Array:
+  """i32[2]: free blocks in the normal queue and in the pinned tier (one pool reduction)."""
+  return jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)
 
 
 def lay_bs(lay: Layout):
@@ -390,8 +417,8 @@ def stats(lay: Layout, state: CacheState):
 # jitted entry points (config static, state donated)
 
 
-_ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
-_ENTRY_VECTORS = ("alone", "hit_blocks", "lens_before", "lens_after")
+ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
+ENTRY_VECTORS = ("alone", "hit_blocks", "lens_before", "lens_after")
 
 
 def pack_stats(lay: Layout, st) -> jax.Array:
@@ -408,12 +435,16 @@ def unpack_stats(packed) -> dict:
   )
 
 
-def _pack_step(lay: Layout, out, st) -> jax.Array:
-  """i32[E + 1, K]: every entry's outputs in one row, the pool counters in the last row."""
-  cols = [out[k].astype(jnp.int32)[:, None] for k in _ENTRY_SCALARS]
-  cols += [out[k].astype(jnp.int32) for k in _ENTRY_VECTORS]
-  cols.append(out["row"].reshape(out["row"].shape[0], -1))
-  body = jnp.concatenate(cols, axis=1)
+def _pack_entry(out) -> jax.Array:
+  """i32[K]: one entry's outputs (`_entry`) in one row (see `unpack_step` for the columns)."""
+  cols = [out[k].astype(jnp.int32)[None] for k in ENTRY_SCALARS]
+  cols += [out[k].astype(jnp.int32) for k in ENTRY_VECTORS]
+  cols.append(out["row"].reshape(-1))
+  return jnp.concatenate(cols)
+
+
+def _pack_step(lay: Layout, body, st) -> jax.Array:
+  """i32[E + 1, K]: the entries' packed rows (`_pack_entry`), the pool counters last."""
   tail = jnp.zeros((1, body.shape[1]), jnp.int32)
   stats_row = pack_stats(lay, st)
   tail = tail.at[0, : stats_row.shape[0]].set(stats_row)
@@ -426,19 +457,25 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   p = np.asarray(packed)
   body, g = p[:-1], lay.num_groups
   out, c = {}, 0
-  for k in _ENTRY_SCALARS:
+  for k in ENTRY_SCALARS:
     out[k] = body[:, c]
     c += 1
-  for k in _ENTRY_VECTORS:
+  for k in ENTRY_VECTORS:
     out[k] = body[:, c : c + g]
     c += g
   out["row"] = body[:, c:].reshape(body.shape[0], g, lay.max_blocks)
   return out, unpack_stats(p[-1, : 4 + g])
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
-def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, valid):
+@functools.partial(jax.jit, static_argnames=("config", "admit_only"), donate_argnums=(1,))
+def schedule_step(
+  config: CacheConfig, state: CacheState, slots, max_tokens, valid, admit_only: bool = False
+):
   """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E]).
+
+  `admit_only` (static): the caller guarantees that no valid entry's request is running
+  (status RUNNING: waiting or preempted ones only); the step then leaves out the release of
+  skipped blocks, which only a running request needs (same results, cheaper step).
 
   Returns (state, packed i32[E + 1, K]); decode with `unpack_step`.
   """
@@ -446,12 +483,21 @@ def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, val
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
-  (state, _), out = jax.lax.scan(
-    functools.partial(_entry, lay, config),
-    (state, jnp.int32(config.max_num_batched_tokens)),
+
+  def body(carry, x):
+    # each entry's outputs packed into one row inside the body: the scan stacks ONE array
+    # (one in-place update per entry instead of one per output)
+    carry, out = _entry(lay, config, carry, x, admit_only=admit_only)
+    return carry, _pack_entry(out)
+
+  # the free counts are computed once and carried from entry to entry (updated by touches,
+  # pops and releases) instead of one pool reduction per entry
+  (state, _, _), rows = jax.lax.scan(
+    body,
+    (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
     (slots, max_tokens, valid),
   )
-  return state, _pack_step(lay, out, stats(lay, state))
+  return state, _pack_step(lay, rows, stats(lay, state))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -494,10 +540,10 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   lay = layout(config)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
-  (state, _), out = _entry(
+  (state, _, _), out = _entry(
     lay,
     config,
-    (state, jnp.int32(config.max_num_batched_tokens)),
+    (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
     (slot, max_tokens, jnp.bool_(True)),
   )
   return state, out
