@@ -32,15 +32,22 @@ def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
   return (x & jnp.uint32(buckets - 1)).astype(jnp.int32)
 
 
+def _entry_groups(state: CacheState) -> jax.Array:
+  """i32[BK, W]: group of each index entry's block (-2 = empty way), in its own buffer."""
+  blk = state.index_entry[..., 0]
+  grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+  return materialise(grp.reshape(-1)).reshape(blk.shape)
+
+
 def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
   """Block carrying key (h, group) for every query (u32[..., 2], i32[...]) or -1."""
   buckets = state.index_entry.shape[0]
   b = bucket_of(h, group, buckets)
+  b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
   ent = state.index_entry[b]  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
   blk = ent[..., 0]
-  same = jnp.all(hh == h[..., None, :], axis=-1) & (blk >= 0)
-  same &= state.block_group[jnp.maximum(blk, 0)] == group[..., None]
+  same = jnp.all(hh == h[..., None, :], axis=-1) & (_entry_groups(state)[b] == group[..., None])
   seq = jnp.where(same, ent[..., 1], BIG)
   # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
   # sequence numbers are unique, so the oldest matching way is the one at the minimum
@@ -63,9 +70,7 @@ def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
   """bool[N]: some block carries key (h[i], group) (`probe(...) >= 0` for one static group,
   without picking the oldest duplicate). h: u32[N, 2]."""
   buckets = state.index_entry.shape[0]
-  blk = state.index_entry[..., 0]
-  # entries of `group`, once per index slot instead of once per (query, way)
-  mine = (blk >= 0) & (state.block_group[jnp.maximum(blk, 0)] == group)  # [BK, W]
+  mine = _entry_groups(state) == group  # [BK, W], once per index slot
   b = materialise(bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets))
   same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & mine[b]
   return jnp.any(same, axis=-1)
@@ -130,6 +135,7 @@ def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
     raise ValueError(f"index ways must be <= 32, got {ways}")
   u = jnp.uint32
   bits = jnp.sum(jnp.where(empty, u(1) << jnp.arange(ways, dtype=u), u(0)), axis=1, dtype=u)
+  bits = materialise(bits)  # else the per-bucket reduction is redone per gathered key
   m = jnp.where(bks < buckets, bits[jnp.minimum(bks, buckets - 1)], u(0))
   ok = rank < jax.lax.population_count(m).astype(jnp.int32)
   r = rank
