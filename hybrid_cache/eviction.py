@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hybrid_cache import block_index
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.eviction_costs import ALPHA_MILLI_MAX
+from hybrid_cache.eviction_costs import alpha_milli
 from hybrid_cache.eviction_costs import efficiency_table
 from hybrid_cache.state import AUX_END
 from hybrid_cache.state import BIG
@@ -53,8 +54,6 @@ from hybrid_cache.state import C_TAIL
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS
-ALPHA_MAX = 100.0
-ALPHA_MILLI_MAX = int(ALPHA_MAX * 1000)  # 1000 * NORM + ALPHA_MILLI_MAX * NORM < 2^31
 WINDOW_LIMIT = 1 << 28
 
 
@@ -65,15 +64,6 @@ def window(num_blocks: int) -> tuple[int, int, int, int]:
   shift = (p // k).bit_length() - 1
   w0 = num_blocks
   return w0, k, shift, w0 + num_blocks * k
-
-
-def alpha_milli(alpha: float) -> int:
-  """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX]."""
-  if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
-    raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")
-  if not 0.0 <= float(alpha) <= ALPHA_MAX:
-    raise ValueError(f"alpha must be in [0, {ALPHA_MAX:g}], got {alpha!r}")
-  return int(round(float(alpha) * 1000))
 
 
 def set_alpha(state, alpha: float):

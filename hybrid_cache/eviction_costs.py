@@ -25,6 +25,23 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 
+ALPHA_MAX = 100.0
+ALPHA_MILLI_MAX = int(ALPHA_MAX * 1000)  # 1000 * NORM + ALPHA_MILLI_MAX * NORM < 2^31
+
+
+def alpha_milli(alpha: float) -> int:
+  """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX].
+
+  Shared by the jitted core (`eviction.set_alpha`) and the plain-Python oracle
+  (`reference.flop_eviction`), so both accept and round alpha the same way.
+  """
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+    raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")
+  if not 0.0 <= float(alpha) <= ALPHA_MAX:
+    raise ValueError(f"alpha must be in [0, {ALPHA_MAX:g}], got {alpha!r}")
+  return int(round(float(alpha) * 1000))
+
+
 EFF_BITS = 30
 
 

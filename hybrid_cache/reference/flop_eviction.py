@@ -35,10 +35,10 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.eviction_costs import alpha_milli
 from hybrid_cache.eviction_costs import efficiency_table
 
 NORM_BITS = 14
-ALPHA_MAX = 100.0
 
 
 def dead_states(
@@ -103,11 +103,7 @@ class FlopEviction:
 
   def set_alpha(self, alpha: float) -> None:
     """Sets alpha (ValueError outside [0, ALPHA_MAX]); stored in thousandths like the core."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-      raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")
-    if not 0.0 <= float(alpha) <= ALPHA_MAX:
-      raise ValueError(f"alpha must be in [0, {ALPHA_MAX:g}], got {alpha!r}")
-    self.alpha_milli = int(round(float(alpha) * 1000))
+    self.alpha_milli = alpha_milli(alpha)
 
   def stamp(self, b: int) -> None:
     """Records that block b was just freed to the tail (most recent)."""
