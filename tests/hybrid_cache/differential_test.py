@@ -14,7 +14,6 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import Phase
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import initialize
 from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
@@ -26,10 +25,10 @@ from hybrid_cache.invariants import check_invariants
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
+from tests.hybrid_cache.paired_rules import NAMES
+from tests.hybrid_cache.paired_rules import paired_rules
 
-_COMMON = dict(
-  max_model_len=64, max_requests=len(("a", "b", "c", "d", "e")), max_num_batched_tokens=24
-)
+_COMMON = dict(max_model_len=64, max_requests=len(NAMES), max_num_batched_tokens=24)
 CONFIGS = (
   CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=20, **_COMMON),
   CacheConfig(
@@ -112,7 +111,6 @@ PINNING_CONFIGS = tuple(i for i, c in enumerate(CONFIGS) if c.pinning)
 # Shrinking a stateful jax run is slow; set HC_SHRINK=1 to shrink a failure.
 _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
 
-NAMES = ("a", "b", "c", "d", "e")
 FAMILIES = (tuple(range(100, 116)), tuple(range(200, 212)), (7,) * 10)
 
 prompts = st.builds(
@@ -123,7 +121,7 @@ prompts = st.builds(
 )
 
 
-class DifferentialMachine(RuleBasedStateMachine):
+class DifferentialMachine(paired_rules(prompts)):
   """Drives both managers with the same calls and compares everything they report."""
 
   @initialize(ci=st.integers(0, len(CONFIGS) - 1))
@@ -131,40 +129,6 @@ class DifferentialMachine(RuleBasedStateMachine):
     self.config = CONFIGS[ci]
     self.jax = JaxCacheManager(self.config)
     self.ref = ReferencePolicy(self.config)
-
-  def _both(self, fn):
-    outs = []
-    for m in (self.jax, self.ref):
-      try:
-        outs.append(("ok", fn(m)))
-      except ValueError as e:
-        outs.append(("error", type(e).__name__))
-    assert outs[0] == outs[1], f"jax {outs[0]} != reference {outs[1]}"
-    return outs[0]
-
-  def _active(self):
-    return self.ref.active_requests()
-
-  @rule(name=st.sampled_from(NAMES), tokens=prompts)
-  def add(self, name, tokens):
-    self._both(lambda m: m.add_request(name, tokens))
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data())
-  def schedule(self, data):
-    active = list(self._active())
-    chosen = data.draw(st.lists(st.sampled_from(active), min_size=1, max_size=3, unique=True))
-    caps = data.draw(
-      st.lists(st.one_of(st.none(), st.integers(1, 20)), min_size=len(chosen), max_size=len(chosen))
-    )
-    entries = [ScheduleEntry(r, c) for r, c in zip(chosen, caps)]
-    self._both(lambda m: m.schedule(entries))
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data(), tokens=st.lists(st.integers(0, 5), min_size=1, max_size=3))
-  def append(self, data, tokens):
-    name = data.draw(st.sampled_from(list(self._active())))
-    self._both(lambda m: m.append_tokens(name, tokens))
 
   @precondition(lambda self: self._active())
   @rule(data=st.data())
@@ -195,10 +159,6 @@ class DifferentialMachine(RuleBasedStateMachine):
   @rule()
   def reset(self):
     self._both(lambda m: m.reset_prefix_cache())
-
-  @rule(tokens=prompts)
-  def lookup(self, tokens):
-    self._both(lambda m: m.lookup(tokens))
 
   @invariant()
   def same_views_and_clean_state(self):

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import Phase
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine
 from hypothesis.stateful import initialize
 from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
@@ -40,6 +39,8 @@ from hybrid_cache.state import C_TAIL
 from hybrid_cache.state import init_state
 from hybrid_cache.state import layout
 from hybrid_cache.types import ScheduleEntry
+from tests.hybrid_cache.paired_rules import NAMES
+from tests.hybrid_cache.paired_rules import paired_rules
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "scenarios")
 
@@ -250,7 +251,6 @@ CONFIGS = (
     **_COMMON,
   ),
 )
-NAMES = ("a", "b", "c", "d", "e")
 FAMILIES = (tuple(range(100, 116)), tuple(range(200, 212)), (7,) * 10)
 prompts = st.builds(
   lambda fam, cut, suffix: list(FAMILIES[fam][:cut]) + suffix,
@@ -262,7 +262,7 @@ ALPHAS = (0.0, 0.5, 1.0, 2.0, 10.0)
 _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
 
 
-class FlopMachine(RuleBasedStateMachine):
+class FlopMachine(paired_rules(prompts)):
   """Drives JaxCacheManager and FlopReference with the same calls; compares everything."""
 
   @initialize(ci=st.integers(0, len(CONFIGS) - 1), alpha=st.sampled_from(ALPHAS))
@@ -276,43 +276,9 @@ class FlopMachine(RuleBasedStateMachine):
     self.jax.state = eviction.set_alpha(self.jax.state, alpha)
     self.ref.set_eviction_alpha(alpha)
 
-  def _both(self, fn):
-    outs = []
-    for m in (self.jax, self.ref):
-      try:
-        outs.append(("ok", fn(m)))
-      except ValueError as e:
-        outs.append(("error", type(e).__name__))
-    assert outs[0] == outs[1], f"jax {outs[0]} != reference {outs[1]}"
-
-  def _active(self):
-    return self.ref.active_requests()
-
   @rule(alpha=st.sampled_from(ALPHAS))
   def set_alpha(self, alpha):
     self._alpha(alpha)
-
-  @rule(name=st.sampled_from(NAMES), tokens=prompts)
-  def add(self, name, tokens):
-    self._both(lambda m: m.add_request(name, tokens))
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data())
-  def schedule(self, data):
-    chosen = data.draw(
-      st.lists(st.sampled_from(list(self._active())), min_size=1, max_size=3, unique=True)
-    )
-    caps = data.draw(
-      st.lists(st.one_of(st.none(), st.integers(1, 20)), min_size=len(chosen), max_size=len(chosen))
-    )
-    entries = [ScheduleEntry(r, c) for r, c in zip(chosen, caps)]
-    self._both(lambda m: m.schedule(entries))
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data(), tokens=st.lists(st.integers(0, 5), min_size=1, max_size=3))
-  def append(self, data, tokens):
-    name = data.draw(st.sampled_from(list(self._active())))
-    self._both(lambda m: m.append_tokens(name, tokens))
 
   @precondition(lambda self: self._active())
   @rule(data=st.data(), preempt=st.booleans())
@@ -335,10 +301,6 @@ class FlopMachine(RuleBasedStateMachine):
         break
     if not keep:
       self._both(lambda m: m.free(name))
-
-  @rule(tokens=prompts)
-  def lookup(self, tokens):
-    self._both(lambda m: m.lookup(tokens))
 
   @invariant()
   def same_pool_and_queue(self):
