@@ -47,7 +47,14 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
   ent = state.index_entry[b]  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
   blk = ent[..., 0]
-  same = jnp.all(hh == h[..., None, :], axis=-1) & (_entry_groups(state)[b] == group[..., None])
+  if b.size < buckets:
+    # fewer queries than buckets (static): the groups of the gathered ways only, in their own
+    # buffer (Q * W gathers instead of BK * W for every index slot)
+    grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+    grp = materialise(grp.reshape(-1)).reshape(blk.shape)
+  else:
+    grp = _entry_groups(state)[b]
+  same = jnp.all(hh == h[..., None, :], axis=-1) & (grp == group[..., None])
   seq = jnp.where(same, ent[..., 1], BIG)
   # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
   # sequence numbers are unique, so the oldest matching way is the one at the minimum
@@ -134,9 +141,17 @@ def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
   if ways > 32:
     raise ValueError(f"index ways must be <= 32, got {ways}")
   u = jnp.uint32
-  bits = jnp.sum(jnp.where(empty, u(1) << jnp.arange(ways, dtype=u), u(0)), axis=1, dtype=u)
-  bits = materialise(bits)  # else the per-bucket reduction is redone per gathered key
-  m = jnp.where(bks < buckets, bits[jnp.minimum(bks, buckets - 1)], u(0))
+  shift = u(1) << jnp.arange(ways, dtype=u)
+  if bks.shape[0] < buckets:
+    # fewer keys than buckets (static): the masks of the gathered buckets only (k * W reads
+    # instead of BK * W)
+    e = empty[jnp.minimum(bks, buckets - 1)]
+    m = jnp.sum(jnp.where(e, shift, u(0)), axis=1, dtype=u)
+  else:
+    bits = jnp.sum(jnp.where(empty, shift, u(0)), axis=1, dtype=u)
+    bits = materialise(bits)  # else the per-bucket reduction is redone per gathered key
+    m = bits[jnp.minimum(bks, buckets - 1)]
+  m = jnp.where(bks < buckets, m, u(0))
   ok = rank < jax.lax.population_count(m).astype(jnp.int32)
   r = rank
   way = jnp.zeros_like(rank)
@@ -198,13 +213,14 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   )
 
 
-def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
+def evict_ids(state: CacheState, ids: jax.Array, grp: jax.Array | None = None) -> CacheState:
   """`evict` for the blocks `ids` (i32[k], unique, 0 = skip).
 
   A block carries at most one key and its entry (if it was not dropped by a full bucket) lies
   in the bucket of its `block_hash`/`block_group`. With fewer buckets than ids (static) the
   whole index is scanned against a bool[NB] mask of the ids (BK * W gathers), else only the k
   buckets of the keyed ids are searched (k * W); both clear exactly those entries.
+  `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
@@ -217,9 +233,15 @@ def evict_ids(state: CacheState, ids: jax.Array) -> CacheState:
     ent = jnp.where(hit[..., None], -1, state.index_entry)
   else:
     safe = jnp.where(valid, ids, 0)
-    grp = state.block_group[safe]
+    if grp is None:
+      grp = state.block_group[safe]
     keyed = valid & (grp >= 0)
     b = bucket_of(state.block_hash[safe], grp, buckets)
+    # the scatters below update block_group in place (and insert's later block_hash scatter
+    # too) only if XLA sees the gathers above ordered before them: the indices depend on the
+    # gathered values (block_group >= -1 and buckets >= 0 always, so this is the identity);
+    # without it XLA copies block_group and block_hash twice per scheduled entry
+    idx = jnp.where(valid & (grp >= -1) & (b >= 0), ids, nb)
     hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
     # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
     way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)

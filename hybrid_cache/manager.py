@@ -116,15 +116,15 @@ class JaxCacheManager:
     return self._reqs[req]
 
   def _write(self, r: _Req) -> None:
-    self.state, s = scheduler.write_request(
-      self.config,
+    # registering a request changes no pool counter: `self._stats` stays valid, so no device
+    # read (and no wait for the device) here
+    self.state = scheduler.write_request_only(
       self.state,
       np.int32(r.slot),
       self._hash_row(r.hashes),
       np.int32(len(r.tokens)),
       np.int32(r.num_prompt),
     )
-    self._stats = self._to_stats(s)
 
   # ---- protocol ----
   def add_request(self, req, tokens, extras=None) -> None:
@@ -165,74 +165,78 @@ class JaxCacheManager:
 
   def schedule(self, entries: Sequence[ScheduleEntry]) -> StepResult:
     entries = list(entries)
-    seen = set()
+    reqs = self._reqs
+    rs, seen = [], set()
     for i, e in enumerate(entries):
       if not isinstance(e, ScheduleEntry):
         raise ValueError(f"entries[{i}] must be a ScheduleEntry, got {e!r}")
-      self._get(e.req)
+      r = reqs.get(e.req) if e.req in reqs else self._get(e.req)
       if e.req in seen:
         raise ValueError(f"entries[{i}].req {e.req!r} appears twice in one step")
       seen.add(e.req)
       mt = e.max_tokens
       if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise ValueError(f"entries[{i}].max_tokens must be None or an integer >= 1, got {mt!r}")
+      rs.append(r)
     n = len(entries)
     size = _pow2(max(n, 1))
     slots = np.zeros(size, np.int32)
     max_tok = np.full(size, -1, np.int32)
     valid = np.zeros(size, bool)
-    for i, e in enumerate(entries):
-      slots[i] = self._reqs[e.req].slot
-      max_tok[i] = -1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2)
-      valid[i] = True
+    slots[:n] = [r.slot for r in rs]
+    max_tok[:n] = [-1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2) for e in entries]
+    valid[:n] = True
     # no running request among the entries (the host mirrors each request's status): the
     # step variant without the release of skipped blocks (identical results, cheaper)
-    admit_only = all(self._reqs[e.req].status != "running" for e in entries)
+    admit_only = all(r.status != "running" for r in rs)
     self.state, packed = scheduler.schedule_step(
       self.config, self.state, slots, max_tok, valid, admit_only=admit_only
     )
     packed = np.asarray(jax.device_get(packed))
-    out, _ = scheduler.unpack_step(self.config, packed)
-    g_n = self._lay.num_groups
+    g_n, mb = self._lay.num_groups, self._lay.max_blocks
     self._stats = self._stats_from_row(packed[-1, : 4 + g_n].tolist())
+    # the packed columns (`scheduler.unpack_step`): 6 scalars, 4 vectors of G, the [G, MB] row;
+    # the leading columns go to Python lists once (per-element NumPy conversions dominate)
+    c = 6 + 4 * g_n
+    head = packed[:n, :c].tolist()
+    rows = packed[:n, c:].reshape(n, g_n, mb)
+    ga, gb, gc_, gd = 6, 6 + g_n, 6 + 2 * g_n, 6 + 3 * g_n
     results, copies = [], []
-    n = len(entries)
-    # whole columns to Python lists once (per-element NumPy scalar conversions dominate here)
-    adm_l, hit_l, spb_l = (out[k][:n].tolist() for k in ("admission", "hit", "spb"))
-    sched_l, reason_l, comp_l = (out[k][:n].tolist() for k in ("scheduled", "reason", "computed"))
-    alone_l, hb_l = out["alone"][:n].tolist(), out["hit_blocks"][:n].tolist()
-    before_l, after_l = out["lens_before"][:n].tolist(), out["lens_after"][:n].tolist()
-    rows = out["row"]
     empty = self._empty_ids
+    align = self._align_groups
     for i, e in enumerate(entries):
-      r = self._reqs[e.req]
-      sched = sched_l[i]
+      r = rs[i]
+      adm, hit, spb, sched, reason, computed = head[i][:6]
+      h = head[i]
       row = rows[i]
-      computed = comp_l[i]
+      after = h[gd : gd + g_n]
       if sched:
-        before, after = before_l[i], after_l[i]
-        new_ids = tuple(tuple(row[g, before[g] : after[g]].tolist()) for g in range(g_n))
-        if self._align_groups:
+        before = h[gc_:gd]
+        new_ids = tuple(
+          tuple(row[g, before[g] : after[g]].tolist()) if after[g] > before[g] else ()
+          for g in range(g_n)
+        )
+        if align:
           copies.extend(self._copies(r, computed - sched, sched, row))
         r.status = "running"
       else:
         new_ids = empty
-      r.row, r.lens = row, after_l[i]
+      r.row, r.lens = row, after
       r.num_computed = computed
       results.append(
         EntryResult(
           req=e.req,
-          admission=bool(adm_l[i]),
+          admission=bool(adm),
           hit=HitInfo(
-            hit_tokens=hit_l[i],
-            per_group_hit_tokens=tuple(alone_l[i]),
-            hit_blocks_per_group=tuple(hb_l[i]),
-            shared_prefix_boundary=spb_l[i],
+            hit_tokens=hit,
+            per_group_hit_tokens=tuple(h[ga:gb]),
+            hit_blocks_per_group=tuple(h[gb:gc_]),
+            shared_prefix_boundary=spb,
           )
-          if adm_l[i]
+          if adm
           else None,
           scheduled_tokens=sched,
-          reason=_REASONS[reason_l[i]],
+          reason=_REASONS[reason],
           num_computed_tokens=computed,
           new_block_ids=new_ids,
         )

@@ -297,6 +297,22 @@ def _lookup_or_zero(lay, state, r, is_new):
   return jax.lax.cond(is_new, yes, no, None)
 
 
+def _lookup_masked(lay, state, r, is_new):
+  """`_lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
+  masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
+  nested executor and its output copies cost more than the rare wasted lookup."""
+  info = state.req_info[r]
+  lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS])
+  z = jnp.int32(0)
+  return dict(
+    hit=jnp.where(is_new, lk["hit"], z),
+    alone=jnp.where(is_new, lk["alone"], z),
+    hit_mask=lk["hit_mask"] & is_new,
+    found=jnp.where(is_new, lk["found"], -1),
+    spb=jnp.where(is_new, lk["spb"], z),
+  )
+
+
 def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False):
   """One entry of a step (the scan body). `admit_only` (static): no entry's request is
   running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
@@ -307,7 +323,8 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
-  lk = _lookup_or_zero(lay, state, r, is_new)
+  # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
+  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
@@ -522,6 +539,13 @@ def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_toke
   """Jitted `register_request` plus the pool counters."""
   state = register_request(state, slot, hashes, num_tokens, num_prompt)
   return state, pack_stats(layout(config), stats(layout(config), state))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def write_request_only(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
+  """Jitted `register_request` alone: it changes no pool counter (only `req_info` and
+  `req_hashes`), so the host keeps its counters and needs no device read."""
+  return register_request(state, slot, hashes, num_tokens, num_prompt)
 
 
 def register_request(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
