@@ -296,6 +296,149 @@ def test_mamba_all_mode_keeps_a_state_at_every_block(backend):
   assert (r[3]["hit_tokens"], r[3]["hit_blocks_per_group"]) == (12, [3, 1])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chat_follow_up_under_retention0(backend):
+  sc = _sc(
+    {
+      "block_size": 4,
+      "num_blocks": 64,
+      "groups": [{"type": "full"}, {"type": "mamba"}],
+      "retention_interval": 0,
+    },
+    {
+      "T1": {"range": [100, 118]},
+      "OUT1": {"range": [900, 907]},
+      "T2": {"concat": ["T1", "OUT1", {"range": [200, 205]}]},
+    },
+    [
+      {"op": "prefill", "req": "T1"},
+      {"op": "decode", "req": "T1", "tokens": "OUT1"},
+      {"op": "free", "req": "T1"},
+      {"op": "lookup", "req": "T2"},
+      {"op": "prefill", "req": "T2"},
+      {"op": "free", "req": "T2"},
+      {"op": "lookup", "req": "T2"},
+    ],
+  )
+  r = _results(sc, backend)
+  # T1 (18): lcp 16 -> chunks 16, 2; R=0 keeps only Mamba idx floor(17,4)/4-1 = 3 (state 16).
+  # Decoding to 25 tokens crosses 20 and 24 but R=0 masks those states (§2.4.7); FA keys
+  # every full block: floor(25, 4)/4 = 6.
+  assert r[0]["chunks"] == [16, 2] and r[0]["cached_blocks_per_group"] == [4, 1]
+  assert r[1]["cached_blocks_per_group"] == [6, 1]
+  # T2 (30, max_len 29): FA 24 (T1+OUT1 prefix), Mamba 16 -> hit 16, junction 24.
+  lk = r[3]
+  assert (lk["hit_tokens"], lk["per_group_hit_tokens"], lk["shared_prefix_boundary"]) == (
+    16,
+    [24, 16],
+    24,
+  )
+  # Split from 16 (lcp floor(29,4) = 28, junction 24): 16->24, 24->28, 28->30. R=0 keeps the
+  # states at the junction (idx 5) and the replay boundary 28 (idx 6); FA adds dups of
+  # blocks 4, 5 and block 6: 6 + 3 = 9.
+  p = r[4]
+  assert p["chunks"] == [8, 4, 2]
+  assert p["block_ids"][1] == [0, 0, 0, 0, 0, 0, 12, 14]
+  assert p["cached_blocks_per_group"] == [9, 3]
+  assert (r[6]["hit_tokens"], r[6]["per_group_hit_tokens"]) == (28, [28, 28])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_groups_retention0_junction(backend):
+  # FA + SWA(W=8, need 2) + Mamba, block 4, R=0 (§3.2, §2.3.4, §2.4.7, §4.4).
+  sc = _sc(
+    {
+      "block_size": 4,
+      "num_blocks": 96,
+      "groups": [{"type": "full"}, {"type": "swa", "window": 8}, {"type": "mamba"}],
+      "retention_interval": 0,
+    },
+    {
+      "P": {"range": [0, 16]},
+      "A": {"concat": ["P", [100, 101, 102, 103, 104, 105]]},
+      "B": {"concat": ["P", [200, 201, 202, 203, 204, 205, 206]]},
+      "C": {"concat": ["P", [300, 301, 302, 303, 304]]},
+    },
+    [
+      {"op": "prefill", "req": "A"},
+      {"op": "free", "req": "A"},
+      {"op": "lookup", "req": "B"},
+      {"op": "prefill", "req": "B"},
+      {"op": "free", "req": "B"},
+      {"op": "lookup", "req": "C"},
+    ],
+  )
+  r = _results(sc, backend)
+  # A (22): chunks 20 (lcp floor(21,4)), 2. R=0, boundary 21 -> a = 20: SWA keeps the need=2
+  # blocks ending at 20 (idx 3, 4), Mamba idx 4. FA floor(22,4)/4 = 5.
+  assert r[0]["chunks"] == [20, 2] and r[0]["cached_blocks_per_group"] == [5, 2, 1]
+  # B (23, max_len 22): FA 16; SWA at 16 needs idx 2,3 but idx 2 was not kept -> 0
+  # (a run from block 0 would need idx 0,1,2 ... none kept); Mamba 0. Junction 16.
+  lk = r[2]
+  assert (lk["hit_tokens"], lk["per_group_hit_tokens"], lk["shared_prefix_boundary"]) == (
+    0,
+    [16, 0, 0],
+    16,
+  )
+  # B: chunks cut at the junction 16, then lcp 20, then the tail. Boundaries {22 -> 20, 16}:
+  # SWA keeps idx {3, 4} and {2, 3}; Mamba idx 4 and 3.
+  assert r[3]["chunks"] == [16, 4, 3]
+  assert r[3]["cached_blocks_per_group"] == [10, 5, 3]
+  # C (21, max_len 20): FA 16; SWA idx 2, 3 (B's) -> 16; Mamba idx 3 (B's) -> 16.
+  lk = r[5]
+  assert (lk["hit_tokens"], lk["per_group_hit_tokens"], lk["hit_blocks_per_group"]) == (
+    16,
+    [16, 16, 16],
+    [4, 2, 1],
+  )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_block_sizes_swa_tail_mask_through_decode(backend):
+  # FA block 8, SWA block 4 window 4: sbs 8, HBS 4, need cdiv(3,4) = 1, per = 8/4 = 2 ->
+  # dense mask keeps odd SWA blocks only (§2.3.4); caching floored to 8 (§1.7).
+  sc = _sc(
+    {
+      "block_size": 4,
+      "num_blocks": 64,
+      "groups": [{"type": "full", "block_size": 8}, {"type": "swa", "window": 4}],
+    },
+    {"A": {"range": [0, 20]}, "Ax": {"concat": ["A", [50, 51, 52, 53, 54, 99]]}},
+    [
+      {"op": "prefill", "req": "A"},
+      {"op": "decode", "req": "A", "tokens": [50, 51, 52, 53, 54]},
+      {"op": "free", "req": "A"},
+      {"op": "lookup", "req": "Ax"},
+    ],
+  )
+  r = _results(sc, backend)
+  # Prefill 20: n = 16 -> FA blocks 0,1; SWA idx 1, 3.
+  assert r[0]["block_ids"] == [[1, 2, 3], [4, 5, 6, 7, 8]]
+  assert r[0]["cached_blocks_per_group"] == [2, 2]
+  # Decode 50 (c=20): skipped 17 -> SWA idx 3..0 freed (6, 4 unkeyed -> head); new SWA
+  # block pops 6. Decode 53 (c=23): skipped 20 -> idx 4 (8, unkeyed) freed; n = 24 keys FA
+  # block 2 and SWA idx 5. Decode 54 (T=25): FA pops 8, SWA pops 4.
+  d = r[1]
+  assert d["block_ids"] == [[1, 2, 3, 8], [0, 0, 0, 0, 0, 6, 4]]
+  assert d["cached_blocks_per_group"] == [3, 3]
+  # Ax (26, max_len 25): FA 3 blocks (24); SWA idx 5 cached, right edge 24 aligned -> 24.
+  assert (r[3]["hit_tokens"], r[3]["hit_blocks_per_group"]) == (24, [3, 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_sequence_must_fit_false_admits_then_runs_out(backend):
+  # 7 usable blocks, a 40-token prompt (10 blocks) in chunks of 8 (§4.2 step 3).
+  prompts = {"A": {"range": [0, 40]}}
+  actions = [{"op": "prefill", "req": "A", "chunk": 8}]
+  cfg = {"block_size": 4, "num_blocks": 8, "groups": [{"type": "full"}]}
+  fit = _results(_sc(cfg, prompts, actions), backend)[0]
+  assert (fit["ok"], fit["chunks"], fit["failure"]) == (False, [0], "allocate_slots_failed")
+  lax = _results(_sc({**cfg, "full_sequence_must_fit": False}, prompts, actions), backend)[0]
+  # 2 blocks per step: 7 -> 5 -> 3 -> 1 free; the 4th chunk needs 2.
+  assert (lax["ok"], lax["chunks"], lax["num_computed_tokens"]) == (False, [8, 8, 8, 0], 24)
+  assert lax["num_free_blocks"] == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # confirmed differences from vLLM 0.33 (strict xfail: flip when fixed)
 # ---------------------------------------------------------------------------------------------
