@@ -102,6 +102,12 @@ class ResolvedGroup:
     return -(-(self.window - 1) // self.block_size) + (1 if self.eagle else 0)
 
 
+def _json_bool(field: str, value: Any) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f"{field} must be true or false, got {value!r}")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
   """Frozen, hashable configuration of the cache core.
@@ -283,11 +289,18 @@ class CacheConfig:
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> CacheConfig:
-    """Builds a config from the scenario format's `config` object (unknown keys rejected)."""
+    """Builds a config from the scenario format's `config` object (unknown keys rejected).
+
+    `watermark` is vLLM's: a fraction of the pool, `watermark_blocks = int(watermark *
+    num_blocks)` (vLLM's `KVCacheManager`), applied to waiting requests while others run.
+    Boolean keys must be JSON booleans.
+    """
+    if not isinstance(d, Mapping):
+      raise ValueError(f"config must be an object, got {type(d).__name__}")
     d = dict(d)
     groups = d.pop("groups", None)
-    if not groups:
-      raise ValueError("config.groups must be a non-empty list")
+    if not groups or not isinstance(groups, list):
+      raise ValueError(f"config.groups must be a non-empty list, got {groups!r}")
     specs = []
     for i, g in enumerate(groups):
       if not isinstance(g, Mapping):
@@ -300,13 +313,22 @@ class CacheConfig:
           block_size=g.pop("block_size", None),
           window=g.pop("window", None),
           mode=g.pop("mode", "align"),
-          eagle=bool(g.pop("eagle", False)),
+          eagle=_json_bool(f"config.groups[{i}].eagle", g.pop("eagle", False)),
         )
       )
       if g:
         raise ValueError(f"config.groups[{i}] has unknown keys {sorted(g)}")
     if "watermark" in d:
-      d["watermark_blocks"] = d.pop("watermark")
+      if "watermark_blocks" in d:
+        raise ValueError("config sets both watermark (a fraction) and watermark_blocks")
+      w = d.pop("watermark")
+      if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
+        raise ValueError(f"config.watermark must be a fraction of the pool in [0, 1], got {w!r}")
+      _check_int("num_blocks", d.get("num_blocks"), minimum=2)
+      d["watermark_blocks"] = int(w * d["num_blocks"])
+    for f in dataclasses.fields(cls):
+      if f.type in ("bool", bool) and f.name in d:
+        d[f.name] = _json_bool(f"config.{f.name}", d[f.name])
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:

@@ -203,7 +203,11 @@ class Replayer:
       entries = a.get("entries")
       if not isinstance(entries, list) or not entries:
         raise ValueError(f"actions[{i}].entries must be a non-empty list, got {entries!r}")
-      for e in entries:
+      for j, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("req"), str):
+          raise ValueError(
+            f"actions[{i}].entries[{j}] must be an object with a string 'req', got {e!r}"
+          )
         self._ensure(e["req"], e)
       res = self.m.schedule([ScheduleEntry(e["req"], e.get("chunk")) for e in entries])
       rec["entries"] = [_entry_dict(e) for e in res.entries]

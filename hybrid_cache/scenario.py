@@ -80,6 +80,10 @@ def load(path: str) -> dict[str, Any]:
   sc.setdefault("name", os.path.splitext(os.path.basename(path))[0])
   sc.setdefault("description", "")
   sc.setdefault("prompts", {})
+  for key, kind in (("config", dict), ("prompts", dict), ("actions", list)):
+    if not isinstance(sc[key], kind):
+      want = "an object" if kind is dict else "a list"
+      raise ValueError(f"{path}: {key} must be {want}, got {type(sc[key]).__name__}")
   for i, a in enumerate(sc["actions"]):
     if not isinstance(a, dict) or a.get("op") not in OPS:
       op = a.get("op") if isinstance(a, dict) else a

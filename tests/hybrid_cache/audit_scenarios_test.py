@@ -440,15 +440,10 @@ def test_full_sequence_must_fit_false_admits_then_runs_out(backend):
 
 
 # ---------------------------------------------------------------------------------------------
-# confirmed differences from vLLM 0.33 (strict xfail: flip when fixed)
+# differences from vLLM 0.33 found by the audit (strict xfail while still open)
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="config `watermark` is vLLM's fraction: watermark_blocks = int(watermark * num_blocks);"
-  " CacheConfig.from_dict takes it as a block count and rejects 0.1",
-)
 def test_watermark_is_a_fraction_of_the_pool():
   # int(0.1 * 32) = 3 watermark blocks, applied to a waiting request while another runs.
   # A holds 10 blocks -> 21 free; B needs 20 + 3 > 21 -> refused; C needs 18 + 3 = 21 -> ok.
@@ -566,19 +561,39 @@ def test_bad_scenario_input_raises_value_error(config, prompts, actions, match):
     _results(_sc(config, prompts, actions))
 
 
-@pytest.mark.xfail(strict=True, reason="schedule entry without 'req' raises KeyError")
-def test_schedule_entry_without_req_is_a_value_error():
-  with pytest.raises(ValueError, match="req"):
-    _results(_sc(_BASE_CFG, {"A": [1, 2]}, [{"op": "schedule", "entries": [{"chunk": 4}]}]))
+@pytest.mark.parametrize("entry", [{"chunk": 4}, "A", {"req": 3}])
+def test_schedule_entry_without_req_is_a_value_error(entry):
+  with pytest.raises(ValueError, match=r"entries\[0\].*'req'"):
+    _results(_sc(_BASE_CFG, {"A": [1, 2]}, [{"op": "schedule", "entries": [entry]}]))
 
 
-@pytest.mark.xfail(strict=True, reason="config that is not an object raises TypeError")
+@pytest.mark.parametrize("watermark", [-0.1, 1.5, "0.1", True, None])
+def test_watermark_outside_zero_one_is_a_value_error(watermark):
+  with pytest.raises(ValueError, match=r"config\.watermark .*\[0, 1\]"):
+    scenario_lib.config_of({"config": {**_BASE_CFG, "watermark": watermark}})
+
+
+def test_watermark_fraction_becomes_blocks():
+  cfg = scenario_lib.config_of({"config": {**_BASE_CFG, "num_blocks": 64, "watermark": 0.05}})
+  assert cfg.watermark_blocks == 3  # int(0.05 * 64)
+
+
+@pytest.mark.parametrize(
+  "key, value, kind", [("config", [1], "an object"), ("actions", {"op": "state"}, "a list")]
+)
+def test_scenario_parts_of_the_wrong_type_are_a_value_error(tmp_path, key, value, kind):
+  sc = {"config": _BASE_CFG, "prompts": {"A": [1, 2]}, "actions": [{"op": "state"}], key: value}
+  path = tmp_path / "bad.json"
+  path.write_text(json.dumps(sc))
+  with pytest.raises(ValueError, match=f"{key} must be {kind}"):
+    scenario_lib.load(str(path))
+
+
 def test_config_not_an_object_is_a_value_error():
   with pytest.raises(ValueError, match="config"):
     scenario_lib.config_of({"config": [1]})
 
 
-@pytest.mark.xfail(strict=True, reason="non-bool full_sequence_must_fit / eagle are accepted")
 @pytest.mark.parametrize(
   "config",
   [
