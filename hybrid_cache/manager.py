@@ -2,7 +2,7 @@
 
 Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
 map request names to state slots, pad schedule batches to powers of two, pull each call's
-results once with `jax.device_get`, and build the `types` records, including the recurrent
+results once with `np.asarray`, and build the `types` records, including the recurrent
 state-copy plan (vLLM §5.2) derived from the returned block tables.
 
 Example::
@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
 from hybrid_cache import eviction
@@ -86,7 +85,7 @@ class JaxCacheManager:
 
   # ---- helpers ----
   def _to_stats(self, packed) -> PoolStats:
-    return self._stats_from_row(np.asarray(jax.device_get(packed)).tolist())
+    return self._stats_from_row(np.asarray(packed).tolist())
 
   @staticmethod
   def _stats_from_row(p: list[int]) -> PoolStats:
@@ -152,7 +151,7 @@ class JaxCacheManager:
         f"tokens has {len(toks)} tokens; must be <= max_model_len={self.config.max_model_len}"
       )
     h = hashing.block_hashes(toks, self._lay.hash_block_size, extras or hashing.NO_EXTRAS)
-    out = jax.device_get(
+    out = np.asarray(
       scheduler.lookup_only(self.config, self.state, self._hash_row(h), np.int32(len(toks)))
     )
     g = self._lay.num_groups
@@ -192,7 +191,8 @@ class JaxCacheManager:
     self.state, packed = scheduler.schedule_step(
       self.config, self.state, slots, max_tok, valid, admit_only=admit_only
     )
-    packed = np.asarray(jax.device_get(packed))
+    # np.asarray, not jax.device_get: same array, ~10x less host overhead on CPU
+    packed = np.asarray(packed)
     g_n, mb = self._lay.num_groups, self._lay.max_blocks
     self._stats = self._stats_from_row(packed[-1, : 4 + g_n].tolist())
     # the packed columns (`scheduler.unpack_step`): 6 scalars, 4 vectors of G, the [G, MB] row;
