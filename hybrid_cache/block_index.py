@@ -39,11 +39,16 @@ def _entry_groups(state: CacheState) -> jax.Array:
   return materialise(grp.reshape(-1)).reshape(blk.shape)
 
 
-def probe(state: CacheState, h: jax.Array, group: jax.Array) -> jax.Array:
-  """Block carrying key (h, group) for every query (u32[..., 2], i32[...]) or -1."""
+def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None = None):
+  """Block carrying key (h, group) for every query (u32[..., 2], i32[...]) or -1.
+
+  `b` (optional, i32[...]): the queries' buckets (`bucket_of(h, group, buckets)`), computed
+  by the caller once for several uses.
+  """
   buckets = state.index_entry.shape[0]
-  b = bucket_of(h, group, buckets)
-  b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
+  if b is None:
+    b = bucket_of(h, group, buckets)
+    b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
   ent = state.index_entry[b]  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
   blk = ent[..., 0]
@@ -167,12 +172,19 @@ def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
   return way, ok
 
 
-def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array) -> CacheState:
+def insert(
+  state: CacheState,
+  ids: jax.Array,
+  keys: jax.Array,
+  group: jax.Array,
+  buckets_of_keys: jax.Array | None = None,
+) -> CacheState:
   """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
 
   Sets the block's `block_group`/`block_hash` and adds index entries without a per-key loop:
   keys landing in one bucket are ranked in list order (`_rank_in_bucket`, no sort) and take
   that bucket's empty ways in order; insertion sequence numbers follow list order.
+  `buckets_of_keys` (optional i32[k]): `bucket_of(keys, group, buckets)` from the caller.
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
@@ -183,8 +195,11 @@ def insert(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array)
     block_hash=state.block_hash.at[idx].set(keys, mode="drop"),
   )
   c = state.counters
-  bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
-  bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
+  if buckets_of_keys is None:
+    bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
+    bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
+  else:
+    bks = jnp.where(valid, buckets_of_keys, buckets)
   rank = _rank_in_bucket(bks, buckets)
   way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
   ok &= valid

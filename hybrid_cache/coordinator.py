@@ -34,18 +34,27 @@ def group_hashes(lay: Layout, hashes: jax.Array, num_tokens: jax.Array, g: int):
   return hashes[jnp.clip(fine, 0, hashes.shape[0] - 1)], valid
 
 
-def probe_all(lay: Layout, state: CacheState, hashes, num_tokens):
-  """i32[G, MB]: the first-inserted block carrying each group block's key, -1 on a miss.
-
-  All groups are probed in one batch of G * MB queries (static gather indices per group).
-  """
+def query_keys(lay: Layout, hashes: jax.Array):
+  """(u32[..., G * MB, 2], i32[G * MB]): every group block's key (the fine hash at its end,
+  group-major, as `group_hashes`) from `hashes` (u32[..., MH, 2]), and its group."""
   g_n, mb = lay.num_groups, lay.max_blocks
   pos = np.arange(mb)
   fine = np.concatenate([(pos + 1) * (g.block_size // lay.hash_block_size) - 1 for g in lay.groups])
-  ends = np.concatenate([(pos + 1) * g.block_size for g in lay.groups]).astype(np.int32)
   grp = np.repeat(np.arange(g_n, dtype=np.int32), mb)
-  h = hashes[np.clip(fine, 0, hashes.shape[0] - 1)]
-  found = block_index.probe(state, h, jnp.asarray(grp))
+  return hashes[..., np.clip(fine, 0, hashes.shape[-2] - 1), :], jnp.asarray(grp)
+
+
+def probe_all(lay: Layout, state: CacheState, hashes, num_tokens, keys=None):
+  """i32[G, MB]: the first-inserted block carrying each group block's key, -1 on a miss.
+
+  All groups are probed in one batch of G * MB queries (static gather indices per group).
+  `keys` (optional): (u32[G * MB, 2] `query_keys`, i32[G * MB] their buckets), precomputed.
+  """
+  g_n, mb = lay.num_groups, lay.max_blocks
+  pos = np.arange(mb)
+  ends = np.concatenate([(pos + 1) * g.block_size for g in lay.groups]).astype(np.int32)
+  h, grp = query_keys(lay, hashes) if keys is None else (keys[0], query_keys(lay, hashes)[1])
+  found = block_index.probe(state, h, grp, None if keys is None else keys[1])
   return jnp.where(ends <= num_tokens, found, -1).reshape(g_n, mb)
 
 
@@ -58,15 +67,16 @@ def _find(lay: Layout, spec, need, cached, cap, drop):
   return recurrent.find(cached, cap, spec.block_size, al)
 
 
-def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array):
+def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array, keys=None):
   """Reconciled lookup for a fresh request.
 
   Returns a dict: hit (i32), alone (i32[G], each group looked up alone), hit_mask (bool[G, MB],
   non-null hit positions), found (i32[G, MB]), spb (shared-prefix boundary, 0 if none).
+  `keys`: optional precomputed query keys and buckets (see `probe_all`).
   """
   g_n = lay.num_groups
   mb = lay.max_blocks
-  found = probe_all(lay, state, hashes, num_tokens)
+  found = probe_all(lay, state, hashes, num_tokens, keys)
   cached = found >= 0
   max_len = jnp.maximum(num_tokens - 1, 0).astype(jnp.int32)
   zero = jnp.int32(0)

@@ -124,7 +124,17 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
 
 
 def _allocate(
-  lay: Layout, config: CacheConfig, state: CacheState, r, is_new, hit, hit_ids, n, ok, queued
+  lay: Layout,
+  config: CacheConfig,
+  state: CacheState,
+  r,
+  is_new,
+  hit,
+  hit_ids,
+  n,
+  ok,
+  queued,
+  keys=None,
 ):
   """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
 
@@ -218,13 +228,14 @@ def _allocate(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  return _cache(lay, config, state, r, start + n, ok), queued
+  return _cache(lay, config, state, r, start + n, ok, keys), queued
 
 
-def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True):
+def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None):
   """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
 
-  Nothing is written when `ok` (bool) is False.
+  Nothing is written when `ok` (bool) is False. `keys` (optional): the request's
+  (`coordinator.query_keys`, their buckets), precomputed.
   """
   if not lay.caching:
     return state
@@ -253,14 +264,17 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
         sel &= False
       else:
         sel &= recurrent.retention_mask(pos, bs, lay.sbs, config.retention_interval, boundaries)
-    keys, _ = coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)
+    if keys is None:
+      all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))
-    all_keys.append(keys)
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
   ids = jnp.concatenate(all_ids)
-  state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
+  if keys is None:
+    state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
+  else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
+    state = block_index.insert(state, ids, keys[0], jnp.concatenate(all_groups), keys[1])
   nb = lay.num_blocks
   step = state.counters[C_STEP]
   sidx = jnp.where(ids > 0, ids, nb)
@@ -277,12 +291,12 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
 # one entry, one step
 
 
-def _lookup_or_zero(lay, state, r, is_new):
+def _lookup_or_zero(lay, state, r, is_new, keys=None):
   info = state.req_info[r]
   g_n, mb = lay.num_groups, lay.max_blocks
 
   def yes(_):
-    return coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS])
+    return coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
 
   def no(_):
     z = jnp.int32(0)
@@ -297,12 +311,12 @@ def _lookup_or_zero(lay, state, r, is_new):
   return jax.lax.cond(is_new, yes, no, None)
 
 
-def _lookup_masked(lay, state, r, is_new):
+def _lookup_masked(lay, state, r, is_new, keys=None):
   """`_lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
   masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
   nested executor and its output copies cost more than the rare wasted lookup."""
   info = state.req_info[r]
-  lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS])
+  lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
   z = jnp.int32(0)
   return dict(
     hit=jnp.where(is_new, lk["hit"], z),
@@ -318,13 +332,16 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
   (XLA:CPU copies the state leaves a cond passes through, even on its identity branch)."""
   state, budget, queued = carry
-  r, max_tok, valid = x
+  # x: (slot, max_tokens, valid) or, from `schedule_step`, also the slot's precomputed query
+  # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
+  r, max_tok, valid = x[:3]
+  keys = x[3:] if len(x) > 3 else None
   info = state.req_info[r]
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
   # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
-  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new)
+  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new, keys)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
@@ -380,7 +397,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   )
   lens_now = state.req_group[r, :, RG_LEN]
   lens_before = jnp.where(attempt & is_new, hit // jnp.asarray(lay_bs(lay)), lens_now)
-  state, queued = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued)
+  state, queued = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
   inf = state.req_info[r]
   done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
   state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
@@ -509,10 +526,14 @@ def schedule_step(
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
   # pops and releases) instead of one pool reduction per entry
+  # every entry's query keys and their buckets at once, before the scan (they depend only on
+  # the request's hashes, which no entry of the step changes): shared by lookup and insert
+  xs = (slots, max_tokens, valid)
+  if lay.caching:
+    qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
+    xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
   (state, _, _), rows = jax.lax.scan(
-    body,
-    (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
-    (slots, max_tokens, valid),
+    body, (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)), xs
   )
   return state, _pack_step(lay, rows, stats(lay, state))
 

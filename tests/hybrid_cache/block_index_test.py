@@ -122,3 +122,32 @@ def test_contains_agrees_with_probe():
     got = block_index.contains(state, jnp.asarray(queries), g)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(found) >= 0)
     assert 0 < int(np.sum(np.asarray(got))) < len(queries)
+
+
+@pytest.mark.parametrize("n_queries", [4, 60])  # fewer and more queries than buckets (8)
+def test_probe_and_insert_with_precomputed_buckets_match(n_queries):
+  """The scheduler passes buckets computed once per step; results must not change."""
+  rng = np.random.default_rng(2)
+  state = init_state(CFG)
+  buckets = state.index_entry.shape[0]
+  assert 4 < buckets < 60
+  keys = rng.integers(0, 30, (40, 2)).astype(np.uint32)
+  ids = np.arange(1, 41, dtype=np.int32) % 32
+  group = rng.integers(0, 2, 40).astype(np.int32)
+  k, g = jnp.asarray(keys), jnp.asarray(group)
+  b = block_index.bucket_of(k, g, buckets)
+  plain = block_index.insert(state, jnp.asarray(ids), k, g)
+  given = block_index.insert(state, jnp.asarray(ids), k, g, b)
+  for a, c in zip(jax.tree.leaves(plain), jax.tree.leaves(given)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+  half = n_queries // 2  # half inserted (key, group) pairs, half random
+  q = jnp.asarray(
+    np.concatenate([keys[:half], rng.integers(0, 30, (n_queries - half, 2))]), jnp.uint32
+  )
+  qg = jnp.asarray(np.concatenate([group[:half], rng.integers(0, 2, n_queries - half)]), jnp.int32)
+  found = block_index.probe(plain, q, qg)
+  np.testing.assert_array_equal(
+    np.asarray(found),
+    np.asarray(block_index.probe(plain, q, qg, block_index.bucket_of(q, qg, buckets))),
+  )
+  assert int(np.sum(np.asarray(found) >= 0)) > 0

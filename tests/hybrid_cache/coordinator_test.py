@@ -151,3 +151,23 @@ def test_hit_capped_below_num_tokens():
   cfg = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=16, max_model_len=64)
   lay, state, hashes = _state_with(cfg, list(range(16)), {0: set(range(4))})
   assert int(coordinator.lookup(lay, state, hashes, jnp.int32(16))["hit"]) == 12
+
+
+def test_query_keys_are_the_group_hashes_group_major():
+  """`query_keys` (batched, used by the scheduler step) = `group_hashes` of each group."""
+  cfg = CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+    block_size=4,
+    num_blocks=64,
+    max_model_len=64,
+  )
+  lay = layout(cfg)
+  rng = np.random.default_rng(0)
+  hashes = jnp.asarray(rng.integers(0, 2**32, (3, lay.max_hashes, 2), dtype=np.uint64), jnp.uint32)
+  keys, grp = coordinator.query_keys(lay, hashes)
+  for i in range(3):
+    want = jnp.concatenate(
+      [coordinator.group_hashes(lay, hashes[i], 64, g)[0] for g in range(lay.num_groups)]
+    )
+    np.testing.assert_array_equal(np.asarray(keys[i]), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(grp), np.repeat(np.arange(3), lay.max_blocks))
