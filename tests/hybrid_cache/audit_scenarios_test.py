@@ -604,3 +604,39 @@ def test_config_not_an_object_is_a_value_error():
 def test_non_bool_flags_are_a_value_error(config):
   with pytest.raises(ValueError):
     scenario_lib.config_of({"config": config})
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: a warning for configs where vLLM would use partial hits, an ERROR line for bad files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  "config, warns",
+  [
+    (PARTIAL["config"], True),  # mamba block 8 > hash block gcd(4, 8) = 4
+    ({"block_size": 8, "hash_block_size": 4, "groups": [{"type": "mamba"}]}, True),
+    ({"block_size": 8, "groups": [{"type": "full"}, {"type": "mamba", "mode": "all"}]}, False),
+    ({"block_size": 4, "groups": [{"type": "full"}, {"type": "mamba"}]}, False),
+  ],
+)
+def test_partial_hits_warning(config, warns):
+  config = {"num_blocks": 64, **config}
+  msg = replay_lib.partial_hits_warning(scenario_lib.config_of({"config": config}))
+  assert (msg is not None) == warns
+  if warns:
+    assert "§2.5" in msg
+
+
+def test_cli_names_bad_files_and_goes_on(tmp_path, capsys):
+  good = _sc(_BASE_CFG, {"A": [1, 2, 3]}, [{"op": "lookup", "req": "A"}])
+  bad = _sc({**_BASE_CFG, "watermark": 2}, {"A": [1]}, [{"op": "state"}])
+  partial = {**PARTIAL, "name": "partial"}
+  for name, sc in (("a_bad.json", bad), ("b_good.json", good), ("c_partial.json", partial)):
+    (tmp_path / name).write_text(json.dumps(sc))
+  rc = replay_lib.main([str(tmp_path), "--backend", "reference", "--out-dir", str(tmp_path / "o")])
+  err = capsys.readouterr().err
+  assert rc == 1
+  assert "ERROR" in err and "a_bad.json" in err and "config.watermark" in err
+  assert "WARNING" in err and "c_partial.json" in err
+  assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["b_good.json", "c_partial.json"]
