@@ -228,7 +228,9 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   )
 
 
-def evict_ids(state: CacheState, ids: jax.Array, grp: jax.Array | None = None) -> CacheState:
+def evict_ids(
+  state: CacheState, ids: jax.Array, grp: jax.Array | None = None, clear_pinned: bool = False
+) -> CacheState:
   """`evict` for the blocks `ids` (i32[k], unique, 0 = skip).
 
   A block carries at most one key and its entry (if it was not dropped by a full bucket) lies
@@ -236,6 +238,8 @@ def evict_ids(state: CacheState, ids: jax.Array, grp: jax.Array | None = None) -
   whole index is scanned against a bool[NB] mask of the ids (BK * W gathers), else only the k
   buckets of the keyed ids are searched (k * W); both clear exactly those entries.
   `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
+  `clear_pinned` (static): also clear the blocks' pinned flag (block_aux column 1), in the same
+  row write.
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
@@ -265,5 +269,9 @@ def evict_ids(state: CacheState, ids: jax.Array, grp: jax.Array | None = None) -
   return state.replace(
     index_entry=ent,
     block_group=state.block_group.at[idx].set(-1, mode="drop"),
-    block_aux=state.block_aux.at[idx, 0].set(-1, mode="drop").at[idx, 2].set(-1, mode="drop"),
+    block_aux=(
+      state.block_aux.at[idx].set(jnp.asarray([-1, 0, -1], jnp.int32), mode="drop")
+      if clear_pinned
+      else state.block_aux.at[idx, 0].set(-1, mode="drop").at[idx, 2].set(-1, mode="drop")
+    ),
   )

@@ -253,17 +253,17 @@ def pop_many(
   ordered = jax.lax.cond(fast, by_window, by_rank)
   ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
   sidx = jnp.where(ids > 0, ids, nb)
+  # the pinned flag (block_aux column 1) is cleared by `evict_ids` in its row write
   state = state.replace(
     queue_key=state.queue_key.at[:, sidx].set(BIG, mode="drop"),
     ref_cnt=state.ref_cnt.at[sidx].set(1, mode="drop"),
-    block_aux=state.block_aux.at[sidx, 1].set(0, mode="drop"),
   )
   grp = state.block_group[ids]  # ids >= 0; read once for the counter and the index eviction
   if count_groups:
     hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
     n_ev = jnp.sum(hit).astype(jnp.int32)
     state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
-  return block_index.evict_ids(state, ids, grp), ids
+  return block_index.evict_ids(state, ids, grp, clear_pinned=True), ids
 
 
 RENORM_LIMIT = 1 << 29

@@ -278,8 +278,11 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
   nb = lay.num_blocks
   step = state.counters[C_STEP]
   sidx = jnp.where(ids > 0, ids, nb)
-  aux = state.block_aux.at[sidx, AUX_STEP].set(step, mode="drop")
-  aux = aux.at[sidx, AUX_END].set(jnp.concatenate(all_ends), mode="drop")
+  # registration step and token end of each registered block in ONE [k, 2] scatter
+  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+  ends = jnp.concatenate(all_ends)
+  vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
+  aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   counters = state.counters
   if lay.recurrent_groups:
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
