@@ -268,6 +268,23 @@ class CacheConfig:
     return math.gcd(*self.group_block_sizes)
 
   @property
+  def partial_hits(self) -> bool:
+    """vLLM's fine-grained (partial) hits (reference §2.5).
+
+    On iff prefix caching is on and some recurrent group in `align` mode has a block larger
+    than the hash block size; hits then align to the hash block instead of the scheduler block.
+    """
+    hbs = self.resolved_hash_block_size
+    return self.enable_prefix_caching and any(
+      g.kind == "mamba" and g.mode == "align" and g.block_size > hbs for g in self.resolved_groups
+    )
+
+  @property
+  def hit_alignment(self) -> int:
+    """Every hit length is a multiple of this: the hash block with partial hits, else sbs."""
+    return self.resolved_hash_block_size if self.partial_hits else self.scheduler_block_size
+
+  @property
   def usable_blocks(self) -> int:
     return self.num_blocks - 1
 
