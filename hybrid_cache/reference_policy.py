@@ -319,8 +319,6 @@ class ReferencePolicy:
       if kind == "full":
         continue
       c = computed
-      if kind == "mamba":
-        c = max(0, c - self._spec_s)
       idx = rules.skipped_indices(row, self._skipped_tokens(gid, c) // bs)
       dropped = [row[i] for i in idx]
       if kind == "swa" and self.config.pinning and len(dropped) >= self.config.pin_min_drop_size:
@@ -478,7 +476,8 @@ class ReferencePolicy:
     local = req.num_computed + hit
     total_computed = min(local, cfg.max_model_len)
     main = total_computed + num_new
-    need = min(main, cfg.max_model_len)
+    # EAGLE lookahead slots (vLLM's num_lookahead_tokens = S): every group but Mamba align
+    need = min(main + self._spec_s, cfg.max_model_len)
     ng = len(self._groups)
     hits = hit_rows if (first and hit_rows is not None) else [[] for _ in range(ng)]
     if not req.rows:

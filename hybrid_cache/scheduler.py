@@ -95,7 +95,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
       continue
     row = state.tables[r, g]
     length = state.req_group[r, g, RG_LEN]
-    cg = jnp.maximum(c - lay.num_spec_blocks, 0) if spec.kind == "mamba" else c
+    cg = c
     k = jnp.minimum(admission.skipped_blocks(spec, cg), length)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
     drop = (pos > j0) & (pos < k)
@@ -385,7 +385,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   ok = attempt & ~impossible & (count <= free)
   if config.full_sequence_must_fit:
     full_main = num_tokens
-    full_need = jnp.minimum(num_tokens + lay.lookahead, config.max_model_len)
+    full_need = jnp.minimum(num_tokens, config.max_model_len)
     fcount, _ = admission.blocks_needed(
       lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
     )

@@ -132,7 +132,7 @@ def layout(config: CacheConfig) -> Layout:
     spec_groups=tuple(sg),
     align_bs=align[0] if (align and caching) else 0,
     caching=caching,
-    lookahead=0,
+    lookahead=config.num_speculative_blocks,  # EAGLE lookahead slots (vLLM: S tokens)
     num_spec_blocks=config.num_speculative_blocks,
     recurrent_groups=tuple(i for i, g in enumerate(groups) if g.kind == "mamba"),
   )
