@@ -68,6 +68,8 @@ class _Request:
   last_state: dict[int, int] = dataclasses.field(default_factory=dict)
   state_col: dict[int, int] = dataclasses.field(default_factory=dict)
   boundary: int = 0
+  # §2.5: group -> (row index, source block) of a pending copy-on-write (vLLM _partial_hit_reqs)
+  partial: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 class ReferencePolicy:
@@ -93,6 +95,9 @@ class ReferencePolicy:
     ]
     self._sbs = cfg.scheduler_block_size
     self._hbs = cfg.resolved_hash_block_size
+    # §2.5 partial (fine-grained) hits: every hit aligns to the hash block instead of the LCM
+    self._partial = self._caching and cfg.partial_hits
+    self._align = self._hbs if self._partial else self._sbs
     self._spec_s = cfg.num_speculative_blocks
     align = [i for i, m in enumerate(self._mode) if m == "align"]
     self._split_bs = self._bs[align[0]] if align else None
@@ -107,6 +112,10 @@ class ReferencePolicy:
     self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
     self._flop = flop_eviction.FlopEviction(cfg) if cfg.eviction == "flop_aware" else None
     self._index: dict[tuple[int, int], list[int]] = {}
+    # extra keys of a block besides its primary one (vLLM cached_block_hashes_by_block, §2.5)
+    self._extra: dict[int, list[tuple[int, int]]] = {}
+    # copy-on-writes queued this step: (group, req, src, cow); released at the step's end
+    self._cow: list[tuple[int, str, int, int]] = []
     self._cached_this_step: set[int] = set()
     self._reqs: dict[str, _Request] = {}
 
@@ -146,15 +155,33 @@ class ReferencePolicy:
   def _num_free(self) -> int:
     return len(self._free) + len(self._pinned_free)
 
-  def _evict_key(self, b: int) -> None:
+  def _unindex(self, key: tuple[int, int], b: int) -> None:
+    ids = self._index.get(key)
+    if ids and b in ids:
+      ids.remove(b)
+      if not ids:
+        del self._index[key]
+
+  def _evict_key(self, b: int) -> list[tuple[int, int]]:
+    """Drops every key of block b (primary first, then extras); returns them in that order."""
     key = self._key[b]
-    if key is None:
-      return
-    ids = self._index[key]
-    ids.remove(b)
-    if not ids:
-      del self._index[key]
+    removed = [] if key is None else [key]
+    removed += self._extra.pop(b, [])
+    for k in removed:
+      self._unindex(k, b)
     self._key[b] = None
+    return removed
+
+  def _insert_key(self, b: int, key: tuple[int, int], end: int) -> None:
+    """vLLM `_insert_block_hash`: a key becomes b's primary key, or an extra one if b has one."""
+    if self._key[b] == key or b in self._index.get(key, ()):
+      return
+    if self._key[b] is None:
+      self._key[b] = key
+      self._key_end[b] = end
+    else:
+      self._extra.setdefault(b, []).append(key)
+    self._index.setdefault(key, []).append(b)
 
   def _demote(self, n: int) -> None:
     """Moves the n oldest pinned free blocks to the normal free-queue tail (hash kept)."""
@@ -226,11 +253,22 @@ class ReferencePolicy:
     hashes = self._group_hashes(fine, sg.block_size)
     cached = self._cached_fn(hashes, members)
     max_length = max(0, max_length)
+    align = self._align
+    if self._partial and sg.block_size > self._hbs and sg.kind in ("full", "mamba"):
+      fine_keys = [int(x) for x in hashing.as_u64(fine)] if len(fine) else []
+      cached_fine = self._cached_fn(fine_keys, members)
+      if sg.kind == "full":
+        return rules.find_full_fine(
+          cached, cached_fine, sg.block_size, self._hbs, max_length, len(fine_keys), drop
+        )
+      return rules.find_mamba_fine(
+        cached_fine, sg.block_size, self._hbs, max_length, len(fine_keys)
+      )
     if sg.kind == "full":
-      return rules.find_full(cached, sg.block_size, max_length, drop, self._sbs)
+      return rules.find_full(cached, sg.block_size, max_length, drop, align)
     if sg.kind == "swa":
-      return rules.find_swa(cached, sg.block_size, sg.window, max_length, drop, self._sbs)
-    return rules.find_mamba(cached, sg.block_size, max_length, self._sbs)
+      return rules.find_swa(cached, sg.block_size, sg.window, max_length, drop, align)
+    return rules.find_mamba(cached, sg.block_size, max_length, align)
 
   def _lookup(self, fine: np.ndarray, num_tokens: int):
     """(HitInfo, per-group hit rows) for a fresh request of `num_tokens` tokens."""
@@ -281,7 +319,9 @@ class ReferencePolicy:
         drop = sg.eagle and sg.kind != "mamba" and k not in verified
         cap = cur
         if drop:
-          cap = min(cur + sg.block_size, max_len)
+          # EAGLE margin: one hash block for a fine-grained full-attention group (§2.5)
+          fine_grained = self._partial and sg.kind == "full" and sg.block_size > self._hbs
+          cap = min(cur + (self._hbs if fine_grained else sg.block_size), max_len)
         ent, length = self._find(sg, fine, sg.members, cap, drop)
         if drop:
           verified.add(k)
@@ -354,11 +394,14 @@ class ReferencePolicy:
     hits: list[int],
     total_computed: int,
     cap: bool,
+    hit_tokens: int = 0,
   ) -> int:
     bs = self._bs[gid]
     row_len = len(req.rows[gid]) if req.rows else 0
     running = req.num_cached is not None
     ref = lambda b: self._ref[b]  # noqa: E731
+    # §2.5: the hit ends inside this group's last hit block -> one more block for the CoW
+    cow = self._partial and bool(hits) and hit_tokens % bs != 0
     if self._kind(gid) == "mamba":
       if not running and hits and hits[-1] != NULL and hits[-1] in self._cached_this_step:
         return self.config.num_blocks + 1  # same-step rule (§2.4.6): impossible count
@@ -371,6 +414,7 @@ class ReferencePolicy:
           already_allocated=running,
           hits=hits,
           hit_ref_cnt=ref,
+          partial_cow=cow or gid in req.partial,
         )
       num_tokens = num_tokens + bs * self._spec_s
     return rules.generic_blocks_needed(
@@ -382,21 +426,34 @@ class ReferencePolicy:
       hit_ref_cnt=ref,
       skipped_tokens=self._skipped_tokens(gid, total_computed),
       admission_cap=self._admission_cap(gid) if cap else None,
+      partial_cow=cow,
     )
 
-  def _add_hits(self, req: _Request, hit_rows: list[list[int]], total_computed: int) -> None:
+  def _add_hits(
+    self, req: _Request, hit_rows: list[list[int]], total_computed: int, hit_tokens: int = 0
+  ) -> None:
     for gid, hits in enumerate(hit_rows):
       skip = self._skipped_tokens(gid, total_computed) // self._bs[gid]
       kept = hits[skip:]
       self._touch(kept)
       req.rows[gid] = [NULL] * skip + list(kept)
     req.num_cached = [len(r) for r in req.rows]
+    if not self._partial:
+      return
+    for gid in range(len(req.rows)):
+      bs = self._bs[gid]
+      kept = hit_rows[gid][self._skipped_tokens(gid, total_computed) // bs :]
+      if kept and hit_tokens % bs != 0:
+        # §2.5: the shared tail block gets a private copy when the request allocates
+        req.partial[gid] = (hit_tokens // bs, kept[-1])
+        req.num_cached[gid] = hit_tokens // bs
 
   def _allocate(self, req: _Request, gid: int, need: int, main: int, first: bool) -> list[int]:
     """Appends blocks to the group's row; returns the appended entries (nulls included)."""
     row = req.rows[gid]
     bs = self._bs[gid]
     before = len(row)
+    pending = req.partial.pop(gid, None)
     if self._mode[gid] == "align":
       layout, last_state = rules.mamba_align_layout(
         row,
@@ -405,18 +462,62 @@ class ReferencePolicy:
         num_spec_blocks=self._spec_s,
         already_allocated=not first,
         came_with_hit=first and any(b != NULL for b in row),
+        pending_cow=pending is not None,
       )
-      if len(layout) == before:
+      if len(layout) == before and pending is None:
         return []
-      fresh = iter(self._get_new_blocks(layout.count(rules.FRESH)))
+      fresh_ids = self._get_new_blocks(layout.count(rules.FRESH) + (pending is not None))
+      cow = fresh_ids.pop(0) if pending is not None else None
+      fresh = iter(fresh_ids)
       row[:] = [next(fresh) if b == rules.FRESH else b for b in layout]
       if last_state is not None:
         req.last_state[gid] = last_state
+      if pending is None:
+        return row[before:]
+      idx, src = pending
+      if first:
+        self._apply_cow(req, gid, idx, src, cow)
+        return [cow] + row[before:]
+      # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
+      assert row[idx] == src
+      end = self._key_end[src]
+      for key in self._evict_key(src):
+        self._insert_key(cow, key, end)
+      self._cow.append((gid, req.name, src, cow))
+      self._ref[src] += 1
+      if self._key[cow] is not None:
+        self._cached_this_step.add(cow)
       return row[before:]
+    cows = []
+    if pending is not None:
+      cows = self._get_new_blocks(1)
+      self._apply_cow(req, gid, pending[0], pending[1], cows[0])
     tokens = need + (bs * self._spec_s if self._kind(gid) == "mamba" else 0)
     required = rules.cdiv(tokens, bs)
     row.extend(self._get_new_blocks(required - before))
-    return row[before:]
+    return cows + row[before:]
+
+  def _apply_cow(self, req: _Request, gid: int, idx: int, src: int, cow: int) -> None:
+    """A new request's partial hit: its row takes a private copy of the shared tail (§2.5).
+
+    Both ends stay retained (src keeps the hit's reference, cow takes one more) until the
+    step ends (`_release_cow`), as vLLM's scheduler releases them after queueing the copy.
+    """
+    row = req.rows[gid]
+    assert row[idx] == src and src != NULL
+    row[idx] = cow
+    self._cow.append((gid, req.name, src, cow))
+    self._ref[cow] += 1
+
+  def _release_cow(self) -> list[StateCopy]:
+    """End of step: the copy records (group order, then queue order) and the retention frees."""
+    queued = sorted(self._cow, key=lambda c: c[0])  # stable: queue order within a group
+    self._cow = []
+    retained = []
+    for _, _, src, cow in queued:
+      retained += [src, cow]
+    self._free_blocks(retained)
+    return [StateCopy(name, gid, src, cow, 0) for gid, name, src, cow in queued]
 
   def _cacheable(self, req: _Request, gid: int, i: int) -> bool:
     g = self._groups[gid]
@@ -445,27 +546,71 @@ class ReferencePolicy:
     return True
 
   def _cache_blocks(self, req: _Request, num_tokens: int) -> None:
-    """Optimistic caching (§1.7): register keys up to `num_tokens` (floored to the LCM)."""
-    floored = rules.floor_to(num_tokens, self._sbs)
-    for gid, row in enumerate(req.rows):
+    """Optimistic caching (§1.7): register keys up to `num_tokens` (floored to the LCM).
+
+    With partial hits (§2.5) nothing is floored and the prompt-tail entries are added too.
+    """
+    floored = num_tokens if self._partial else rules.floor_to(num_tokens, self._sbs)
+    for gid in range(len(req.rows)):
       g, bs = self._groups[gid], self._bs[gid]
       n = floored
       if g.eagle and g.kind != "mamba":
         n = min(num_tokens, floored + bs)
       full = n // bs
-      if req.num_cached[gid] >= full:
+      if self._partial:
+        self._cache_partial_tail(req, gid, n, full)
+      elif req.num_cached[gid] < full:
+        self._cache_full(req, gid, full)
+
+  def _cache_full(self, req: _Request, gid: int, full: int) -> None:
+    """Keys the group's blocks [num_cached, full) (null / masked ones skipped)."""
+    row, bs = req.rows[gid], self._bs[gid]
+    hashes = self._group_hashes(req.fine_hashes, bs)
+    for i in range(req.num_cached[gid], min(full, len(row))):
+      b = row[i]
+      if b == NULL or not self._cacheable(req, gid, i):
         continue
-      hashes = self._group_hashes(req.fine_hashes, bs)
-      for i in range(req.num_cached[gid], min(full, len(row))):
-        b = row[i]
-        if b == NULL or self._key[b] is not None or not self._cacheable(req, gid, i):
+      if self._key[b] is not None:
+        if not (self._partial and self._key_end[b] < (i + 1) * bs):
           continue
-        key = (hashes[i], gid)
-        self._index.setdefault(key, []).append(b)
-        self._key[b] = key
-        self._key_end[b] = (i + 1) * bs
-        self._cached_this_step.add(b)
-      req.num_cached[gid] = full
+        self._evict_key(b)  # partial -> full promotion drops every key of the block (§2.5)
+      key = (hashes[i], gid)
+      self._index.setdefault(key, []).append(b)
+      self._key[b] = key
+      self._key_end[b] = (i + 1) * bs
+      self._cached_this_step.add(b)
+    req.num_cached[gid] = full
+
+  def _cache_partial_tail(self, req: _Request, gid: int, n: int, full: int) -> None:
+    """Partial-hits caching of one group (§2.5): full blocks, then the prompt-tail entry.
+
+    Full attention keys the block holding `t = floor(num_prompt, HBS)` under the prefix hash at
+    t once n >= t; a recurrent align group only when a chunk ends exactly at t, and then its
+    block waits for a copy-on-write at the request's next allocation.
+    """
+    row, bs, hbs = req.rows[gid], self._bs[gid], self._hbs
+    if req.num_cached[gid] < full:
+      self._cache_full(req, gid, full)
+    kind = self._kind(gid)
+    t = rules.floor_to(req.num_prompt_tokens, hbs)
+    if bs == hbs or t == 0 or t % bs == 0 or t // bs >= len(row) or row[t // bs] == NULL:
+      return
+    if kind == "full" and t <= n:
+      self._cache_partial_block(req, row[t // bs], t, gid)
+    elif kind == "mamba" and self._mode[gid] == "align" and n == t:
+      b = row[t // bs]
+      self._cache_partial_block(req, b, t, gid)
+      self._cached_this_step.add(b)
+      req.partial[gid] = (t // bs, b)
+      req.num_cached[gid] = t // bs
+
+  def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int) -> None:
+    """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b)."""
+    key = (int(hashing.as_u64(req.fine_hashes[t // self._hbs - 1])), gid)
+    already = self._key[b] == key or b in self._index.get(key, ())
+    if not already and self._key[b] is not None and self._key_end[b] < t:
+      self._evict_key(b)
+    self._insert_key(b, key, t)
 
   def _allocate_slots(
     self, req: _Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
@@ -488,18 +633,20 @@ class ReferencePolicy:
     if cfg.full_sequence_must_fit and first:
       full = min(len(req.tokens), cfg.max_model_len)
       count = sum(
-        self._blocks_needed(req, g, full, full, hits[g], total_computed, True) for g in range(ng)
+        self._blocks_needed(req, g, full, full, hits[g], total_computed, True, hit)
+        for g in range(ng)
       )
       if count + watermark > self._num_free():
         return None
     self._remove_skipped(req, total_computed)
     count = sum(
-      self._blocks_needed(req, g, need, main, hits[g], total_computed, False) for g in range(ng)
+      self._blocks_needed(req, g, need, main, hits[g], total_computed, False, hit)
+      for g in range(ng)
     )
     if count + watermark > self._num_free():
       return None
     if first:
-      self._add_hits(req, hits, total_computed)
+      self._add_hits(req, hits, total_computed, hit)
     new = [self._allocate(req, g, need, main, first) for g in range(ng)]
     if self._caching:
       self._cache_blocks(req, min(total_computed + num_new, len(req.tokens)))
@@ -520,6 +667,7 @@ class ReferencePolicy:
       block_size=self._split_bs,
       use_eagle=self.config.use_eagle,
       shared_prefix_boundary=req.boundary,
+      partial_stop=rules.floor_to(req.num_prompt_tokens, self._hbs) if self._partial else None,
     )
 
   def _state_copies(self, req: _Request, computed_before: int, n: int) -> list[StateCopy]:
@@ -635,6 +783,7 @@ class ReferencePolicy:
       budget -= n
       out.append(res)
       copies.extend(cps)
+    copies[0:0] = self._release_cow()  # CoW copies run first (§2.5); retention released
     return StepResult(tuple(out), tuple(copies))
 
   def append_tokens(self, req: str, tokens: Sequence[int]) -> None:
@@ -674,6 +823,7 @@ class ReferencePolicy:
     r.num_cached = None
     r.last_state.clear()
     r.state_col.clear()
+    r.partial.clear()
 
   def free(self, req: str) -> None:
     r = self._get(req)
@@ -692,6 +842,7 @@ class ReferencePolicy:
       return False
     self._demote(len(self._pinned_free))
     self._index.clear()
+    self._extra.clear()
     self._key = [None] * self.config.num_blocks
     self._pinned = [False] * self.config.num_blocks
     self._cached_this_step.clear()
@@ -744,7 +895,10 @@ class ReferencePolicy:
     key = (hashes[block_index], group)
     ids = self._index.pop(key, [])
     for b in ids:
-      self._key[b] = None
+      if self._key[b] == key:
+        self._key[b] = None
+      elif key in self._extra.get(b, ()):
+        self._extra[b].remove(key)
     return len(ids)
 
   def cached_positions(self, tokens: Sequence[int], group: int) -> set[int]:

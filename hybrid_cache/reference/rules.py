@@ -98,6 +98,62 @@ def find_full(
   return entries[: cdiv(length, block_size)], length
 
 
+def find_full_fine(
+  cached: CachedFn,
+  cached_fine: CachedFn,
+  block_size: int,
+  hash_block_size: int,
+  max_length: int,
+  num_fine: int,
+  drop_eagle: bool,
+) -> tuple[list[Entry], int]:
+  """Full attention with partial hits (§2.5, vLLM `FullAttentionManager.find_longest_cache_hit`).
+
+  Only for block_size > hash_block_size (alignment = hash block). Phase 1: the run of cached
+  full blocks from block 0. Phase 2: inside the next block, the hash boundaries
+  `[first, min(first + k - 1, max_length // HBS, num_fine))` (k = block/hash block, first = run*k)
+  are probed from high to low; the first cached fine key (a partial entry, `cached_fine(i)` for
+  the prefix of (i+1)*HBS tokens) adds its block and ends the hit at (i+1)*HBS. EAGLE drops one
+  hash block; the entry list keeps cdiv(hit, block_size) blocks.
+  """
+  entries: list[Entry] = []
+  for i in range(max_length // block_size):
+    e = cached(i)
+    if e is None:
+      break
+    entries.append(e)
+  length = len(entries) * block_size
+  k = block_size // hash_block_size
+  first = len(entries) * k
+  top = min(first + k - 1, max_length // hash_block_size, num_fine)
+  for i in range(top - 1, first - 1, -1):
+    e = cached_fine(i)
+    if e is not None:
+      entries.append(e)
+      length = (i + 1) * hash_block_size
+      break
+  if drop_eagle and length > 0:
+    length -= hash_block_size
+  length = floor_to(length, hash_block_size)
+  return entries[: cdiv(length, block_size)], length
+
+
+def find_mamba_fine(
+  cached_fine: CachedFn, block_size: int, hash_block_size: int, max_length: int, num_fine: int
+) -> tuple[list[Entry], int]:
+  """Recurrent lookup with partial hits (§2.5): the rightmost cached hash boundary wins.
+
+  Scans fine indices `min(max_length // HBS, num_fine) - 1 .. 0`; a hit at fine index i sits in
+  block i // k: `[None] * (i // k) + [entry]`, length (i+1)*HBS. No EAGLE drop.
+  """
+  k = block_size // hash_block_size
+  for i in range(min(max_length // hash_block_size, num_fine) - 1, -1, -1):
+    e = cached_fine(i)
+    if e is not None:
+      return [None] * (i // k) + [e], (i + 1) * hash_block_size
+  return [], 0
+
+
 def swa_need(window: int, block_size: int, drop_eagle: bool) -> int:
   """Contiguous blocks an SWA resume point needs: ceil((W-1)/B), +1 with the EAGLE drop."""
   return cdiv(window - 1, block_size) + (1 if drop_eagle else 0)
@@ -235,8 +291,13 @@ def block_aligned_split(
   block_size: int,
   use_eagle: bool,
   shared_prefix_boundary: int,
+  partial_stop: int | None = None,
 ) -> int:
-  """Tokens to schedule so the chunk ends on a block boundary (Mamba `align` mode)."""
+  """Tokens to schedule so the chunk ends on a block boundary (Mamba `align` mode).
+
+  `partial_stop` (partial hits, §2.5/§4.3): `floor(num_prompt, HBS)`, an extra stop when
+  `lcp < partial_stop < num_prompt_tokens` so the recurrent state there can be cached.
+  """
   if start >= max(num_prompt_tokens, num_tokens - 1):
     return n
   # Last cacheable position floor((N-1)/B)*B (SPEC A8; the real vLLM 0.33 outputs agree,
@@ -251,6 +312,8 @@ def block_aligned_split(
   if start % block_size and cdiv(start, block_size) * block_size <= lcp:
     stops.append(cdiv(start, block_size) * block_size)
   stops.append(lcp)
+  if partial_stop is not None and lcp < partial_stop < num_prompt_tokens:
+    stops.append(partial_stop)
   b = shared_prefix_boundary
   if start < b < end:
     stops.append(start + floor_to(b - start, block_size))
@@ -275,11 +338,14 @@ def generic_blocks_needed(
   hit_ref_cnt: Callable[[int], int],
   skipped_tokens: int,
   admission_cap: int | None = None,
+  partial_cow: bool = False,
 ) -> int:
   """Blocks a full/SWA/non-align recurrent group must take from the free pool.
 
   `hits` are the new hit block ids (0 = null); a non-null hit with ref count 0 sits in the
   free queue, so touching it consumes free capacity too (counted unless skipped).
+  `partial_cow`: a new request whose hit ends inside this group's last hit block needs one
+  more block for the copy-on-write (§2.5; ignored for a running request).
   """
   required = cdiv(num_tokens, block_size)
   if admission_cap is not None:
@@ -290,7 +356,7 @@ def generic_blocks_needed(
   new = max(required - max(skip, len(hits) + row_len), 0)
   first = max(0, skip - row_len)
   evictable = sum(1 for b in hits[first:] if b != 0 and hit_ref_cnt(b) == 0)
-  return new + evictable
+  return new + evictable + (1 if partial_cow else 0)
 
 
 def mamba_align_blocks_needed(
@@ -302,12 +368,21 @@ def mamba_align_blocks_needed(
   already_allocated: bool,
   hits: Sequence[int],
   hit_ref_cnt: Callable[[int], int],
+  partial_cow: bool = False,
 ) -> int:
-  """Align-mode admission count: at most one new block (1+S on the first allocation)."""
+  """Align-mode admission count: at most one new block (1+S on the first allocation).
+
+  `partial_cow` (§2.5): a hit ending inside the block, or a pending copy-on-write of the
+  request's own partial entry: one more block, and the count is taken even when no new
+  position is needed (vLLM `MambaManager.get_num_blocks_to_allocate`).
+  """
   req = cdiv(num_tokens_main, block_size) + num_spec_blocks
   n = req - len(hits) - row_len
+  cow = 1 if partial_cow else 0
+  if cow:
+    n = max(n, 0) + 1
   if n > 0:
-    n = 1 if already_allocated else 1 + num_spec_blocks
+    n = (1 if already_allocated else 1 + num_spec_blocks) + cow
   else:
     n = 0
   return n + sum(1 for b in hits if b != 0 and hit_ref_cnt(b) == 0)
@@ -324,15 +399,17 @@ def mamba_align_layout(
   num_spec_blocks: int,
   already_allocated: bool,
   came_with_hit: bool,
+  pending_cow: bool = False,
 ) -> tuple[list[int], int | None]:
   """Align-mode allocation (§2.4.3): the new row (FRESH = take a new block) and last_state.
 
-  Returns (row unchanged, None) when nothing must be allocated.
+  Returns (row unchanged, None) when nothing must be allocated. With `pending_cow` (§2.5) the
+  layout step always runs (the caller takes one more block for the copy-on-write).
   """
   s = num_spec_blocks
   req = cdiv(num_tokens_main, block_size) + s
   row = list(row)
-  if req <= len(row):
+  if req <= len(row) and not pending_cow:
     return row, None
   prev = len(row)
   if already_allocated:

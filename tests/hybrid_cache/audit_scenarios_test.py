@@ -6,9 +6,8 @@ exercise parts of the scenario format that the four real vLLM examples do not: r
 k*B, SWA windows with a coarser full-attention block, chunked prefill under a window, `all` mode,
 preemption and re-admission, `reset_prefix_cache`, several entries sharing one token budget.
 
-The strict xfails pin confirmed differences from vLLM 0.33 (see the audit report): the
-`watermark` config key (a fraction of the pool in vLLM) and fine-grained (partial) hits, which
-vLLM enables when a Mamba `align` group's block is larger than the hash block.
+The PARTIAL scenario checks fine-grained (partial) hits, which vLLM enables when a Mamba
+`align` group's block is larger than the hash block (§2.5).
 """
 
 import json
@@ -440,7 +439,7 @@ def test_full_sequence_must_fit_false_admits_then_runs_out(backend):
 
 
 # ---------------------------------------------------------------------------------------------
-# differences from vLLM 0.33 found by the audit (strict xfail while still open)
+# differences from vLLM 0.33 found by the audit (now implemented)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -477,29 +476,21 @@ PARTIAL = _sc(
 )
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="§2.5: Mamba align block 8 > HBS gcd(4, 8) = 4 enables partial hits in vLLM"
-  " (alignment HBS, caching not floored to sbs); the core always aligns to lcm = 8",
-)
-def test_partial_hits_lookup_alignment_is_the_hash_block():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_partial_hits_lookup_alignment_is_the_hash_block(backend):
   # Alignment = HBS = 4 (§2.5, §3.1). B (13 tokens, max_len 12): FA has blocks 0-2 -> 12
-  # (we floor to 8); Mamba has states only at 16 (+20) -> 0; junction 12.
-  lk = _results(PARTIAL)[2]
+  # (not floored to sbs 8); Mamba has states only at 16 (+20) -> 0; junction 12.
+  lk = _results(PARTIAL, backend)[2]
   assert lk["per_group_hit_tokens"] == [12, 0]
   assert lk["shared_prefix_boundary"] == 12
 
 
-@pytest.mark.xfail(
-  strict=True,
-  reason="§2.5/§1.7: with partial hits vLLM does not floor cached tokens to sbs and Mamba"
-  " keeps a partial entry at floor(num_prompt, HBS) = 20",
-)
-def test_partial_hits_cache_the_prompt_tail():
-  # A (20 tokens): chunks 16, 4. Caching is not floored: FA keys blocks 0-4 (5, we key 4);
-  # Mamba keys the state at 16 and a partial entry at 20 on its running block (2, we key 1).
-  # Ax (max_len 22): FA 20, Mamba partial 20 -> hit 20 (we: 16).
-  r = _results(PARTIAL)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_partial_hits_cache_the_prompt_tail(backend):
+  # A (20 tokens): chunks 16, 4. Caching is not floored: FA keys blocks 0-4 (5, not 4);
+  # Mamba keys the state at 16 and a partial entry at 20 on its running block (2, not 1).
+  # Ax (max_len 22): FA 20, Mamba partial 20 -> hit 20 (not 16).
+  r = _results(PARTIAL, backend)
   assert r[0]["chunks"] == [16, 4]
   assert r[0]["cached_blocks_per_group"] == [5, 2]
   assert (r[3]["hit_tokens"], r[3]["per_group_hit_tokens"]) == (20, [20, 20])
