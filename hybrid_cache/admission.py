@@ -4,7 +4,9 @@ New request: `max(cdiv(tokens, B) - max(skip, hits), 0)` fresh blocks plus every
 ref 0 (touching takes it out of the free queue). Running request: `max(cdiv(tokens, B) - len, 0)`.
 Recurrent `align`: one block (1 + S on the first allocation) when the running-state position
 moves. In every recurrent mode, a hit block registered in the current step makes admission
-impossible (§2.4.6).
+impossible (§2.4.6). With partial hits (§2.5) a hit ending inside a block needs one more block
+(the copy-on-write copy), and so does the next allocation of a request whose recurrent partial
+entry sits on its running state block.
 """
 
 from __future__ import annotations
@@ -53,7 +55,15 @@ def blocks_needed(
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     length = rg[g, RG_LEN]
-    hits_len = jnp.where(is_new, hit // bs, 0)
+    # with partial hits (§2.5) a hit may end inside a block: cdiv(hit, bs) hit entries
+    hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
+    # +1 copy-on-write block for a hit ending inside this group's block (a new request) or a
+    # recurrent partial entry still on the running block (the request that registered it)
+    part = jnp.int32(0)
+    if lay.partial:
+      part = (is_new & (hit % bs != 0) & (hit > 0)).astype(jnp.int32)
+      if spec.kind == "mamba" and spec.mode == "align":
+        part = part | (~is_new & (state.req_partial[r, g] > 0)).astype(jnp.int32)
     ids = hit_ids[g]
     evictable = jnp.sum((ids > 0) & (state.ref_cnt[ids] == 0)).astype(jnp.int32)
     if spec.kind == "mamba":
@@ -65,7 +75,9 @@ def blocks_needed(
     if spec.kind == "mamba" and spec.mode == "align":
       req = cdiv(main_tokens, bs) + s
       k = req - hits_len - length
-      k = jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1), 0)
+      if lay.partial:
+        k = jnp.where(part > 0, jnp.maximum(k, 0) + 1, k)
+      k = jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1) + part, 0)
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:
@@ -77,6 +89,6 @@ def blocks_needed(
       skip = skipped_blocks(spec, hit)
       k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)
       k_run = jnp.maximum(target - length, 0)
-      k = jnp.where(is_new, k_new, k_run)
+      k = jnp.where(is_new, k_new, k_run) + part
     total = total + k + evictable
   return total, impossible

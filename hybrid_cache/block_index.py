@@ -213,6 +213,22 @@ def insert(
   return state.replace(index_entry=ent, index_hash=hsh, counters=counters)
 
 
+def has_entry(state: CacheState, h: jax.Array, group: jax.Array, ids: jax.Array) -> jax.Array:
+  """bool[k]: the index holds key (h[i], group[i]) for block ids[i] (u32[k, 2], i32[k], i32[k])."""
+  b = bucket_of(h, group, state.index_entry.shape[0])
+  ent = state.index_entry[b]  # [k, W, 2]
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (ent[..., 0] == ids[:, None])
+  return jnp.any(same, axis=-1) & (ids > 0)
+
+
+def insert_extra(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array):
+  """Index entries for extra keys of already keyed blocks `ids` (> 0 = insert; vLLM
+  `cached_block_hashes_by_block`): the blocks' own key, group and aux are left as they are."""
+  bg, bh = state.block_group, state.block_hash
+  state = insert(state, ids, keys, group)
+  return state.replace(block_group=bg, block_hash=bh)
+
+
 def evict(state: CacheState, mask: jax.Array) -> CacheState:
   """Removes every key of the blocks where `mask` (bool[NB]) is set."""
   blk = state.index_entry[..., 0]
@@ -229,7 +245,11 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
 
 
 def evict_ids(
-  state: CacheState, ids: jax.Array, grp: jax.Array | None = None, clear_pinned: bool = False
+  state: CacheState,
+  ids: jax.Array,
+  grp: jax.Array | None = None,
+  clear_pinned: bool = False,
+  scan_all: bool = False,
 ) -> CacheState:
   """`evict` for the blocks `ids` (i32[k], unique, 0 = skip).
 
@@ -239,13 +259,14 @@ def evict_ids(
   buckets of the keyed ids are searched (k * W); both clear exactly those entries.
   `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
   `clear_pinned` (static): also clear the blocks' pinned flag (block_aux column 1), in the same
-  row write.
+  row write. `scan_all` (static): always scan the whole index (partial hits, vLLM §2.5: a block
+  may also carry an extra partial key, indexed under another bucket).
   """
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
   idx = jnp.where(valid, ids, nb)
-  if buckets <= ids.shape[0]:
+  if scan_all or buckets <= ids.shape[0]:
     mask = jnp.zeros((nb,), bool).at[idx].set(True, mode="drop")
     blk = state.index_entry[..., 0]
     hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]

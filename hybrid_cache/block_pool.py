@@ -197,6 +197,7 @@ def pop_many(
   kmax: int,
   count_groups: tuple[int, ...] = (),
   n_norm: jax.Array | None = None,
+  scan_all: bool = False,
 ):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
@@ -206,7 +207,7 @@ def pop_many(
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
   and their pinned flag. Keyed blocks of the groups in `count_groups` (static) that are popped
-  add to `counters[C_REC_EVICTED]`.
+  add to `counters[C_REC_EVICTED]`. `scan_all` (static): see `block_index.evict_ids`.
   """
   nb = state.ref_cnt.shape[0]
   qk = state.queue_key
@@ -263,7 +264,7 @@ def pop_many(
     hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
     n_ev = jnp.sum(hit).astype(jnp.int32)
     state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
-  return block_index.evict_ids(state, ids, grp, clear_pinned=True), ids
+  return block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all), ids
 
 
 RENORM_LIMIT = 1 << 29

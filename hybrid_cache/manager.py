@@ -199,7 +199,15 @@ class JaxCacheManager:
     # the leading columns go to Python lists once (per-element NumPy conversions dominate)
     c = 6 + 4 * g_n
     head = packed[:n, :c].tolist()
-    rows = packed[:n, c:].reshape(n, g_n, mb)
+    rows = packed[:n, c : c + g_n * mb].reshape(n, g_n, mb)
+    cow_copies, cows = [], None
+    if self._lay.partial:  # copy-on-write copies of partial hits (§2.5), group by group
+      cows = packed[:n, c + g_n * mb : c + g_n * mb + 2 * g_n].reshape(n, g_n, 2)
+      for g in range(g_n):
+        for i in range(n):
+          src, dst = int(cows[i, g, 0]), int(cows[i, g, 1])
+          if dst:
+            cow_copies.append(StateCopy(entries[i].req, g, src, dst))
     ga, gb, gc_, gd = 6, 6 + g_n, 6 + 2 * g_n, 6 + 3 * g_n
     results, copies = [], []
     empty = self._empty_ids
@@ -216,6 +224,11 @@ class JaxCacheManager:
           tuple(row[g, before[g] : after[g]].tolist()) if after[g] > before[g] else ()
           for g in range(g_n)
         )
+        if cows is not None:  # a new request's copy-on-write block is returned first (§2.5)
+          new_ids = tuple(
+            ((int(cows[i, g, 1]),) + ids) if adm and cows[i, g, 1] else ids
+            for g, ids in enumerate(new_ids)
+          )
         if align:
           copies.extend(self._copies(r, computed - sched, sched, row))
         r.status = "running"
@@ -241,7 +254,7 @@ class JaxCacheManager:
           new_block_ids=new_ids,
         )
       )
-    return StepResult(entries=tuple(results), state_copies=tuple(copies))
+    return StepResult(entries=tuple(results), state_copies=tuple(cow_copies + copies))
 
   def _copies(self, r: _Req, start: int, sched: int, row) -> list[StateCopy]:
     """Pre-forward recurrent state copies (vLLM §5.2) for align-mode groups."""

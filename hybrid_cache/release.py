@@ -66,6 +66,8 @@ def release(lay: Layout, config: CacheConfig, state: CacheState, slot, preempt: 
     req_group=state.req_group.at[slot].set(rg),
     req_info=state.req_info.at[slot].set(info),
   )
+  if lay.partial:  # a pending recurrent partial entry is dropped with the request (§2.5)
+    state = state.replace(req_partial=state.req_partial.at[slot].set(0))
   if not preempt:
     state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
   return state

@@ -30,6 +30,7 @@ from hybrid_cache.state import AUX_END
 from hybrid_cache.state import AUX_STEP
 from hybrid_cache.state import BIG
 from hybrid_cache.state import C_REC_ADMITTED
+from hybrid_cache.state import C_SEQ
 from hybrid_cache.state import C_STEP
 from hybrid_cache.state import C_TAIL
 from hybrid_cache.state import INFO_COMPUTED
@@ -77,6 +78,9 @@ def split(lay: Layout, config: CacheConfig, start, n, num_tokens, num_prompt, sp
     lcp,
     jnp.where((start < spb) & (spb < end), start + floor_to(spb - start, bs), BIG),
   ]
+  if lay.partial:  # §2.5: a chunk must end at the prompt's last hash boundary (partial entry)
+    tail = floor_to(num_prompt, lay.hash_block_size)
+    cands.append(jnp.where((lcp < tail) & (tail < num_prompt), tail, BIG))
   best = end
   for s in cands:
     best = jnp.where((s > start) & (s < best), s, best)
@@ -166,17 +170,35 @@ def _allocate(
   # per-group values collected in Python lists and stacked once (one small array op instead
   # of a chain of single-element updates per group)
   row_l, len_l, nc_l, last_l, bases, counts = [], [], [], [], [], []
+  # partial hits (§2.5): per group, a copy-on-write block is the group's first popped block;
+  # `cow_new` (a new request's hit ending inside the block: the copy replaces the hit block at
+  # `hit // bs`), `cow_own` (a recurrent partial entry on the request's own running block: the
+  # key moves to the copy, the table keeps the block)
+  cow_new_l, cow_own_l, cow_src_l = [], [], []
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
-    hits_len = jnp.where(is_new, hit // bs, 0)
+    hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
     len0 = rg[g, RG_LEN]
     length = jnp.where(is_new, hits_len, len0)
-    nc_l.append(jnp.where(is_new, hits_len, rg[g, RG_NCACHED]))
+    nc_l.append(jnp.where(is_new, hit // bs, rg[g, RG_NCACHED]))
+    if lay.partial:
+      cow_new = is_new & (hit > 0) & (hit % bs != 0)
+      cow_own = jnp.bool_(False)
+      if spec.kind == "mamba" and spec.mode == "align":
+        cow_own = ~is_new & (state.req_partial[r, g] > 0)
+      own_pos = jnp.maximum(state.req_partial[r, g] - 1, 0)
+      src = jnp.where(cow_new, rows[g, jnp.minimum(hit // bs, lay.max_blocks - 1)], 0)
+      src = jnp.where(cow_own, rows[g, own_pos], src)
+      cow_new_l.append(cow_new)
+      cow_own_l.append(cow_own)
+      cow_src_l.append(src)
+      has_cow = cow_new | cow_own
     last = rg[g, RG_LAST]
     row = rows[g]
     if spec.kind == "mamba" and spec.mode == "align":
       req = cdiv(main, bs) + s
       grow = req > length
+      enter = (grow | has_cow) if lay.partial else grow
       prev = length
       last_state = jnp.where(len0 > 0, prev - 1 - s, jnp.where(hits_len > 0, prev - 1, -1))
       skip_to = req - s - 1
@@ -191,7 +213,7 @@ def _allocate(
         nrel = nrel + move.astype(jnp.int32)
       bases.append(base + nrel)
       counts.append(jnp.where(grow, req - base - nrel, 0))
-      last = jnp.where(grow, last_state, last)
+      last = jnp.where(enter, last_state, last)
       length = jnp.maximum(length, req)
     elif spec.kind == "mamba" and spec.mode == "none":
       cnt = jnp.where(length == 0, 1 + s, 0)
@@ -205,6 +227,8 @@ def _allocate(
       bases.append(length)
       counts.append(cnt)
       length = length + cnt
+    if lay.partial:
+      counts[-1] = counts[-1] + has_cow.astype(jnp.int32)
     row_l.append(row)
     len_l.append(length)
     last_l.append(last)
@@ -216,19 +240,87 @@ def _allocate(
     offsets.append(offsets[-1] + counts[g - 1])
   kmax = lay.num_groups * lay.max_blocks
   total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
-  state, ids = block_pool.pop_many(state, total, kmax, lay.recurrent_groups, n_norm=n_norm)
+  state, ids = block_pool.pop_many(
+    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.partial
+  )
   k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
   queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
   # fresh blocks of every group in one [G, MB] gather
   j = pos[None, :] - jnp.stack(bases)[:, None]
   take = (j >= 0) & (j < jnp.stack(counts)[:, None])
-  fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + j, 0, kmax - 1)]
+  if lay.partial:  # the copy-on-write block comes first in its group's pops
+    first = jnp.stack([(a | b).astype(jnp.int32) for a, b in zip(cow_new_l, cow_own_l)])
+    fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + first[:, None] + j, 0, kmax - 1)]
+  else:
+    fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + j, 0, kmax - 1)]
   rows = jnp.where(take, fresh, rows)
+  cows = None
+  if lay.partial:
+    cow_ids = jnp.where(first > 0, ids[jnp.clip(jnp.stack(offsets), 0, kmax - 1)], 0)
+    cow_ids = jnp.where(ok, cow_ids, 0)
+    cow_new = jnp.stack(cow_new_l) & ok
+    cow_own = jnp.stack(cow_own_l) & ok
+    srcs = jnp.where(ok, jnp.stack(cow_src_l), 0)
+    # a new request's copy replaces the hit block it copies (position hit // bs)
+    at = jnp.stack([hit // g.block_size for g in lay.groups])
+    rows = jnp.where(cow_new[:, None] & (pos[None, :] == at[:, None]), cow_ids[:, None], rows)
+    state = _cow(lay, state, r, cow_new, cow_own, srcs, cow_ids)
+    cows = jnp.stack([srcs, cow_ids], axis=1)  # i32[G, 2] (src, copy), 0 = none
   state = state.replace(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  return _cache(lay, config, state, r, start + n, ok, keys), queued
+  state = _cache(lay, config, state, r, start + n, ok, keys)
+  if lay.partial:
+    return state, queued, cows
+  return state, queued
+
+
+def _cow(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:
+  """Copy-on-write of partial hits (vLLM §2.5), per group (bool[G] / i32[G] arguments).
+
+  A new request's copy (`cow_new`) takes one more reference (the step end releases it and
+  the source's hit reference). A running request's own partial entry (`cow_own`) moves its key
+  (index entry, hash, group, token end; registration step = now, so no same-step hit) from the
+  source to the copy, the source takes one more reference (released at the step end, where
+  the copy, held by no table, becomes a free cached block) and the pending entry is cleared.
+  """
+  nb = lay.num_blocks
+  buckets = state.index_entry.shape[0]
+  ref = state.ref_cnt.at[jnp.where(cow_new, cow_ids, nb)].add(1, mode="drop")
+  ref = ref.at[jnp.where(cow_own, srcs, nb)].add(1, mode="drop")
+  state = state.replace(ref_cnt=ref)
+  # key move src -> copy (index entry re-pointed with a fresh insertion sequence number)
+  src = jnp.where(cow_own, srcs, 0)
+  grp = jnp.where(cow_own, state.block_group[src], -1)
+  keyed = cow_own & (grp >= 0)
+  h = state.block_hash[src]
+  b = block_index.bucket_of(h, grp, buckets)
+  hit = (state.index_entry[b, :, 0] == src[:, None]) & keyed[:, None]
+  way = jnp.min(jnp.where(hit, jnp.arange(hit.shape[1]), hit.shape[1]), axis=1)
+  c = state.counters
+  seq = c[C_SEQ] + jnp.cumsum(keyed.astype(jnp.int32)) - 1
+  bi = jnp.where(keyed & (way < hit.shape[1]), b, buckets)
+  ent = state.index_entry.at[bi, way].set(jnp.stack([cow_ids, seq], axis=-1), mode="drop")
+  dst = jnp.where(keyed, cow_ids, nb)
+  sdx = jnp.where(keyed, src, nb)
+  aux_src = state.block_aux[src]
+  step = c[C_STEP]
+  aux_new = jnp.stack([jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END]], axis=1)
+  state = state.replace(
+    index_entry=ent,
+    block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),
+    block_hash=state.block_hash.at[dst].set(h, mode="drop"),
+    block_aux=state.block_aux.at[dst]
+    .set(aux_new, mode="drop")
+    .at[sdx, AUX_STEP]
+    .set(-1, mode="drop")
+    .at[sdx, AUX_END]
+    .set(-1, mode="drop"),
+    counters=c.at[C_SEQ].add(jnp.sum(keyed).astype(jnp.int32)),
+    req_partial=state.req_partial.at[r].set(jnp.where(cow_own, 0, state.req_partial[r])),
+  )
+  return state
 
 
 def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None):
@@ -241,11 +333,12 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     return state
   info = state.req_info[r]
   raw = jnp.minimum(computed, info[INFO_TOKENS])
-  nc = floor_to(raw, lay.sbs)
+  # with partial hits (§1.7, §2.5) the cached tokens are not floored to the scheduler block
+  nc = raw if lay.partial else floor_to(raw, lay.sbs)
   pos = jnp.arange(lay.max_blocks)
   hashes = state.req_hashes[r]
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
-  all_ids, all_keys, all_groups, all_ends = [], [], [], []
+  all_ids, all_keys, all_groups, all_ends, all_prom = [], [], [], [], []
   rg = state.req_group[r]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
@@ -253,7 +346,12 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
     row = state.tables[r, g]
     nca = rg[g, RG_NCACHED]
-    sel = (pos >= nca) & (pos < upto) & (row > 0) & (state.block_group[row] < 0) & ok
+    unkeyed = state.block_group[row] < 0
+    if g in lay.fine_groups:  # partial -> full promotion (§2.5): a shorter key is replaced
+      promote = ~unkeyed & (state.block_aux[row, AUX_END] < (pos + 1) * bs)
+      all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
+      unkeyed = unkeyed | promote
+    sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
@@ -271,6 +369,9 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     all_ends.append((pos + 1) * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
   ids = jnp.concatenate(all_ids)
+  if all_prom:  # every key of a promoted block goes (its extra partial key too)
+    prom = jnp.concatenate(all_prom)
+    state = block_index.evict_ids(state, prom, scan_all=True)
   if keys is None:
     state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
   else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
@@ -287,7 +388,79 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
   if lay.recurrent_groups:
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
     counters = counters.at[C_REC_ADMITTED].add(n_rec)
-  return state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
+  state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
+  if lay.partial:
+    state = _cache_partial_tail(lay, state, r, raw, ok)
+  return state
+
+
+def _cache_partial_tail(lay: Layout, state: CacheState, r, raw, ok) -> CacheState:
+  """Partial entries (vLLM §2.5 `_cache_partial_tail_block`, `cache_partial_block`) of the fine
+  groups (block larger than the hash block), after the full blocks are cached up to `raw`.
+
+  Boundary t = floor_to(num_prompt, HBS), not block aligned, inside the table. Full attention:
+  whenever t <= raw (the block holding t gets t's key). Recurrent `align`: only when raw == t
+  (a chunk ends exactly there); the running state block gets the key (registration step =
+  now, no same-step hit) and is remembered in `req_partial` for the copy-on-write of the
+  request's next allocation. The key becomes the block's own key if it has none (a shorter own
+  key is dropped first), else an extra index entry (the block keeps its longer key).
+  """
+  gs = [g for g in lay.fine_groups if lay.groups[g].kind == "full" or lay.groups[g].mode == "align"]
+  if not gs:
+    return state
+  info = state.req_info[r]
+  hbs = lay.hash_block_size
+  t = floor_to(info[INFO_PROMPT], hbs)
+  hashes = state.req_hashes[r]
+  key = hashes[jnp.clip(t // hbs - 1, 0, hashes.shape[0] - 1)]
+  ids = []
+  for g in gs:
+    bs = lay.groups[g].block_size
+    p = t // bs
+    cond = ok & (t > 0) & (t % bs != 0) & (p < state.req_group[r, g, RG_LEN])
+    if lay.groups[g].kind == "full":
+      cond &= t <= raw
+    else:
+      cond &= raw == t
+    ids.append(jnp.where(cond, state.tables[r, g, jnp.minimum(p, lay.max_blocks - 1)], 0))
+  ids = jnp.stack(ids)
+  grp = jnp.asarray(gs, jnp.int32)
+  keys = jnp.broadcast_to(key, (len(gs), 2))
+  bg = state.block_group[ids]
+  primary_same = (bg == grp) & jnp.all(state.block_hash[ids] == key[None, :], axis=-1)
+  already = (ids > 0) & (primary_same | block_index.has_entry(state, keys, grp, ids))
+  shorter = (ids > 0) & ~already & (bg >= 0) & (state.block_aux[ids, AUX_END] < t)
+  state = block_index.evict_ids(state, jnp.where(shorter, ids, 0), scan_all=True)
+  keyed = state.block_group[ids] >= 0
+  prim = jnp.where((ids > 0) & ~already & ~keyed, ids, 0)
+  extra = jnp.where((ids > 0) & ~already & keyed, ids, 0)
+  state = block_index.insert(state, prim, keys, grp)
+  state = block_index.insert_extra(state, extra, keys, grp)
+  nb = lay.num_blocks
+  sidx = jnp.where(prim > 0, prim, nb)
+  step = state.counters[C_STEP]
+  vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
+  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+  aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
+  ncached = state.req_group[r, :, RG_NCACHED]
+  pend = state.req_partial[r]
+  n_rec = jnp.int32(0)
+  for i, g in enumerate(gs):
+    if lay.groups[g].kind != "mamba":
+      continue
+    # the state block just written: keep it pending for the copy-on-write (and the same-step
+    # rule) even if it already carried this key
+    bs = lay.groups[g].block_size
+    aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
+    ncached = ncached.at[g].set(jnp.where(ids[i] > 0, t // bs, ncached[g]))
+    pend = pend.at[g].set(jnp.where(ids[i] > 0, t // bs + 1, pend[g]))
+    n_rec = n_rec + ((prim[i] > 0) | (extra[i] > 0)).astype(jnp.int32)
+  return state.replace(
+    block_aux=aux,
+    req_group=state.req_group.at[r, :, RG_NCACHED].set(ncached),
+    req_partial=state.req_partial.at[r].set(pend),
+    counters=state.counters.at[C_REC_ADMITTED].add(n_rec),
+  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,8 +572,11 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
     )
   )
   lens_now = state.req_group[r, :, RG_LEN]
-  lens_before = jnp.where(attempt & is_new, hit // jnp.asarray(lay_bs(lay)), lens_now)
-  state, queued = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
+  bss = jnp.asarray(lay_bs(lay))
+  hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
+  lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
+  res = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
+  state, queued = res[:2]
   inf = state.req_info[r]
   done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
   state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
@@ -419,6 +595,8 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
     lens_after=state.req_group[r, :, RG_LEN],
     row=state.tables[r],
   )
+  if lay.partial:
+    out["cows"] = res[2]  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
   return (state, budget - scheduled, queued), out
 
 
@@ -477,6 +655,8 @@ def _pack_entry(out) -> jax.Array:
   cols = [out[k].astype(jnp.int32)[None] for k in ENTRY_SCALARS]
   cols += [out[k].astype(jnp.int32) for k in ENTRY_VECTORS]
   cols.append(out["row"].reshape(-1))
+  if "cows" in out:
+    cols.append(out["cows"].reshape(-1))
   return jnp.concatenate(cols)
 
 
@@ -500,8 +680,29 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   for k in ENTRY_VECTORS:
     out[k] = body[:, c : c + g]
     c += g
-  out["row"] = body[:, c:].reshape(body.shape[0], g, lay.max_blocks)
+  out["row"] = body[:, c : c + g * lay.max_blocks].reshape(body.shape[0], g, lay.max_blocks)
+  if lay.partial:
+    c += g * lay.max_blocks
+    out["cows"] = body[:, c : c + 2 * g].reshape(body.shape[0], g, 2)
   return out, unpack_stats(p[-1, : 4 + g])
+
+
+def release_cows(lay: Layout, state: CacheState, cows: jax.Array) -> CacheState:
+  """End of a step with partial hits (vLLM `_free_cow_retained_blocks`): frees the retained
+  (source, copy) endpoints of every copy-on-write of the step, group by group, in entry order,
+  in ONE `free_blocks` call. `cows` i32[E, G, 2] (0 = none). A block listed twice (one source
+  copied for two requests) joins the free queue at its last occurrence, as in vLLM."""
+  ids = jnp.transpose(cows, (1, 0, 2)).reshape(-1)
+  k = ids.shape[0]
+  i = jnp.arange(k)
+  later = (ids[None, :] == ids[:, None]) & (i[None, :] > i[:, None]) & (ids[:, None] > 0)
+  last = ~jnp.any(later, axis=1)
+  nb = lay.num_blocks
+  # earlier occurrences only drop their reference
+  early = jnp.where((ids > 0) & ~last, ids, nb)
+  state = state.replace(ref_cnt=state.ref_cnt.at[early].add(-1, mode="drop"))
+  ids = jnp.where(last, ids, 0)
+  return block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "admit_only"), donate_argnums=(1,))
@@ -538,6 +739,10 @@ def schedule_step(
   (state, _, _), rows = jax.lax.scan(
     body, (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)), xs
   )
+  if lay.partial:
+    g = lay.num_groups
+    cows = rows[:, rows.shape[1] - 2 * g :].reshape(rows.shape[0], g, 2)
+    state = release_cows(lay, state, cows)
   return state, _pack_step(lay, rows, stats(lay, state))
 
 
@@ -594,6 +799,8 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
     (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
     (slot, max_tokens, jnp.bool_(True)),
   )
+  if lay.partial:
+    state = release_cows(lay, state, out["cows"][None])
   return state, out
 
 

@@ -1,6 +1,6 @@
 """`CacheState`: the one pytree the jitted core reads and writes, and its static layout.
 
-Leaves (12, each its own buffer so the state can be donated):
+Leaves (13, each its own buffer so the state can be donated):
 
 * pool, per block `[num_blocks]`: `ref_cnt` i32; `queue_key` i32[2, NB] (row 0: position in
   vLLM's free queue, row 1: position in the pinned tier; `BIG` = not in that queue);
@@ -16,6 +16,9 @@ Leaves (12, each its own buffer so the state can be donated):
   sequence, index overflows, recurrent states admitted (keys registered in recurrent groups),
   recurrent states evicted (keyed recurrent blocks re-allocated), the FLOP-aware eviction weight
   alpha in thousandths.
+* `req_partial` i32[R, G] (i32[R, 0] without partial hits, vLLM §2.5): 1 + the table position
+  of a recurrent partial entry the request registered on its running state block (0 = none);
+  its next allocation moves the key to a fresh copy-on-write block.
 
 Free-queue order is an int32 key per block: head insertions get keys below every existing key,
 tail insertions keys above; popping takes the smallest key (a doubly-linked list, exactly).
@@ -67,6 +70,7 @@ class CacheState:
   req_info: jax.Array
   req_group: jax.Array
   counters: jax.Array
+  req_partial: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +101,12 @@ class Layout:
   lookahead: int
   num_spec_blocks: int
   recurrent_groups: tuple[int, ...] = ()  # indices of recurrent (mamba) groups
+  # vLLM §2.5 fine-grained (partial) hits: hits align to `hit_align` (the hash block when
+  # `partial`, else the scheduler block); `fine_groups`: groups whose block is larger than the
+  # hash block (looked up at hash-block granularity, may carry a partial entry)
+  partial: bool = False
+  hit_align: int = 0
+  fine_groups: tuple[int, ...] = ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,6 +127,7 @@ def layout(config: CacheConfig) -> Layout:
   ]
   sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
   align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
+  partial = bool(caching and config.partial_hits)
   cap = 4 * config.num_blocks
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
@@ -135,6 +146,11 @@ def layout(config: CacheConfig) -> Layout:
     lookahead=config.num_speculative_blocks,  # EAGLE lookahead slots (vLLM: S tokens)
     num_spec_blocks=config.num_speculative_blocks,
     recurrent_groups=tuple(i for i, g in enumerate(groups) if g.kind == "mamba"),
+    partial=partial,
+    hit_align=config.hit_alignment if caching else config.scheduler_block_size,
+    fine_groups=tuple(
+      i for i, g in enumerate(groups) if partial and g.block_size > config.resolved_hash_block_size
+    ),
   )
 
 
@@ -166,6 +182,7 @@ def init_state(config: CacheConfig) -> CacheState:
     req_info=jnp.zeros((r, 5), jnp.int32),
     req_group=jnp.asarray(rg),
     counters=jnp.asarray(counters),
+    req_partial=jnp.zeros((r, g if lay.partial else 0), jnp.int32),
   )
 
 

@@ -68,7 +68,7 @@ CONFIGS = (
     groups=(
       GroupSpec("full", block_size=8),
       GroupSpec("swa", block_size=4, window=4),
-      GroupSpec("mamba", block_size=8),
+      GroupSpec("mamba", block_size=4),
     ),
     block_size=4,
     num_blocks=40,
@@ -96,7 +96,7 @@ CONFIGS = (
     groups=(
       GroupSpec("full", block_size=8),
       GroupSpec("swa", block_size=4, window=4),
-      GroupSpec("mamba", block_size=8),
+      GroupSpec("mamba", block_size=4),
     ),
     block_size=4,
     num_blocks=30,
