@@ -201,6 +201,17 @@ class CacheConfig:
             f"max_num_batched_tokens must be >= the block size {sizes[i]} of recurrent group "
             f"{i} in align mode, got {self.max_num_batched_tokens}"
           )
+    partial = self.enable_prefix_caching and any(
+      g.kind == "mamba" and g.mode == "align" and b > hbs for g, b in zip(self.groups, sizes)
+    )
+    swa = [i for i, g in enumerate(self.groups) if g.kind == "swa"]
+    if partial and swa:
+      raise ValueError(
+        f"groups must not mix a sliding-window group (groups[{swa[0]}]) with partial (fine-grained)"
+        f" hits, which a recurrent align group with a block larger than hash_block_size={hbs}"
+        " turns on: vLLM's sliding-window manager does not support partial hits (it asserts);"
+        " use equal recurrent/hash block sizes or drop the window group"
+      )
     r = self.retention_interval
     if r is not None:
       _check_int("retention_interval", r, minimum=0)
