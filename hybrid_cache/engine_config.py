@@ -106,6 +106,13 @@ def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
     raise ValueError(
       f"cache_config.groups[].mode must be the same for every mamba group, got {sorted(modes)}"
     )
+  if cache.partial_hits:
+    raise ValueError(
+      f"cache_config.hash_block_size must equal the block size for the engine, got "
+      f"{cache.resolved_hash_block_size} < {cache.block_size}: that enables partial "
+      "(fine-grained) hits (vLLM §2.5), whose copy-on-write of full-attention KV blocks the "
+      "engine does not execute"
+    )
   if cache.num_speculative_tokens:
     raise ValueError(
       f"num_speculative_tokens must be 0 (the engine has no draft model), got "

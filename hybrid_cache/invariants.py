@@ -5,8 +5,9 @@ free + used = total; ref counts >= 0; every non-null block is in exactly one of
 {held, free, pinned-free}; a held block's ref count equals the number of table entries naming
 it, and all those entries are in one group; table entries past a row's length are null; every
 index entry points at a block carrying that key (lanes, group and bucket); every keyed block is
-indexed exactly once (unless the index overflowed); the null block is never free, keyed or
-indexed; queue keys are unique; pinned-tier blocks carry the pinned flag.
+indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
+`Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
+keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag.
 """
 
 from __future__ import annotations
@@ -92,13 +93,21 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     errs.append("null block is indexed")
   if (grp[b_ids] < 0).any():
     errs.append("index entry points at a block without a key")
-  if (ih[used] != bh[b_ids]).any():
+  own = np.all(ih[used] == bh[b_ids], axis=-1)
+  if lay.extra_keys:
+    # vLLM §2.5: a block of a prompt-tail group may also carry one extra (partial) key
+    extra_ok = np.isin(grp[b_ids], np.asarray(lay.tail_groups, np.int32))
+    if (~own & ~extra_ok).any():
+      errs.append("index entry lanes differ from the block's key")
+    if (np.bincount(b_ids[~own], minlength=nb) > 1).any():
+      errs.append("a block carries two extra keys")
+  elif (~own).any():
     errs.append("index entry lanes differ from the block's key")
   buckets = np.asarray(block_index.bucket_of(ih[used], np.maximum(grp[b_ids], 0), lay.buckets))
   where_b = np.nonzero(used)[0]
   if (buckets != where_b).any():
     errs.append("index entry in the wrong bucket")
-  per_block = np.bincount(b_ids, minlength=nb)
+  per_block = np.bincount(b_ids[own], minlength=nb)
   if (per_block > 1).any():
     errs.append("a block is indexed twice")
   keyed = np.nonzero(grp >= 0)[0]

@@ -241,7 +241,7 @@ def _allocate(
   kmax = lay.num_groups * lay.max_blocks
   total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
   state, ids = block_pool.pop_many(
-    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.partial
+    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
   )
   k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
   queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
@@ -338,7 +338,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
   pos = jnp.arange(lay.max_blocks)
   hashes = state.req_hashes[r]
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
-  all_ids, all_keys, all_groups, all_ends, all_prom = [], [], [], [], []
+  all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
   rg = state.req_group[r]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
@@ -347,7 +347,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     row = state.tables[r, g]
     nca = rg[g, RG_NCACHED]
     unkeyed = state.block_group[row] < 0
-    if g in lay.fine_groups:  # partial -> full promotion (§2.5): a shorter key is replaced
+    if g in lay.tail_groups:  # partial -> full promotion (§2.5): a shorter key is replaced
       promote = ~unkeyed & (state.block_aux[row, AUX_END] < (pos + 1) * bs)
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
@@ -368,6 +368,7 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
+    n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
   ids = jnp.concatenate(all_ids)
   if all_prom:  # every key of a promoted block goes (its extra partial key too)
     prom = jnp.concatenate(all_prom)
@@ -389,25 +390,26 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
     counters = counters.at[C_REC_ADMITTED].add(n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
-  if lay.partial:
-    state = _cache_partial_tail(lay, state, r, raw, ok)
+  if lay.tail_groups:
+    state = _cache_partial_tail(lay, state, r, n_g, ok)
   return state
 
 
-def _cache_partial_tail(lay: Layout, state: CacheState, r, raw, ok) -> CacheState:
+def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok) -> CacheState:
   """Partial entries (vLLM §2.5 `_cache_partial_tail_block`, `cache_partial_block`) of the fine
-  groups (block larger than the hash block), after the full blocks are cached up to `raw`.
+  groups (`Layout.tail_groups`), after the full blocks are cached.
 
-  Boundary t = floor_to(num_prompt, HBS), not block aligned, inside the table. Full attention:
-  whenever t <= raw (the block holding t gets t's key). Recurrent `align`: only when raw == t
+  `n_g`: per group, the tokens the group caches up to (unfloored with partial hits, else the
+  scheduler-block floor, EAGLE full attention one own block more). Boundary t =
+  floor_to(num_prompt, HBS), not block aligned, inside the table. Full attention (with or
+  without partial hits, vLLM `FullAttentionManager.cache_blocks`): whenever t <= n (the block
+  holding t gets t's key). Recurrent `align` (partial hits): only when n == t
   (a chunk ends exactly there); the running state block gets the key (registration step =
   now, no same-step hit) and is remembered in `req_partial` for the copy-on-write of the
   request's next allocation. The key becomes the block's own key if it has none (a shorter own
   key is dropped first), else an extra index entry (the block keeps its longer key).
   """
-  gs = [g for g in lay.fine_groups if lay.groups[g].kind == "full" or lay.groups[g].mode == "align"]
-  if not gs:
-    return state
+  gs = list(lay.tail_groups)
   info = state.req_info[r]
   hbs = lay.hash_block_size
   t = floor_to(info[INFO_PROMPT], hbs)
@@ -419,9 +421,9 @@ def _cache_partial_tail(lay: Layout, state: CacheState, r, raw, ok) -> CacheStat
     p = t // bs
     cond = ok & (t > 0) & (t % bs != 0) & (p < state.req_group[r, g, RG_LEN])
     if lay.groups[g].kind == "full":
-      cond &= t <= raw
+      cond &= t <= n_g[g]
     else:
-      cond &= raw == t
+      cond &= n_g[g] == t
     ids.append(jnp.where(cond, state.tables[r, g, jnp.minimum(p, lay.max_blocks - 1)], 0))
   ids = jnp.stack(ids)
   grp = jnp.asarray(gs, jnp.int32)

@@ -107,6 +107,11 @@ class Layout:
   partial: bool = False
   hit_align: int = 0
   fine_groups: tuple[int, ...] = ()
+  # groups registering the prompt-tail partial entry at floor_to(num_prompt, HBS) (vLLM
+  # `_cache_partial_tail_block`): full attention with a block larger than the hash block (with
+  # or without partial hits), recurrent `align` ones with partial hits
+  tail_groups: tuple[int, ...] = ()
+  extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,6 +133,14 @@ def layout(config: CacheConfig) -> Layout:
   sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
   align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
   partial = bool(caching and config.partial_hits)
+  hbs = config.resolved_hash_block_size
+  tail = tuple(
+    i
+    for i, g in enumerate(groups)
+    if caching
+    and g.block_size > hbs
+    and (g.kind == "full" or (partial and g.kind == "mamba" and g.mode == "align"))
+  )
   cap = 4 * config.num_blocks
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
@@ -151,6 +164,8 @@ def layout(config: CacheConfig) -> Layout:
     fine_groups=tuple(
       i for i, g in enumerate(groups) if partial and g.block_size > config.resolved_hash_block_size
     ),
+    tail_groups=tail,
+    extra_keys=partial or any(groups[i].kind == "full" for i in tail),
   )
 
 

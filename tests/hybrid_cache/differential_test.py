@@ -105,6 +105,30 @@ CONFIGS = (
     pinning=True,
     **_COMMON,
   ),
+  # partial (fine-grained) hits, vLLM §2.5: a recurrent align block larger than the hash block
+  # (no SWA group: vLLM does not support SWA with partial hits)
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("mamba", block_size=8)),
+    block_size=4,
+    num_blocks=32,
+    **_COMMON,
+  ),
+  CacheConfig(
+    groups=(GroupSpec("full"), GroupSpec("mamba", block_size=8)),
+    block_size=4,
+    num_blocks=36,
+    use_eagle=True,
+    num_speculative_tokens=1,
+    **_COMMON,
+  ),
+  # full attention coarser than the hash block: phase-2 probes, FA partial (extra) keys, FA CoW
+  CacheConfig(
+    groups=(GroupSpec("full", block_size=8), GroupSpec("mamba", block_size=16)),
+    block_size=8,
+    hash_block_size=4,
+    num_blocks=28,
+    **_COMMON,
+  ),
 )
 PINNING_CONFIGS = tuple(i for i, c in enumerate(CONFIGS) if c.pinning)
 
