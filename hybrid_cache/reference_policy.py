@@ -559,8 +559,13 @@ class ReferencePolicy:
       full = n // bs
       if self._partial:
         self._cache_partial_tail(req, gid, n, full)
-      elif req.num_cached[gid] < full:
+        continue
+      if req.num_cached[gid] < full:
         self._cache_full(req, gid, full)
+      if g.kind == "full" and bs != self._hbs:
+        # vLLM FullAttentionManager.cache_blocks: the prompt-tail entry is not gated on partial
+        # hits; with n floored to sbs it is an extra key of a full block (EAGLE: maybe primary)
+        self._cache_fa_tail(req, gid, n)
 
   def _cache_full(self, req: _Request, gid: int, full: int) -> None:
     """Keys the group's blocks [num_cached, full) (null / masked ones skipped)."""
@@ -571,7 +576,7 @@ class ReferencePolicy:
       if b == NULL or not self._cacheable(req, gid, i):
         continue
       if self._key[b] is not None:
-        if not (self._partial and self._key_end[b] < (i + 1) * bs):
+        if self._key_end[b] >= (i + 1) * bs:
           continue
         self._evict_key(b)  # partial -> full promotion drops every key of the block (§2.5)
       key = (hashes[i], gid)
@@ -593,16 +598,29 @@ class ReferencePolicy:
       self._cache_full(req, gid, full)
     kind = self._kind(gid)
     t = rules.floor_to(req.num_prompt_tokens, hbs)
-    if bs == hbs or t == 0 or t % bs == 0 or t // bs >= len(row) or row[t // bs] == NULL:
+    if kind == "full":
+      self._cache_fa_tail(req, gid, n)
+    elif bs == hbs or t % bs == 0 or t // bs >= len(row) or row[t // bs] == NULL:
       return
-    if kind == "full" and t <= n:
-      self._cache_partial_block(req, row[t // bs], t, gid)
     elif kind == "mamba" and self._mode[gid] == "align" and n == t:
       b = row[t // bs]
       self._cache_partial_block(req, b, t, gid)
       self._cached_this_step.add(b)
       req.partial[gid] = (t // bs, b)
       req.num_cached[gid] = t // bs
+
+  def _cache_fa_tail(self, req: _Request, gid: int, n: int) -> None:
+    """vLLM `FullAttentionManager._cache_partial_tail_block` (needs bs > HBS).
+
+    Keys the block holding t = floor(num_prompt, HBS) under the prefix hash at t once n >= t,
+    unless t is 0 or block aligned, or the block is not allocated / null.
+    """
+    row, bs = req.rows[gid], self._bs[gid]
+    t = rules.floor_to(req.num_prompt_tokens, self._hbs)
+    if bs == self._hbs or t == 0 or t > n or t % bs == 0 or t // bs >= len(row):
+      return
+    if row[t // bs] != NULL:
+      self._cache_partial_block(req, row[t // bs], t, gid)
 
   def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int) -> None:
     """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b)."""

@@ -322,3 +322,27 @@ def test_swa_with_partial_hits_is_rejected():
     enable_prefix_caching=False,
   )
   assert not cfg.partial_hits
+
+
+def test_fa_prompt_tail_entry_without_partial_hits_under_eagle():
+  # FA 8 + Mamba 4 (= HBS 4): no partial hits (sbs 8), but vLLM's FA manager still keys the
+  # prompt tail t = floor(22, 4) = 20 (FA bs 8 != HBS). EAGLE, S = 1.
+  # Split (Mamba bs 4): lcp = floor(21, 4) - 4 = 16 -> chunks 16, 6.
+  # step 1: FA need 17 -> [1, 2, 3]; Mamba req 4 + 1 -> [0, 0, 0, 4, 5]. Cache 16: FA 1, 2;
+  #   Mamba 4 (@16). step 2: FA needs 23 -> 3 blocks (none new); Mamba req 6 + 1: block 5 is
+  #   relocated to index 5, one new block 6. Cache: floor(22, 8) = 16, FA (EAGLE) caches
+  #   min(22, 16 + 8) = 22: no new full block, but t = 20 <= 22 keys FA block 3 (primary).
+  sc = _scenario(
+    64,
+    [{"op": "prefill", "req": "P"}, {"op": "free", "req": "P"}],
+    use_eagle=True,
+    num_speculative_tokens=1,
+  )
+  sc["config"]["groups"] = [{"type": "full"}, {"type": "mamba", "block_size": 4}]
+  sc["config"].pop("hash_block_size")
+  r = _run(sc)
+  assert r[0]["chunks"] == [16, 6]
+  assert r[0]["block_ids"] == [[1, 2, 3], [0, 0, 0, 4, 0, 5, 6]]
+  assert r[0]["cached_blocks_per_group"] == [3, 1]
+  # free: FA 3, 2, 1 keyed -> tail; Mamba 6, 5 unkeyed -> head, 4 keyed -> tail.
+  assert r[1]["num_free_cached_blocks"] == 4 and r[1]["cached_blocks_per_group"] == [3, 1]
