@@ -273,29 +273,6 @@ def replay(sc: Mapping[str, Any], backend: str = "reference", factory: Callable 
   return Replayer(manager, sc).run()
 
 
-def partial_hits_warning(config: CacheConfig) -> str | None:
-  """A warning when vLLM 0.33 would enable partial (fine-grained) hits (§2.5) for `config`.
-
-  vLLM turns them on when prefix caching is on and a recurrent group in `align` mode has a
-  block larger than the hash block size; hits then align to the hash block. This core does
-  not implement §2.5 and aligns hits to the scheduler block size, so its outputs for such a
-  config can differ from vLLM's.
-  """
-  hbs = config.resolved_hash_block_size
-  big = [
-    i
-    for i, g in enumerate(config.resolved_groups)
-    if g.kind == "mamba" and g.mode == "align" and g.block_size > hbs
-  ]
-  if not big or not config.enable_prefix_caching:
-    return None
-  return (
-    f"groups {big} are recurrent align groups with a block larger than the hash block size "
-    f"{hbs}: vLLM 0.33 enables partial (fine-grained) hits here (reference §2.5), which this "
-    f"core does not implement (hits align to {config.scheduler_block_size}); results may differ"
-  )
-
-
 def replay_file(path: str, backend: str = "reference") -> dict[str, Any]:
   return replay(scenario_lib.load(path), backend)
 
@@ -377,9 +354,6 @@ def main(argv: list[str] | None = None) -> int:
   for path in files:
     try:
       sc = scenario_lib.load(path)
-      warning = partial_hits_warning(scenario_lib.config_of(sc))
-      if warning:
-        print(f"WARNING {path}: {warning}", file=sys.stderr)
       out = replay(sc, backend)
     except ValueError as e:  # bad scenario input: name the file, go on with the others
       print(f"ERROR {path}: {e}", file=sys.stderr)
