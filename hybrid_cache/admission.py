@@ -77,7 +77,11 @@ def blocks_needed(
       k = req - hits_len - length
       if lay.partial:
         k = jnp.where(part > 0, jnp.maximum(k, 0) + 1, k)
-      k = jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1) + part, 0)
+      k = (
+        jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1) + part, 0)
+        if lay.partial
+        else (jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1), 0))
+      )
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:
@@ -89,6 +93,8 @@ def blocks_needed(
       skip = skipped_blocks(spec, hit)
       k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)
       k_run = jnp.maximum(target - length, 0)
-      k = jnp.where(is_new, k_new, k_run) + part
+      k = jnp.where(is_new, k_new, k_run)
+      if lay.partial:
+        k = k + part
     total = total + k + evictable
   return total, impossible

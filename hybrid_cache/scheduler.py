@@ -180,7 +180,8 @@ def _allocate(
     hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
     len0 = rg[g, RG_LEN]
     length = jnp.where(is_new, hits_len, len0)
-    nc_l.append(jnp.where(is_new, hit // bs, rg[g, RG_NCACHED]))
+    # a partial hit caches its last (copied) block again once it is full: hit // bs
+    nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg[g, RG_NCACHED]))
     if lay.partial:
       cow_new = is_new & (hit > 0) & (hit % bs != 0)
       cow_own = jnp.bool_(False)
@@ -368,7 +369,8 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
-    n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
+    if lay.tail_groups:
+      n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
   ids = jnp.concatenate(all_ids)
   if all_prom:  # every key of a promoted block goes (its extra partial key too)
     prom = jnp.concatenate(all_prom)
