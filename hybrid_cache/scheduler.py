@@ -251,6 +251,7 @@ def _allocate(
   take = (j >= 0) & (j < jnp.stack(counts)[:, None])
   if lay.partial:  # the copy-on-write block comes first in its group's pops
     first = jnp.stack([(a | b).astype(jnp.int32) for a, b in zip(cow_new_l, cow_own_l)])
+    take &= j < (jnp.stack(counts) - first)[:, None]
     fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + first[:, None] + j, 0, kmax - 1)]
   else:
     fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + j, 0, kmax - 1)]

@@ -206,6 +206,12 @@ def test_fa_phase2_hit_takes_a_private_copy_of_the_partial_block():
   assert res.state_copies == (StateCopy("Ax", 0, 4, 6), StateCopy("Ax", 1, 5, 7))
   assert m.request_view("Ax").block_ids == ((1, 2, 6), (0, 7))
   assert np.asarray(m.state.ref_cnt)[[4, 5, 6, 7]].tolist() == [0, 0, 1, 1]
+  # no stale table entry past a row's length (the FA row has 3 blocks, no fresh one): freeing
+  # Ax returns every block exactly once
+  table = np.asarray(m.state.tables[m._reqs["Ax"].slot])
+  assert table[0, 3:].tolist() == [0] * (table.shape[1] - 3)
+  m.free("Ax")
+  assert m.pool_stats().num_used_blocks == 0 and int(np.min(m.state.ref_cnt)) == 0
 
 
 # ---------------------------------------------------------------------------------------------
