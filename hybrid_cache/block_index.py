@@ -19,6 +19,16 @@ from hybrid_cache.state import C_SEQ
 from hybrid_cache.state import CacheState
 
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
+_PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
+
+
+def _row_count(mask: jax.Array) -> jax.Array:
+  """i32[k]: set entries per row of `mask` (bool[k, n], n < 2^24) by one exact f32
+  matrix-vector product (XLA:CPU splits an integer reduction over more than 32 elements into
+  a reduce-window plus a reduce, each a separate thunk)."""
+  ones = jnp.ones((mask.shape[1],), jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+  return jnp.matmul(mask.astype(jnp.float32), ones, precision=hi).astype(jnp.int32)
 
 
 def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
@@ -53,10 +63,9 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   hh = state.index_hash[b]  # [..., W, 2]
   blk = ent[..., 0]
   if b.size < buckets:
-    # fewer queries than buckets (static): the groups of the gathered ways only, in their own
-    # buffer (Q * W gathers instead of BK * W for every index slot)
+    # fewer queries than buckets (static): the groups of the gathered ways only (Q * W
+    # gathers instead of BK * W for every index slot), fused into the one `same` mask below
     grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
-    grp = materialise(grp.reshape(-1)).reshape(blk.shape)
   else:
     grp = _entry_groups(state)[b]
   same = jnp.all(hh == h[..., None, :], axis=-1) & (grp == group[..., None])
@@ -200,10 +209,21 @@ def insert(
     bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
   else:
     bks = jnp.where(valid, buckets_of_keys, buckets)
-  rank = _rank_in_bucket(bks, buckets)
+  k = ids.shape[0]
+  if k <= _PAIRWISE_MAX:
+    # few keys (static): rank in bucket and insertion order from one [k, k] "earlier" mask
+    # (two row counts, one fusion) instead of the blocked rank and a prefix-count matmul
+    i = np.arange(k)
+    earlier = jnp.asarray(i[None, :] < i[:, None])
+    both = jnp.stack([(bks[None, :] == bks[:, None]) & earlier, valid[None, :] & earlier])
+    rank, before = _row_count(both.reshape(2 * k, k)).reshape(2, k)
+    # before = inclusive_count(valid) - 1 where valid
+  else:
+    rank = _rank_in_bucket(bks, buckets)
+    before = inclusive_count(valid) - 1
   way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
   ok &= valid
-  seq = c[C_SEQ] + inclusive_count(valid) - 1
+  seq = c[C_SEQ] + before
   bi = jnp.where(ok, bks, buckets)
   ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
   hsh = state.index_hash.at[bi, way].set(keys, mode="drop")
