@@ -52,6 +52,8 @@ def blocks_needed(
   s = lay.num_spec_blocks
   total = jnp.int32(0)
   impossible = jnp.bool_(False)
+  # hit blocks with ref 0 of every group in one [G, MB] reduction (not one per group)
+  evictable_all = jnp.sum((hit_ids > 0) & (state.ref_cnt[hit_ids] == 0), axis=1).astype(jnp.int32)
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     length = rg[g, RG_LEN]
@@ -65,7 +67,7 @@ def blocks_needed(
       if spec.kind == "mamba" and spec.mode == "align":
         part = part | (~is_new & (state.req_partial[r, g] > 0)).astype(jnp.int32)
     ids = hit_ids[g]
-    evictable = jnp.sum((ids > 0) & (state.ref_cnt[ids] == 0)).astype(jnp.int32)
+    evictable = evictable_all[g]
     if spec.kind == "mamba":
       # Same-step rule (§2.4.6) lives in the recurrent manager, whatever its mode: a hit state
       # block registered during this scheduling step has not been computed yet.

@@ -198,11 +198,16 @@ def pop_many(
   count_groups: tuple[int, ...] = (),
   n_norm: jax.Array | None = None,
   scan_all: bool = False,
+  order: tuple[jax.Array, jax.Array] | None = None,
 ):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
   `n_norm` (optional i32): the caller's count of normal-queue blocks (`queue_key[0] < BIG`),
   saving one reduction over the pool.
+  `order` (optional): (`queue_order(...)`, head i32) for a sequence of pops with no block
+  joining the normal queue in between (see `queue_order`); the window is then read from the
+  precomputed order at `head` instead of scattering the pool by key, and the result is
+  (state, ids, new head).
 
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
@@ -216,21 +221,6 @@ def pop_many(
   k1 = jnp.minimum(count, n_norm)
   k2 = count - k1
   win = 2 * kmax
-  # common case: only normal-queue blocks, and at least k1 normal keys lie in the window
-  # [min, min + win): each such block's id is scattered to its key offset (already in pop
-  # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest keys
-  # are then the window's first k1 entries
-  valid0 = qk[0] < BIG
-  mn = jnp.min(jnp.where(valid0, qk[0], BIG))
-  off = qk[0] - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
-  slot = jnp.where(valid0 & (off < win), off, win)
-  w = jnp.zeros((win,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
-  p = jnp.cumsum(w > 0)
-
-  def by_window():
-    # squeeze out the holes
-    dest = jnp.where(w > 0, p - 1, kmax)
-    return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
 
   def by_rank():
     sel1 = _smallest_mask(qk[0], k1)
@@ -250,8 +240,52 @@ def pop_many(
     rank = jnp.sum(ck[None, :] < ck[:, None], axis=1)
     return jnp.zeros((kmax,), jnp.int32).at[rank].set(ids)
 
-  fast = (k2 == 0) & (p[win - 1] >= k1)
-  ordered = jax.lax.cond(fast, by_window, by_rank)
+  def squeeze(w, p):
+    # the window's live blocks (non-zero) in order, holes squeezed out (p: inclusive count)
+    dest = jnp.where(w > 0, p - 1, kmax)
+    return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
+
+  if order is None:
+    # common case: only normal-queue blocks, and at least k1 normal keys lie in the window
+    # [min, min + win): each such block's id is scattered to its key offset (already in pop
+    # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
+    # keys are then the window's first k1 entries
+    valid0 = qk[0] < BIG
+    mn = jnp.min(jnp.where(valid0, qk[0], BIG))
+    off = qk[0] - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
+    slot = jnp.where(valid0 & (off < win), off, win)
+    w = jnp.zeros((win,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
+    p = jnp.cumsum(w > 0)
+    fast = (k2 == 0) & (p[win - 1] >= k1)
+    ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
+  else:
+    # the precomputed order from `head` on: the blocks still in the normal queue, in key order
+    # (a popped or touched block left the queue, its key is BIG; block 0 is never free). Every
+    # order entry before the new head has left the queue.
+    seq, head = order
+    w = jax.lax.dynamic_slice(seq, (head,), (win,))
+    w = jnp.where(qk[0][w] < BIG, w, 0)
+    first = w[:kmax]
+    # common case: no hole among the first k1 window entries: they are the pop, no prefix
+    # count needed
+    dense = jnp.all((first > 0) | (jnp.arange(kmax) >= k1))
+
+    def by_head():
+      return first, head + k1
+
+    def by_window():
+      p = jnp.cumsum(w > 0)
+      # at least k1 live blocks: squeeze; else all of them are among the k1 smallest keys
+      return jax.lax.cond(
+        p[win - 1] >= k1,
+        lambda: (squeeze(w, p), head + jnp.sum(p < k1).astype(jnp.int32)),
+        lambda: (by_rank(), head + win),
+      )
+
+    # k2 > 0: the whole normal queue and some pinned blocks (rank selection)
+    case = jnp.where(k2 > 0, 2, jnp.where(dense, 0, 1))
+    ordered, new_head = jax.lax.switch(case, (by_head, by_window, lambda: (by_rank(), head + win)))
+    new_head = jnp.minimum(new_head, seq.shape[0] - win)
   ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
   sidx = jnp.where(ids > 0, ids, nb)
   # the pinned flag (block_aux column 1) is cleared by `evict_ids` in its row write
@@ -264,7 +298,33 @@ def pop_many(
     hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
     n_ev = jnp.sum(hit).astype(jnp.int32)
     state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
-  return block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all), ids
+  state = block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all)
+  if order is not None:
+    return state, ids, new_head
+  return state, ids
+
+
+def queue_order(state: CacheState, kmax: int) -> jax.Array:
+  """i32[2 NB + 2 kmax]: the normal free queue's blocks in key order (pop order), 0-padded.
+
+  Holds the blocks whose key lies within 2 NB of the smallest key (every later key is larger
+  than all of them). For `pop_many(order=(queue_order(...), head))` across pops with no block
+  joining the normal queue in between (an admit-only scheduler step: blocks only leave it):
+  popping the first live blocks from `head` on is then popping the smallest keys; when the
+  window from `head` holds fewer than needed, `pop_many` falls back to its rank selection.
+  One scatter of the pool and one prefix count per step instead of per pop.
+  """
+  nb = state.ref_cnt.shape[0]
+  ws, win = 2 * nb, 2 * kmax
+  keys = state.queue_key[0]
+  valid = keys < BIG
+  mn = jnp.min(jnp.where(valid, keys, BIG))
+  off = keys - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
+  slot = jnp.where(valid & (off < ws), off, ws)
+  w = jnp.zeros((ws,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
+  p = _inclusive_prefix(w > 0)
+  dest = jnp.where(w > 0, p - 1, ws + win)
+  return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")
 
 
 RENORM_LIMIT = 1 << 29

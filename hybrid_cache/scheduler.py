@@ -139,18 +139,24 @@ def _allocate(
   ok,
   queued,
   keys=None,
+  order=None,
+  info=None,
 ):
   """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
 
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
   `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
-  are touched. Returns (state, queued after the touches and pops).
+  are touched. Returns (state, queued after the touches and pops), and the head of `order`
+  (`block_pool.pop_many`) after the pop when given (before a partial-hit step's cows).
+  `info` (optional i32[5]): the request's `req_info` row as the caller writes it back at the
+  end of the entry (read from the state when not given).
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
   queue, so the concatenation is the queue's first `sum(counts)` blocks).
   """
-  info = state.req_info[r]
+  if info is None:
+    info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
@@ -241,9 +247,10 @@ def _allocate(
     offsets.append(offsets[-1] + counts[g - 1])
   kmax = lay.num_groups * lay.max_blocks
   total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
-  state, ids = block_pool.pop_many(
-    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
+  popped = block_pool.pop_many(
+    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys, order=order
   )
+  state, ids = popped[:2]
   k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
   queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
   # fresh blocks of every group in one [G, MB] gather
@@ -272,10 +279,11 @@ def _allocate(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  state = _cache(lay, config, state, r, start + n, ok, keys)
+  state = _cache(lay, config, state, r, start + n, ok, keys, info)
+  head = popped[2:]  # () without `order`
   if lay.partial:
-    return state, queued, cows
-  return state, queued
+    return (state, queued, *head, cows)
+  return (state, queued, *head)
 
 
 def _cow(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:
@@ -325,15 +333,19 @@ def _cow(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> 
   return state
 
 
-def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None):
+def _cache(
+  lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None, info=None
+):
   """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
 
   Nothing is written when `ok` (bool) is False. `keys` (optional): the request's
-  (`coordinator.query_keys`, their buckets), precomputed.
+  (`coordinator.query_keys`, their buckets), precomputed. `info` (optional): the request's
+  `req_info` row (read from the state when not given).
   """
   if not lay.caching:
     return state
-  info = state.req_info[r]
+  if info is None:
+    info = state.req_info[r]
   raw = jnp.minimum(computed, info[INFO_TOKENS])
   # with partial hits (§1.7, §2.5) the cached tokens are not floored to the scheduler block
   nc = raw if lay.partial else floor_to(raw, lay.sbs)
@@ -394,11 +406,11 @@ def _cache(lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=
     counters = counters.at[C_REC_ADMITTED].add(n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
   if lay.tail_groups:
-    state = _cache_partial_tail(lay, state, r, n_g, ok)
+    state = _cache_partial_tail(lay, state, r, n_g, ok, info)
   return state
 
 
-def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok) -> CacheState:
+def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) -> CacheState:
   """Partial entries (vLLM §2.5 `_cache_partial_tail_block`, `cache_partial_block`) of the fine
   groups (`Layout.tail_groups`), after the full blocks are cached.
 
@@ -413,7 +425,8 @@ def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok) -> CacheStat
   key is dropped first), else an extra index entry (the block keeps its longer key).
   """
   gs = list(lay.tail_groups)
-  info = state.req_info[r]
+  if info is None:
+    info = state.req_info[r]
   hbs = lay.hash_block_size
   t = floor_to(info[INFO_PROMPT], hbs)
   hashes = state.req_hashes[r]
@@ -472,8 +485,9 @@ def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok) -> CacheStat
 # one entry, one step
 
 
-def _lookup_or_zero(lay, state, r, is_new, keys=None):
-  info = state.req_info[r]
+def _lookup_or_zero(lay, state, r, is_new, keys=None, info=None):
+  if info is None:
+    info = state.req_info[r]
   g_n, mb = lay.num_groups, lay.max_blocks
 
   def yes(_):
@@ -492,11 +506,12 @@ def _lookup_or_zero(lay, state, r, is_new, keys=None):
   return jax.lax.cond(is_new, yes, no, None)
 
 
-def _lookup_masked(lay, state, r, is_new, keys=None):
+def _lookup_masked(lay, state, r, is_new, keys=None, info=None):
   """`_lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
   masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
   nested executor and its output copies cost more than the rare wasted lookup."""
-  info = state.req_info[r]
+  if info is None:
+    info = state.req_info[r]
   lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
   z = jnp.int32(0)
   return dict(
@@ -512,17 +527,22 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   """One entry of a step (the scan body). `admit_only` (static): no entry's request is
   running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
   (XLA:CPU copies the state leaves a cond passes through, even on its identity branch)."""
-  state, budget, queued = carry
+  # carry: (state, budget, queued) or, from an admit-only `schedule_step`, also the
+  # precomputed free-queue order and its head (`block_pool.queue_order`)
+  state, budget, queued = carry[:3]
+  order = carry[3:] or None
   # x: (slot, max_tokens, valid) or, from `schedule_step`, also the slot's precomputed query
   # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
   r, max_tok, valid = x[:3]
   keys = x[3:] if len(x) > 3 else None
-  info = state.req_info[r]
+  # the row in its own buffer: its many readers do not read req_info itself, so the single
+  # write at the end of the entry updates req_info in place (no copies of it)
+  info = block_index.materialise(state.req_info[r])
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
   # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
-  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new, keys)
+  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new, keys, info)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
@@ -571,20 +591,20 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
   watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
   ok &= ~is_new | (count + watermark <= free)
-  state = state.replace(
-    req_info=state.req_info.at[r, INFO_SPB].set(
-      jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
-    )
-  )
+  # the request's req_info row is written ONCE, at the end of the entry (the shared-prefix
+  # boundary here, computed tokens and status once allocated); `_allocate` and `_cache` read
+  # this row instead of the state (one in-place update, fewer copies of req_info)
+  col = jnp.arange(info.shape[0])  # column selects, not updates of the row (no copies)
+  info = jnp.where((col == INFO_SPB) & attempt & (ok | ~is_new), spb, info)
   lens_now = state.req_group[r, :, RG_LEN]
   bss = jnp.asarray(lay_bs(lay))
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
-  res = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
+  res = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, info)
   state, queued = res[:2]
-  inf = state.req_info[r]
-  done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
-  state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
+  info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
+  info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
+  state = state.replace(req_info=state.req_info.at[r].set(info))
   scheduled = jnp.where(ok, n, 0)
   reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
   out = dict(
@@ -595,13 +615,15 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
     spb=lk["spb"],
     scheduled=scheduled,
     reason=reason,
-    computed=state.req_info[r, INFO_COMPUTED],
+    computed=info[INFO_COMPUTED],
     lens_before=lens_before,
     lens_after=state.req_group[r, :, RG_LEN],
     row=state.tables[r],
   )
   if lay.partial:
-    out["cows"] = res[2]  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
+    out["cows"] = res[-1]  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
+  if order is not None:
+    return (state, budget - scheduled, queued, order[0], res[2]), out
   return (state, budget - scheduled, queued), out
 
 
@@ -741,9 +763,15 @@ def schedule_step(
   if lay.caching:
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
-  (state, _, _), rows = jax.lax.scan(
-    body, (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)), xs
-  )
+  carry = (state, jnp.int32(config.max_num_batched_tokens), free_counts(state))
+  if admit_only:
+    # no block joins the normal free queue during an admit-only step (touches and pops only
+    # take blocks out): its key order is computed once here and every pop reads its window
+    # from a moving head (`block_pool.queue_order`) instead of scattering the pool by key
+    kmax = lay.num_groups * lay.max_blocks
+    carry += (block_pool.queue_order(state, kmax), jnp.int32(0))
+  carry, rows = jax.lax.scan(body, carry, xs)
+  state = carry[0]
   if lay.partial:
     g = lay.num_groups
     cows = rows[:, rows.shape[1] - 2 * g :].reshape(rows.shape[0], g, 2)
