@@ -535,14 +535,18 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
   r, max_tok, valid = x[:3]
   keys = x[3:] if len(x) > 3 else None
-  # the row in its own buffer: its many readers do not read req_info itself, so the single
-  # write at the end of the entry updates req_info in place (no copies of it)
-  info = block_index.materialise(state.req_info[r])
+  # admit-only steps: the request's req_info row in its own buffer, read by the lookup,
+  # `_allocate` and `_cache` instead of req_info, and written ONCE at the end of the entry
+  # (one in-place update; the general path writes it twice and re-reads it, which XLA runs
+  # faster for `admit_one` in the simulator's scan)
+  one_write = admit_only
+  info = block_index.materialise(state.req_info[r]) if one_write else state.req_info[r]
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
   # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
-  lk = (_lookup_masked if admit_only else _lookup_or_zero)(lay, state, r, is_new, keys, info)
+  lookup = _lookup_masked if admit_only else _lookup_or_zero
+  lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
@@ -591,20 +595,29 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
   watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
   ok &= ~is_new | (count + watermark <= free)
-  # the request's req_info row is written ONCE, at the end of the entry (the shared-prefix
-  # boundary here, computed tokens and status once allocated); `_allocate` and `_cache` read
-  # this row instead of the state (one in-place update, fewer copies of req_info)
-  col = jnp.arange(info.shape[0])  # column selects, not updates of the row (no copies)
-  info = jnp.where((col == INFO_SPB) & attempt & (ok | ~is_new), spb, info)
+  spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
+  if one_write:  # column selects, not updates of the row (no copies)
+    col = jnp.arange(info.shape[0])
+    info = jnp.where(col == INFO_SPB, spb_row, info)
+  else:
+    state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
   lens_now = state.req_group[r, :, RG_LEN]
   bss = jnp.asarray(lay_bs(lay))
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
-  res = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, info)
+  row = info if one_write else None
+  res = _allocate(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, row)
   state, queued = res[:2]
-  info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
-  info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
-  state = state.replace(req_info=state.req_info.at[r].set(info))
+  if one_write:
+    info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
+    info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
+    state = state.replace(req_info=state.req_info.at[r].set(info))
+    computed = info[INFO_COMPUTED]
+  else:
+    inf = state.req_info[r]
+    done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+    state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
+    computed = state.req_info[r, INFO_COMPUTED]
   scheduled = jnp.where(ok, n, 0)
   reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
   out = dict(
@@ -615,7 +628,7 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
     spb=lk["spb"],
     scheduled=scheduled,
     reason=reason,
-    computed=info[INFO_COMPUTED],
+    computed=computed,
     lens_before=lens_before,
     lens_after=state.req_group[r, :, RG_LEN],
     row=state.tables[r],
