@@ -51,6 +51,10 @@ from hybrid_cache.state import floor_to
 from hybrid_cache.state import layout
 
 REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
+# admit-only steps with at least this many (padded) entries pop from a per-step free-queue
+# order (`block_pool.queue_order`; smaller ones scatter the pool per pop, cheaper below ~4
+# entries) and write each request's req_info row once (`_entry`'s `one_write`)
+ORDER_MIN_ENTRIES = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,10 +527,19 @@ def _lookup_masked(lay, state, r, is_new, keys=None, info=None):
   )
 
 
-def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False):
+def _entry(
+  lay: Layout,
+  config: CacheConfig,
+  carry,
+  x,
+  admit_only: bool = False,
+  one_write: bool = False,
+):
   """One entry of a step (the scan body). `admit_only` (static): no entry's request is
   running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
-  (XLA:CPU copies the state leaves a cond passes through, even on its identity branch)."""
+  (XLA:CPU copies the state leaves a cond passes through, even on its identity branch).
+  `one_write` (static, with `admit_only`): the request's req_info row is read once and
+  written once (see below)."""
   # carry: (state, budget, queued) or, from an admit-only `schedule_step`, also the
   # precomputed free-queue order and its head (`block_pool.queue_order`)
   state, budget, queued = carry[:3]
@@ -535,11 +548,11 @@ def _entry(lay: Layout, config: CacheConfig, carry, x, admit_only: bool = False)
   # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
   r, max_tok, valid = x[:3]
   keys = x[3:] if len(x) > 3 else None
-  # admit-only steps: the request's req_info row in its own buffer, read by the lookup,
-  # `_allocate` and `_cache` instead of req_info, and written ONCE at the end of the entry
-  # (one in-place update; the general path writes it twice and re-reads it, which XLA runs
-  # faster for `admit_one` in the simulator's scan)
-  one_write = admit_only
+  # one_write (admit-only steps of several entries): the request's req_info row in its own
+  # buffer, read by the lookup, `_allocate` and `_cache` instead of req_info, and written
+  # ONCE at the end of the entry (one in-place update; the general path writes it twice and
+  # re-reads it, which XLA runs faster for `admit_one` in the simulator's scan)
+  one_write = one_write and admit_only
   info = block_index.materialise(state.req_info[r]) if one_write else state.req_info[r]
   status = info[INFO_STATUS]
   has_budget = budget > 0
@@ -761,11 +774,12 @@ def schedule_step(
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
+  many = admit_only and slots.shape[0] >= ORDER_MIN_ENTRIES  # static
 
   def body(carry, x):
     # each entry's outputs packed into one row inside the body: the scan stacks ONE array
     # (one in-place update per entry instead of one per output)
-    carry, out = _entry(lay, config, carry, x, admit_only=admit_only)
+    carry, out = _entry(lay, config, carry, x, admit_only=admit_only, one_write=many)
     return carry, _pack_entry(out)
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
@@ -777,10 +791,11 @@ def schedule_step(
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
   carry = (state, jnp.int32(config.max_num_batched_tokens), free_counts(state))
-  if admit_only:
+  if many:
     # no block joins the normal free queue during an admit-only step (touches and pops only
     # take blocks out): its key order is computed once here and every pop reads its window
-    # from a moving head (`block_pool.queue_order`) instead of scattering the pool by key
+    # from a moving head (`block_pool.queue_order`) instead of scattering the pool by key.
+    # The order costs about one pop (a pool scatter and a prefix count): from a few entries on
     kmax = lay.num_groups * lay.max_blocks
     carry += (block_pool.queue_order(state, kmax), jnp.int32(0))
   carry, rows = jax.lax.scan(body, carry, xs)
