@@ -37,66 +37,6 @@ from hybrid_cache.types import StepResult
 
 _REASONS = {0: None, 1: "allocate_slots_failed", 2: "no_token_budget"}
 
-# Fast constructors of the per-entry records (host hot path of `schedule`): a frozen
-# dataclass's generated `__init__` sets every field through `object.__setattr__`, ~3x slower
-# than filling the instance's `__dict__` at once. The instances are identical (same class,
-# same fields in the same order, equal and hashed alike); the check below keeps the field
-# lists in step with `types.py` and fails at import if a record gains a `__post_init__` or
-# `__slots__` (then these helpers must go).
-_new = object.__new__
-
-
-def _hit_info(hit_tokens, per_group, blocks_per_group, spb) -> HitInfo:
-  obj = _new(HitInfo)
-  obj.__dict__.update(
-    hit_tokens=hit_tokens,
-    per_group_hit_tokens=per_group,
-    hit_blocks_per_group=blocks_per_group,
-    shared_prefix_boundary=spb,
-  )
-  return obj
-
-
-def _entry_result(req, admission, hit, scheduled, reason, computed, new_ids) -> EntryResult:
-  obj = _new(EntryResult)
-  obj.__dict__.update(
-    req=req,
-    admission=admission,
-    hit=hit,
-    scheduled_tokens=scheduled,
-    reason=reason,
-    num_computed_tokens=computed,
-    new_block_ids=new_ids,
-  )
-  return obj
-
-
-def _state_copy(req, group, src, dst) -> StateCopy:
-  obj = _new(StateCopy)
-  obj.__dict__.update(req=req, group=group, src_block=src, dst_block=dst, conv_shift=0)
-  return obj
-
-
-def _check_records() -> None:
-  made = {
-    HitInfo: _hit_info(0, (), (), 0),
-    EntryResult: _entry_result("r", False, None, 0, None, 0, ()),
-    StateCopy: _state_copy("r", 0, 0, 0),
-  }
-  for cls, obj in made.items():
-    names = [f.name for f in dataclasses.fields(cls)]
-    params = cls.__dataclass_params__
-    if (
-      list(vars(obj)) != names
-      or not params.frozen
-      or hasattr(cls, "__post_init__")
-      or "__slots__" in vars(cls)
-    ):
-      raise AssertionError(f"manager's fast constructor of {cls.__name__} is out of date")
-
-
-_check_records()
-
 
 @dataclasses.dataclass
 class _Req:
@@ -267,7 +207,7 @@ class JaxCacheManager:
         for i in range(n):
           src, dst = int(cows[i, g, 0]), int(cows[i, g, 1])
           if dst:
-            cow_copies.append(_state_copy(entries[i].req, g, src, dst))
+            cow_copies.append(StateCopy(entries[i].req, g, src, dst))
     ga, gb, gc_, gd = 6, 6 + g_n, 6 + 2 * g_n, 6 + 3 * g_n
     results, copies = [], []
     empty = self._empty_ids
@@ -297,14 +237,21 @@ class JaxCacheManager:
       r.row, r.lens = row, after
       r.num_computed = computed
       results.append(
-        _entry_result(
-          e.req,
-          bool(adm),
-          _hit_info(hit, tuple(h[ga:gb]), tuple(h[gb:gc_]), spb) if adm else None,
-          sched,
-          _REASONS[reason],
-          computed,
-          new_ids,
+        EntryResult(
+          req=e.req,
+          admission=bool(adm),
+          hit=HitInfo(
+            hit_tokens=hit,
+            per_group_hit_tokens=tuple(h[ga:gb]),
+            hit_blocks_per_group=tuple(h[gb:gc_]),
+            shared_prefix_boundary=spb,
+          )
+          if adm
+          else None,
+          scheduled_tokens=sched,
+          reason=_REASONS[reason],
+          num_computed_tokens=computed,
+          new_block_ids=new_ids,
         )
       )
     return StepResult(entries=tuple(results), state_copies=tuple(cow_copies + copies))
@@ -317,7 +264,7 @@ class JaxCacheManager:
       curr = -(-(start + sched) // bs) - 1
       r.state_idx[g] = curr
       if prev != -1 and prev != curr:
-        out.append(_state_copy(r.name, g, int(row[g, prev]), int(row[g, curr])))
+        out.append(StateCopy(r.name, g, int(row[g, prev]), int(row[g, curr])))
     return out
 
   def append_tokens(self, req, tokens) -> None:
