@@ -215,6 +215,36 @@ TestDifferentialPinning.settings = settings(
 )
 
 
+class BatchAdmissionMachine(DifferentialMachine):
+  """Adds steps that admit every request at once: five waiting or preempted requests, padded
+  to 8 entries, take the admit-only step's precomputed free-queue order
+  (`scheduler.ORDER_MIN_ENTRIES`), which the 1-3 entry steps above never reach."""
+
+  @rule(data=st.data())
+  def admit_batch(self, data):
+    for name in self._active():
+      if data.draw(st.booleans()):
+        self._both(lambda m, name=name: m.free(name))
+      else:
+        self._both(lambda m, name=name: m.preempt(name))
+    active = self._active()
+    for name in NAMES:
+      if name not in active:
+        tokens = data.draw(prompts)
+        self._both(lambda m, name=name, tokens=tokens: m.add_request(name, tokens))
+    order = data.draw(st.permutations(NAMES))
+    caps = data.draw(
+      st.lists(st.one_of(st.none(), st.integers(1, 20)), min_size=len(NAMES), max_size=len(NAMES))
+    )
+    self._both(lambda m: m.schedule([ScheduleEntry(r, c) for r, c in zip(order, caps)]))
+
+
+TestDifferentialBatchAdmission = BatchAdmissionMachine.TestCase
+TestDifferentialBatchAdmission.settings = settings(
+  max_examples=10, stateful_step_count=20, deadline=None, phases=_PHASES
+)
+
+
 class ExtendedMachine(DifferentialMachine):
   pass
 
