@@ -79,11 +79,10 @@ def blocks_needed(
       k = req - hits_len - length
       if lay.partial:
         k = jnp.where(part > 0, jnp.maximum(k, 0) + 1, k)
-      k = (
-        jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1) + part, 0)
-        if lay.partial
-        else (jnp.where(k > 0, jnp.where(length == 0, 1 + s, 1), 0))
-      )
+      first = jnp.where(length == 0, 1 + s, 1)
+      if lay.partial:
+        first = first + part
+      k = jnp.where(k > 0, first, 0)
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:

@@ -191,6 +191,18 @@ def _compact(mask: jax.Array, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
 
 
+def _by_key_offset(keys: jax.Array, size: int) -> jax.Array:
+  """i32[size]: each normal-queue block (`keys` i32[NB], BIG = not queued) at its key's offset
+  from the smallest key, for offsets < size; 0 marks a hole (keys are unique and block 0 is
+  never free). The entries are in pop order."""
+  valid = keys < BIG
+  mn = jnp.min(jnp.where(valid, keys, BIG))
+  off = keys - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
+  slot = jnp.where(valid & (off < size), off, size)
+  ids = jnp.arange(keys.shape[0], dtype=jnp.int32)
+  return jnp.zeros((size,), jnp.int32).at[slot].set(ids, mode="drop")
+
+
 def pop_many(
   state: CacheState,
   count: jax.Array,
@@ -250,11 +262,7 @@ def pop_many(
     # [min, min + win): each such block's id is scattered to its key offset (already in pop
     # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
     # keys are then the window's first k1 entries
-    valid0 = qk[0] < BIG
-    mn = jnp.min(jnp.where(valid0, qk[0], BIG))
-    off = qk[0] - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
-    slot = jnp.where(valid0 & (off < win), off, win)
-    w = jnp.zeros((win,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
+    w = _by_key_offset(qk[0], win)
     p = jnp.cumsum(w > 0)
     fast = (k2 == 0) & (p[win - 1] >= k1)
     ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
@@ -279,12 +287,15 @@ def pop_many(
       return jax.lax.cond(
         p[win - 1] >= k1,
         lambda: (squeeze(w, p), head + jnp.sum(p < k1).astype(jnp.int32)),
-        lambda: (by_rank(), head + win),
+        by_rank_past_window,
       )
+
+    def by_rank_past_window():
+      return by_rank(), head + win
 
     # k2 > 0: the whole normal queue and some pinned blocks (rank selection)
     case = jnp.where(k2 > 0, 2, jnp.where(dense, 0, 1))
-    ordered, new_head = jax.lax.switch(case, (by_head, by_window, lambda: (by_rank(), head + win)))
+    ordered, new_head = jax.lax.switch(case, (by_head, by_window, by_rank_past_window))
     new_head = jnp.minimum(new_head, seq.shape[0] - win)
   ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
   sidx = jnp.where(ids > 0, ids, nb)
@@ -316,12 +327,7 @@ def queue_order(state: CacheState, kmax: int) -> jax.Array:
   """
   nb = state.ref_cnt.shape[0]
   ws, win = 2 * nb, 2 * kmax
-  keys = state.queue_key[0]
-  valid = keys < BIG
-  mn = jnp.min(jnp.where(valid, keys, BIG))
-  off = keys - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
-  slot = jnp.where(valid & (off < ws), off, ws)
-  w = jnp.zeros((ws,), jnp.int32).at[slot].set(jnp.arange(nb, dtype=jnp.int32), mode="drop")
+  w = _by_key_offset(state.queue_key[0], ws)
   p = _inclusive_prefix(w > 0)
   dest = jnp.where(w > 0, p - 1, ws + win)
   return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")

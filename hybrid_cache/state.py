@@ -161,9 +161,7 @@ def layout(config: CacheConfig) -> Layout:
     recurrent_groups=tuple(i for i, g in enumerate(groups) if g.kind == "mamba"),
     partial=partial,
     hit_align=config.hit_alignment if caching else config.scheduler_block_size,
-    fine_groups=tuple(
-      i for i, g in enumerate(groups) if partial and g.block_size > config.resolved_hash_block_size
-    ),
+    fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
     tail_groups=tail,
     extra_keys=partial or any(groups[i].kind == "full" for i in tail),
   )
