@@ -194,24 +194,9 @@ class CacheConfig:
           f"groups[{i}].block_size must be a multiple of hash_block_size={hbs}, got {b}"
         )
     sbs = math.lcm(*sizes)
-    for i, g in enumerate(self.groups):
-      if g.kind == "mamba" and g.mode == "align" and self.enable_prefix_caching:
-        if sizes[i] > self.max_num_batched_tokens:
-          raise ValueError(
-            f"max_num_batched_tokens must be >= the block size {sizes[i]} of recurrent group "
-            f"{i} in align mode, got {self.max_num_batched_tokens}"
-          )
-    partial = self.enable_prefix_caching and any(
-      g.kind == "mamba" and g.mode == "align" and b > hbs for g, b in zip(self.groups, sizes)
-    )
-    swa = [i for i, g in enumerate(self.groups) if g.kind == "swa"]
-    if partial and swa:
-      raise ValueError(
-        f"groups must not mix a sliding-window group (groups[{swa[0]}]) with partial (fine-grained)"
-        f" hits, which a recurrent align group with a block larger than hash_block_size={hbs}"
-        " turns on: vLLM's sliding-window manager does not support partial hits (it asserts);"
-        " use equal recurrent/hash block sizes or drop the window group"
-      )
+    # A recurrent align group may have a block wider than the token budget (vLLM advances such
+    # chunks sub-block and re-aligns at the next boundary: `rules.block_aligned_split`), and a
+    # window group may sit beside partial hits (`partial_hits` decides, as vLLM does).
     r = self.retention_interval
     if r is not None:
       _check_int("retention_interval", r, minimum=0)
@@ -282,12 +267,18 @@ class CacheConfig:
   def partial_hits(self) -> bool:
     """vLLM's fine-grained (partial) hits (reference §2.5).
 
-    On iff prefix caching is on and some recurrent group in `align` mode has a block larger
-    than the hash block size; hits then align to the hash block instead of the scheduler block.
+    On iff prefix caching is on, some recurrent group in `align` mode has a block larger than
+    the hash block size, and every sliding-window group's block equals the hash block (vLLM
+    `partial_hash_hits_enabled`: a window group with another block turns them off for the
+    whole model, without an error); hits then align to the hash block instead of the
+    scheduler block.
     """
     hbs = self.resolved_hash_block_size
-    return self.enable_prefix_caching and any(
-      g.kind == "mamba" and g.mode == "align" and g.block_size > hbs for g in self.resolved_groups
+    groups = self.resolved_groups
+    return (
+      self.enable_prefix_caching
+      and any(g.kind == "mamba" and g.mode == "align" and g.block_size > hbs for g in groups)
+      and all(g.kind != "swa" or g.block_size == hbs for g in groups)
     )
 
   @property

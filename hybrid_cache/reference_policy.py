@@ -100,7 +100,8 @@ class ReferencePolicy:
     self._align = self._hbs if self._partial else self._sbs
     self._spec_s = cfg.num_speculative_blocks
     align = [i for i, m in enumerate(self._mode) if m == "align"]
-    self._split_bs = self._bs[align[0]] if align else None
+    # vLLM splits on the scheduler block (`cache_config.block_size`), whatever the groups' sizes
+    self._split_bs = self._sbs if align else None
     self._spec_groups = self._make_spec_groups()
     # pool
     n = cfg.num_blocks
@@ -116,7 +117,7 @@ class ReferencePolicy:
     self._extra: dict[int, list[tuple[int, int]]] = {}
     # copy-on-writes queued this step: (group, req, src, cow); released at the step's end
     self._cow: list[tuple[int, str, int, int]] = []
-    self._cached_this_step: set[int] = set()
+    self._cached_this_step: set[tuple[int, int]] = set()  # keys (hash, group) cached this step
     self._reqs: dict[str, _Request] = {}
 
   # ------------------------------------------------------------------------------------------
@@ -170,6 +171,7 @@ class ReferencePolicy:
     for k in removed:
       self._unindex(k, b)
     self._key[b] = None
+    self._key_end[b] = -1
     return removed
 
   def _insert_key(self, b: int, key: tuple[int, int], end: int) -> None:
@@ -403,7 +405,8 @@ class ReferencePolicy:
     # §2.5: the hit ends inside this group's last hit block -> one more block for the CoW
     cow = self._partial and bool(hits) and hit_tokens % bs != 0
     if self._kind(gid) == "mamba":
-      if not running and hits and hits[-1] != NULL and hits[-1] in self._cached_this_step:
+      last = hits[-1] if hits else NULL
+      if not running and last != NULL and self._key[last] in self._cached_this_step:
         return self.config.num_blocks + 1  # same-step rule (§2.4.6): impossible count
       if self._mode[gid] == "align":
         return rules.mamba_align_blocks_needed(
@@ -486,7 +489,7 @@ class ReferencePolicy:
       self._cow.append((gid, req.name, src, cow))
       self._ref[src] += 1
       if self._key[cow] is not None:
-        self._cached_this_step.add(cow)
+        self._cached_this_step.add(self._key[cow])
       return row[before:]
     cows = []
     if pending is not None:
@@ -520,6 +523,8 @@ class ReferencePolicy:
     return [StateCopy(name, gid, src, cow, 0) for gid, name, src, cow in queued]
 
   def _cacheable(self, req: _Request, gid: int, i: int) -> bool:
+    # vLLM `reachable_block_mask` segments and aligns on the hit alignment (the hash block with
+    # partial hits, else the scheduler block)
     g = self._groups[gid]
     r = self.config.retention_interval
     boundaries = [req.num_prompt_tokens - 1]
@@ -530,7 +535,7 @@ class ReferencePolicy:
         i,
         block_size=self._bs[gid],
         need=rules.swa_need(g.window, self._bs[gid], g.eagle),
-        scheduler_block_size=self._sbs,
+        scheduler_block_size=self._align,
         eagle=g.eagle,
         retention_interval=r,
         boundaries=boundaries,
@@ -539,7 +544,7 @@ class ReferencePolicy:
       return rules.mamba_cacheable(
         i,
         block_size=self._bs[gid],
-        scheduler_block_size=self._sbs,
+        scheduler_block_size=self._align,
         retention_interval=r,
         boundaries=boundaries,
       )
@@ -583,48 +588,72 @@ class ReferencePolicy:
       self._index.setdefault(key, []).append(b)
       self._key[b] = key
       self._key_end[b] = (i + 1) * bs
-      self._cached_this_step.add(b)
+      self._cached_this_step.add(key)
     req.num_cached[gid] = full
 
   def _cache_partial_tail(self, req: _Request, gid: int, n: int, full: int) -> None:
     """Partial-hits caching of one group (§2.5): full blocks, then the prompt-tail entry.
 
-    Full attention keys the block holding `t = floor(num_prompt, HBS)` under the prefix hash at
+    Full attention keys the block holding `t = _tail_boundary(req)` under the prefix hash at
     t once n >= t; a recurrent align group only when a chunk ends exactly at t, and then its
-    block waits for a copy-on-write at the request's next allocation.
+    block (when t is inside it) waits for a copy-on-write at the request's next allocation.
     """
     row, bs, hbs = req.rows[gid], self._bs[gid], self._hbs
     if req.num_cached[gid] < full:
       self._cache_full(req, gid, full)
     kind = self._kind(gid)
-    t = rules.floor_to(req.num_prompt_tokens, hbs)
     if kind == "full":
       self._cache_fa_tail(req, gid, n)
-    elif bs == hbs or t % bs == 0 or t // bs >= len(row) or row[t // bs] == NULL:
       return
-    elif kind == "mamba" and self._mode[gid] == "align" and n == t:
-      b = row[t // bs]
-      self._cache_partial_block(req, b, t, gid)
-      self._cached_this_step.add(b)
-      req.partial[gid] = (t // bs, b)
-      req.num_cached[gid] = t // bs
+    if kind != "mamba" or self._mode[gid] != "align" or bs == hbs:
+      return
+    # vLLM MambaManager._cache_partial_tail_block: only when the chunk ends exactly at the
+    # prompt's checkpoint position floor((P-1)/HBS)*HBS (EAGLE: floor(P/HBS)*HBS, hand-derived)
+    t = self._tail_boundary(req, gid)
+    j = rules.cdiv(t, bs) - 1
+    if t <= 0 or n != t or j >= len(row) or row[j] == NULL:
+      return
+    if self._key[row[j]] is not None and self._key_end[row[j]] == t:
+      return  # already keyed at t (a hit or an earlier step)
+    b = row[j]
+    self._cache_partial_block(req, b, t, gid)
+    self._cached_this_step.add(self._partial_key(req, t, gid))
+    if t % bs:  # a sub-block entry: the next allocation moves it to a copy (copy-on-write)
+      req.partial[gid] = (j, b)
+      req.num_cached[gid] = j
 
   def _cache_fa_tail(self, req: _Request, gid: int, n: int) -> None:
     """vLLM `FullAttentionManager._cache_partial_tail_block` (needs bs > HBS).
 
-    Keys the block holding t = floor(num_prompt, HBS) under the prefix hash at t once n >= t,
+    Keys the block holding t = `_tail_boundary` under the prefix hash at t once n >= t,
     unless t is 0 or block aligned, or the block is not allocated / null.
     """
     row, bs = req.rows[gid], self._bs[gid]
-    t = rules.floor_to(req.num_prompt_tokens, self._hbs)
+    t = self._tail_boundary(req, gid)
     if bs == self._hbs or t == 0 or t > n or t % bs == 0 or t // bs >= len(row):
       return
     if row[t // bs] != NULL:
       self._cache_partial_block(req, row[t // bs], t, gid)
 
+  def _tail_boundary(self, req: _Request, gid: int) -> int:
+    """The prompt-tail boundary of group `gid` (vLLM `_cache_partial_tail_block`).
+
+    Full attention: floor((P-1)/HBS)*HBS (a re-sent prompt hits at most P-1 tokens; EAGLE
+    lookups read the whole prompt: floor(P/HBS)*HBS). Recurrent: the prompt's checkpoint
+    position (`rules.checkpoint_position`, EAGLE one hash block lower).
+    """
+    p, eagle = req.num_prompt_tokens, self.config.use_eagle
+    if self._kind(gid) == "mamba":
+      return rules.checkpoint_position(p, self._hbs, eagle)
+    return rules.floor_to(p if eagle else p - 1, self._hbs)
+
+  def _partial_key(self, req: _Request, t: int, gid: int) -> tuple[int, int]:
+    """The key of the prefix of `t` tokens (a hash-block multiple) in group `gid`."""
+    return (int(hashing.as_u64(req.fine_hashes[t // self._hbs - 1])), gid)
+
   def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int) -> None:
     """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b)."""
-    key = (int(hashing.as_u64(req.fine_hashes[t // self._hbs - 1])), gid)
+    key = self._partial_key(req, t, gid)
     already = self._key[b] == key or b in self._index.get(key, ())
     if not already and self._key[b] is not None and self._key_end[b] < t:
       self._evict_key(b)
@@ -674,7 +703,7 @@ class ReferencePolicy:
   # scheduling (§4)
   # ------------------------------------------------------------------------------------------
 
-  def _split(self, req: _Request, start: int, n: int) -> int:
+  def _split(self, req: _Request, start: int, n: int, max_chunk: int) -> int:
     if self._split_bs is None:
       return n
     return rules.block_aligned_split(
@@ -685,7 +714,8 @@ class ReferencePolicy:
       block_size=self._split_bs,
       use_eagle=self.config.use_eagle,
       shared_prefix_boundary=req.boundary,
-      partial_stop=rules.floor_to(req.num_prompt_tokens, self._hbs) if self._partial else None,
+      max_chunk_tokens=max_chunk,
+      partial_hash_block=self._hbs if self._partial else None,
     )
 
   def _state_copies(self, req: _Request, computed_before: int, n: int) -> list[StateCopy]:
@@ -705,7 +735,10 @@ class ReferencePolicy:
     ng = len(self._groups)
     no_new = tuple(() for _ in range(ng))
     waiting = req.status in ("waiting", "preempted")
+    cfg_budget = self.config.max_num_batched_tokens
     cap = entry.max_tokens if entry.max_tokens is not None else budget
+    # the split's chunk limit: the entry's cap, else the configured budget (not what is left)
+    max_chunk = entry.max_tokens if entry.max_tokens is not None else cfg_budget
 
     def result(admission, hit, n, reason, new=no_new):
       return EntryResult(req.name, admission, hit, n, reason, req.num_computed, new)
@@ -717,7 +750,7 @@ class ReferencePolicy:
       req.boundary = info.shared_prefix_boundary if self.config.marconi_junction else 0
       hit = info.hit_tokens
       n = min(len(req.tokens) - hit, cap, budget)
-      n = self._split(req, hit, n)
+      n = self._split(req, hit, n, max_chunk)
       if n <= 0:
         return result(True, info, 0, "no_token_budget"), [], 0
       new = self._allocate_slots(req, n, hit, hit_rows)
@@ -729,8 +762,11 @@ class ReferencePolicy:
       req.num_computed = hit + n
       return result(True, info, n, None, tuple(tuple(r) for r in new)), copies, n
     n = min(len(req.tokens) - req.num_computed, cap, budget)
+    # a running request never reaches max_model_len (vLLM's running loop: the last position
+    # is left for the token it samples)
+    n = min(n, self.config.max_model_len - req.num_computed - 1)
     if n > 0:
-      n = self._split(req, req.num_computed, n)
+      n = self._split(req, req.num_computed, n, max_chunk)
     if n <= 0:
       return result(False, None, 0, "no_token_budget"), [], 0
     new = self._allocate_slots(req, n, 0, None)

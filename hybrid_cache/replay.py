@@ -143,10 +143,10 @@ class Replayer:
   def _run_steps(self, name: str, action, rec: dict[str, Any], until_done: bool) -> None:
     chunk = action.get("chunk")
     chunks, steps, hit, failure = [], [], None, None
+    # as vLLM's oracle drives it: at least one step (a `prefill` of a request whose prompt is
+    # already computed schedules nothing: chunks [0], ok false), then steps until the prompt
+    # is computed or a step schedules nothing
     while True:
-      v = self.m.request_view(name)
-      if until_done and v.status == "running" and v.num_computed_tokens >= v.num_tokens:
-        break
       e = self.m.schedule([ScheduleEntry(name, chunk)]).entries[0]
       chunks.append(e.scheduled_tokens)
       steps.append(_entry_dict(e))
@@ -155,7 +155,8 @@ class Replayer:
       if e.scheduled_tokens == 0:
         failure = e.reason
         break
-      if not until_done:
+      v = self.m.request_view(name)
+      if not until_done or v.num_computed_tokens >= v.num_tokens:
         break
     v = self.m.request_view(name)
     rec.update(

@@ -282,6 +282,18 @@ def mamba_cacheable(
 # ---------------------------------------------------------------------------------------------
 
 
+def checkpoint_position(num_tokens: int, unit: int, eagle: bool) -> int:
+  """The last position of a prefill of `num_tokens` whose recurrent state can be reused.
+
+  vLLM 0.33 `get_mamba_prefill_checkpoint_position` (no hash lookahead): a re-sent prompt hits
+  at most N-1 tokens, so floor((N-1)/unit)*unit; EAGLE drops one unit after the hit instead:
+  floor(N/unit)*unit - unit. Never below 0. Example: N 22, unit 8: 16 (EAGLE: 8).
+  """
+  if eagle:
+    return max(floor_to(num_tokens, unit) - unit, 0)
+  return max(floor_to(num_tokens - 1, unit), 0)
+
+
 def block_aligned_split(
   start: int,
   n: int,
@@ -291,29 +303,40 @@ def block_aligned_split(
   block_size: int,
   use_eagle: bool,
   shared_prefix_boundary: int,
-  partial_stop: int | None = None,
+  max_chunk_tokens: int = 2**31 - 1,
+  partial_hash_block: int | None = None,
 ) -> int:
-  """Tokens to schedule so the chunk ends on a block boundary (Mamba `align` mode).
+  """Tokens to schedule so that chunk ends land where a recurrent state is cached (align mode).
 
-  `partial_stop` (partial hits, §2.5/§4.3): `floor(num_prompt, HBS)`, an extra stop when
-  `lcp < partial_stop < num_prompt_tokens` so the recurrent state there can be cached.
+  vLLM 0.33 `Scheduler._mamba_block_aligned_split` (no backend-internal checkpoints):
+  a prefill chunk that ends before the prefill end is floored to the block, unless that
+  leaves nothing and the block is wider than `max_chunk_tokens` (the step's chunk limit: the
+  per-entry cap when given, else the token budget): such a chunk advances sub-block and
+  re-aligns at the next boundary. Then the chunk stops at the earliest of: the next block
+  boundary (a chunk starting mid-block), the last cacheable boundary floor((N-1)/B)*B, the
+  prompt's partial-tail boundary floor((P-1)/HBS)*HBS with partial hits (when it lies past the
+  last cacheable boundary and inside the prompt), the block-floored Marconi junction.
+  Decode steps (start >= max(P, N-1)) are not split.
+
+  Example (B 9, HBS 3, 27-token prompt, partial hits): 18 (last cacheable boundary), then 6
+  (tail boundary 24), then 3: chunks [18, 6, 3].
   """
-  if start >= max(num_prompt_tokens, num_tokens - 1):
+  prefill_end = max(num_prompt_tokens, num_tokens - 1)
+  if start >= prefill_end:
     return n
-  # Last cacheable position floor((N-1)/B)*B (SPEC A8; the real vLLM 0.33 outputs agree,
-  # reference §4.3's pseudo-code writes floor_to(N, B)).
-  lcp = floor_to(num_tokens - 1, block_size)
-  if use_eagle:
-    lcp = max(lcp - block_size, 0)
+  lcp = checkpoint_position(num_tokens, block_size, use_eagle)
   end = start + n
-  if end < lcp:
-    end = floor_to(end, block_size)
-  stops = []
-  if start % block_size and cdiv(start, block_size) * block_size <= lcp:
+  if end < prefill_end:
+    aligned = floor_to(end, block_size)
+    if aligned > start or block_size <= max_chunk_tokens:
+      end = aligned
+  stops = [lcp]
+  if start % block_size:
     stops.append(cdiv(start, block_size) * block_size)
-  stops.append(lcp)
-  if partial_stop is not None and lcp < partial_stop < num_prompt_tokens:
-    stops.append(partial_stop)
+  if partial_hash_block is not None:
+    tail = checkpoint_position(num_prompt_tokens, partial_hash_block, use_eagle)
+    if lcp < tail < num_prompt_tokens:
+      stops.append(tail)
   b = shared_prefix_boundary
   if start < b < end:
     stops.append(start + floor_to(b - start, block_size))
@@ -381,10 +404,8 @@ def mamba_align_blocks_needed(
   cow = 1 if partial_cow else 0
   if cow:
     n = max(n, 0) + 1
-  if n > 0:
-    n = (1 if already_allocated else 1 + num_spec_blocks) + cow
-  else:
-    n = 0
+  # at most the physical cap: one state block (1+S on the first allocation) + the copy
+  n = min(n, (1 if already_allocated else 1 + num_spec_blocks) + cow) if n > 0 else 0
   return n + sum(1 for b in hits if b != 0 and hit_ref_cnt(b) == 0)
 
 

@@ -487,13 +487,15 @@ def test_partial_hits_lookup_alignment_is_the_hash_block(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_partial_hits_cache_the_prompt_tail(backend):
-  # A (20 tokens): chunks 16, 4. Caching is not floored: FA keys blocks 0-4 (5, not 4);
-  # Mamba keys the state at 16 and a partial entry at 20 on its running block (2, not 1).
-  # Ax (max_len 22): FA 20, Mamba partial 20 -> hit 20 (not 16).
+  # A (20 tokens): chunks 16, 4. Caching is not floored: FA keys blocks 0-4 (5, not 4).
+  # Mamba keys the state at 16; the prompt's checkpoint position floor((20-1)/4)*4 = 16 is a
+  # block edge, so no partial entry at 20 (vLLM 0.33's real manager agrees).
+  # Ax (max_len 22): FA 20, Mamba 16 -> hit 16, junction 20.
   r = _results(PARTIAL, backend)
   assert r[0]["chunks"] == [16, 4]
-  assert r[0]["cached_blocks_per_group"] == [5, 2]
-  assert (r[3]["hit_tokens"], r[3]["per_group_hit_tokens"]) == (20, [20, 20])
+  assert r[0]["cached_blocks_per_group"] == [5, 1]
+  assert (r[3]["hit_tokens"], r[3]["per_group_hit_tokens"]) == (16, [20, 16])
+  assert r[3]["shared_prefix_boundary"] == 20
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """vLLM §2.5 partial (fine-grained) hits in the reference core, values derived by hand.
 
-Every expected number is derived step by step in the comments from the rules written down in
-/work/notes/partial_rules.md (vLLM `FullAttentionManager`/`MambaManager.find_longest_cache_hit`,
-`_cache_partial_tail_block`, `get_num_blocks_to_allocate`, `allocate_new_blocks`, `_apply_cow`,
-`move_block_hashes`, `Scheduler._mamba_block_aligned_split`), never read off the code under test.
+Every expected number is derived step by step in the comments from vLLM 0.33's source
+(`FullAttentionManager`/`MambaManager.find_longest_cache_hit`, `_cache_partial_tail_block`,
+`get_num_blocks_to_allocate`, `allocate_new_blocks`, `_apply_cow`, `move_block_hashes`,
+`Scheduler._mamba_block_aligned_split`), never read off the code under test; the scenarios
+without EAGLE were also replayed on vLLM's real manager (`shared/vllm_oracle/`), which agrees.
 
 Common setup: FA block 8, Mamba (align) block 8, hash block 4 (forced), so sbs = 8, partial hits
 on (Mamba 8 > HBS 4), every hit aligned to 4, and FA is fine-grained (8 > 4).
@@ -59,18 +60,19 @@ def test_producer_chunks_partial_entries_and_cow():
   assert r["cached_blocks_per_group"] == [3, 2]
 
 
-def test_producer_freed_before_cow_keeps_entry_on_its_block():
-  # A 20-token prompt: chunks 16, 4 (partial stop 20 is not < num_prompt 20). After step 2
-  # Mamba's running block 5 carries the partial key @20 and no CoW ever runs (freed first):
-  # the free keeps the key on 5 (tail). FA: 1, 2 full, and block 4 (tokens 16..23) only has
-  # the partial key @20 -> FA 3 keyed blocks; Mamba 3 (@16) and 5 (@20).
+def test_prompt_tail_on_a_block_edge_makes_no_partial_entry():
+  # A 20-token prompt: the tail boundary is floor((20-1)/4)*4 = 16 (a re-sent prompt hits at
+  # most 19 tokens), a block edge: no partial entry in either group. Chunks 16 (lcp), 4.
+  # FA keys 1 (@8), 2 (@16); Mamba keys 3 (@16); the running blocks 4 (FA) and 5 (Mamba)
+  # stay unkeyed (19 tokens is not a hash boundary). Freed: 3 keyed blocks at the tail.
   sc = _scenario(64, [{"op": "prefill", "req": "A"}, {"op": "free", "req": "A"}])
   sc["prompts"]["A"] = {"range": [0, 20]}
   r = _run(sc)
   assert r[0]["chunks"] == [16, 4]
   assert r[0]["block_ids"] == [[1, 2, 4], [0, 3, 5]]
-  assert r[1]["num_free_blocks"] == 63 and r[1]["num_free_cached_blocks"] == 5
-  assert r[1]["cached_blocks_per_group"] == [3, 2]
+  assert r[0]["cached_blocks_per_group"] == [2, 1]
+  assert r[1]["num_free_blocks"] == 63 and r[1]["num_free_cached_blocks"] == 3
+  assert r[1]["cached_blocks_per_group"] == [2, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,16 +109,18 @@ def test_fa_phase2_and_mamba_partial_hit_with_cow():
 
 
 def test_cow_block_counts_in_admission():
-  # Same flow in a pool of 8 blocks (7 usable). After P: held 1, 2, 4, 5; free queue
-  # [7, 3, 6] (3 free). Q's admission needs 4 (see above; 2 without the two CoW blocks) -> it
-  # is refused. With 9 blocks, 4 are free and Q is admitted.
+  # Same flow in a pool of 7 blocks (6 usable). After P: held 1, 2, 4, 5; 2 free. Q's
+  # admission needs 3: FA 3 - 3 = 0 new + 1 CoW; Mamba 3 - 3 = 0 new -> 0 + 1 CoW, capped at
+  # 1 + 1 (vLLM's physical block cap) = 1, + 1 evictable hit (6, ref 0) -> refused. With 8
+  # blocks (3 free) Q is admitted: the CoW copies take 7 (FA) and 3 (Mamba, the next head).
   actions = [{"op": "prefill", "req": "P"}, {"op": "prefill", "req": "Q"}]
+  r = _run(_scenario(7, actions))
+  assert r[0]["num_free_blocks"] == 2
+  assert r[1]["ok"] is False and r[1]["failure"] == "allocate_slots_failed"
   r = _run(_scenario(8, actions))
   assert r[0]["num_free_blocks"] == 3
-  assert r[1]["ok"] is False and r[1]["failure"] == "allocate_slots_failed"
-  r = _run(_scenario(9, actions))
-  assert r[0]["num_free_blocks"] == 4
-  assert r[1]["ok"] is True and r[1]["chunks"] == [2] and r[1]["num_free_blocks"] == 2
+  assert r[1]["ok"] is True and r[1]["chunks"] == [2] and r[1]["num_free_blocks"] == 1
+  assert r[1]["block_ids"] == [[1, 2, 7], [0, 0, 3]]
 
 
 def test_cow_copies_are_named_in_the_step_plan():
@@ -147,12 +151,13 @@ def test_cow_copies_are_named_in_the_step_plan():
 
 
 def test_eagle_drops_one_hash_block():
-  # use_eagle, 1 speculative token (S = 1). P's split: lcp = floor(21, 8) - 8 = 8, partial
-  # stop 20 -> chunks 8, 12, 2. Keys: FA 1 (@8), 2 (@16), partial @20 on FA block 5; Mamba
-  # @8 (block 3) and the partial @20 (moved to a CoW block at step 3).
-  # Lookup Q: FA alone: phase 1 16, phase 2 20, EAGLE drop 4 -> 16. Mamba alone: 20.
-  # Reconciled: FA 16; Mamba capped at 16 scans fine indices 3..0: only index 1 (@8) is
-  # keyed -> 8; simple hybrid -> hit 8, FA truncated to 1 block; junction = longest 16.
+  # use_eagle, 1 speculative token (S = 1). P's split (vLLM `get_mamba_prefill_checkpoint_
+  # position` with the EAGLE drop): lcp = floor(22/8)*8 - 8 = 8, tail = floor(22/4)*4 - 4 = 16
+  # -> chunks 8, 8, 6. Keys: FA 1 (@8), 2 (@16) and, at step 3, the FA tail t = floor(22/4)*4
+  # = 20 (EAGLE reads the whole prompt) on FA block 5; Mamba @8 and @16 (the recurrent tail 16
+  # is a block edge, already keyed by the full-block caching: no partial entry).
+  # Lookup Q: FA alone: phase 1 16, phase 2 20, EAGLE drop 4 -> 16. Mamba alone (max 21):
+  # the last key at or below 20 is @16 -> 16. Reconciled: 16, no junction.
   sc = _scenario(
     64,
     [{"op": "prefill", "req": "P"}, {"op": "lookup", "req": "Q"}],
@@ -160,10 +165,11 @@ def test_eagle_drops_one_hash_block():
     num_speculative_tokens=1,
   )
   r = _run(sc)
-  assert r[0]["chunks"] == [8, 12, 2]
+  assert r[0]["chunks"] == [8, 8, 6]
+  assert r[0]["cached_blocks_per_group"] == [3, 2]
   lk = r[1]
-  assert (lk["hit_tokens"], lk["per_group_hit_tokens"]) == (8, [16, 20])
-  assert lk["hit_blocks_per_group"] == [1, 1] and lk["shared_prefix_boundary"] == 16
+  assert (lk["hit_tokens"], lk["per_group_hit_tokens"]) == (16, [16, 16])
+  assert lk["hit_blocks_per_group"] == [2, 1] and lk["shared_prefix_boundary"] == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,27 +210,27 @@ def test_find_mamba_fine():
 
 
 @pytest.mark.parametrize(
-  "start, n, num_tokens, prompt, eagle, stop, expected",
+  "start, n, num_tokens, prompt, eagle, expected",
   [
-    # lcp = floor(21, 8) = 16 is the first stop.
-    (0, 22, 22, 22, False, 20, 16),
-    # from 16: the partial stop 20 (16 < 20 < 22).
-    (16, 6, 22, 22, False, 20, 4),
-    # from 20 (mid-block): next edge 24 > lcp 16 -> no stop.
-    (20, 2, 22, 22, False, 20, 2),
-    # prompt 20: floor(20, 4) = 20 is not < num_prompt -> no stop.
-    (16, 4, 20, 20, False, 20, 4),
-    # prompt 30: lcp 24, stop 28 -> from 24 a 4-token chunk.
-    (24, 6, 30, 30, False, 28, 4),
-    # a partial hit at 20 of a 40-token prompt: next edge 24 <= lcp 32 stops first.
-    (20, 20, 40, 40, False, 40, 4),
-    # EAGLE: lcp = 16 - 8 = 8; from 8 the partial stop 20 comes before the end 22.
-    (8, 14, 22, 22, True, 20, 12),
-    # partial stop <= lcp is ignored: prompt 34, lcp 32, stop 32 -> from 24 to 32.
-    (24, 10, 34, 34, False, 32, 8),
+    # bs 8, HBS 4: lcp = floor((22-1)/8)*8 = 16 is the first stop.
+    (0, 22, 22, 22, False, 16),
+    # from 16: the tail stop floor((22-1)/4)*4 = 20 (16 < 20 < 22).
+    (16, 6, 22, 22, False, 4),
+    # from 20 (mid-block): next edge 24 is past the end; no stop inside.
+    (20, 2, 22, 22, False, 2),
+    # prompt 20: tail floor(19/4)*4 = 16 = lcp -> no extra stop.
+    (16, 4, 20, 20, False, 4),
+    # prompt 30: lcp 24, tail 28 -> from 24 a 4-token chunk.
+    (24, 6, 30, 30, False, 4),
+    # a partial hit at 20 of a 40-token prompt: the next edge 24 stops first.
+    (20, 20, 40, 40, False, 4),
+    # EAGLE: lcp = floor(22/8)*8 - 8 = 8, tail = floor(22/4)*4 - 4 = 16: from 8 a chunk of 8.
+    (8, 14, 22, 22, True, 8),
+    # tail <= lcp is ignored: prompt 34, lcp 32, tail 32 -> from 24 to 32.
+    (24, 10, 34, 34, False, 8),
   ],
 )
-def test_split_partial_stop(start, n, num_tokens, prompt, eagle, stop, expected):
+def test_split_partial_stop(start, n, num_tokens, prompt, eagle, expected):
   got = rules.block_aligned_split(
     start,
     n,
@@ -233,7 +239,7 @@ def test_split_partial_stop(start, n, num_tokens, prompt, eagle, stop, expected)
     block_size=8,
     use_eagle=eagle,
     shared_prefix_boundary=0,
-    partial_stop=stop,
+    partial_hash_block=4,
   )
   assert got == expected
 
@@ -241,22 +247,23 @@ def test_split_partial_stop(start, n, num_tokens, prompt, eagle, stop, expected)
 def test_admission_counts_with_cow():
   ref0 = lambda b: 0  # noqa: E731
   # Mamba first allocation, hit row [0, 0, 6] (ref 0), T = 22, bs 8: req 3, n = 0 -> CoW:
-  # 1 + S + 1 = 2 (S = 0) + 1 evictable = 3; S = 1: req 4, n = 1 -> 1 + 1 + 1 + 1 = 4.
+  # 0 + 1 = 1, capped at 1 + S + 1 = 2 -> 1, + 1 evictable = 2 (S = 0); S = 1: req 4,
+  # n = 1 -> 2, capped at 3 -> 2, + 1 = 3 (vLLM: min(num_new, physical block cap)).
   kw = dict(num_tokens_main=22, block_size=8, row_len=0, already_allocated=False)
   hits = [0, 0, 6]
   assert (
     rules.mamba_align_blocks_needed(
       num_spec_blocks=0, hits=hits, hit_ref_cnt=ref0, partial_cow=True, **kw
     )
-    == 3
+    == 2
   )
   assert (
     rules.mamba_align_blocks_needed(
       num_spec_blocks=1, hits=hits, hit_ref_cnt=ref0, partial_cow=True, **kw
     )
-    == 4
+    == 3
   )
-  # running producer with a pending CoW, row full (req 3 = len 3): 0 -> 1 -> 1 + 1 = 2.
+  # running producer with a pending CoW, row full (req 3 = len 3): 0 -> 1, capped at 2 -> 1.
   assert (
     rules.mamba_align_blocks_needed(
       num_tokens_main=22,
@@ -268,7 +275,7 @@ def test_admission_counts_with_cow():
       hit_ref_cnt=ref0,
       partial_cow=True,
     )
-    == 2
+    == 1
   )
   # FA new request, hits [1, 2, 4] held (ref 1), 22 tokens: 3 - 3 = 0 new + 1 CoW.
   assert (
@@ -291,18 +298,31 @@ def test_admission_counts_with_cow():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_swa_with_partial_hits_is_rejected():
-  # FA 8 / SWA 4 / Mamba 8: HBS gcd = 4 < 8 turns partial hits on; vLLM's SWA manager asserts.
-  with pytest.raises(ValueError, match="groups.*sliding-window.*partial"):
-    CacheConfig(
-      groups=(
-        GroupSpec("full", block_size=8),
-        GroupSpec("swa", block_size=4, window=8),
-        GroupSpec("mamba", block_size=8),
-      ),
-      block_size=4,
-      num_blocks=64,
-    )
+def test_sliding_window_beside_partial_hits():
+  # vLLM `partial_hash_hits_enabled`: a window group whose block equals the hash block keeps
+  # partial hits on (FA 8 / SWA 4 / Mamba 8, HBS 4: hits align to 4) ...
+  cfg = CacheConfig(
+    groups=(
+      GroupSpec("full", block_size=8),
+      GroupSpec("swa", block_size=4, window=8),
+      GroupSpec("mamba", block_size=8),
+    ),
+    block_size=4,
+    num_blocks=64,
+  )
+  assert cfg.partial_hits and cfg.hit_alignment == 4
+  # ... one whose block differs turns them off for the whole model, without an error
+  # (FA 4 / SWA 8 / Mamba 8, HBS 4: hits align to the scheduler block 8).
+  cfg = CacheConfig(
+    groups=(
+      GroupSpec("full", block_size=4),
+      GroupSpec("swa", block_size=8, window=8),
+      GroupSpec("mamba", block_size=8),
+    ),
+    block_size=4,
+    num_blocks=64,
+  )
+  assert not cfg.partial_hits and cfg.hit_alignment == 8
   # Mamba 4 = HBS: no partial hits, the window group is fine.
   cfg = CacheConfig(
     groups=(
@@ -326,12 +346,12 @@ def test_swa_with_partial_hits_is_rejected():
 
 def test_fa_prompt_tail_entry_without_partial_hits_under_eagle():
   # FA 8 + Mamba 4 (= HBS 4): no partial hits (sbs 8), but vLLM's FA manager still keys the
-  # prompt tail t = floor(22, 4) = 20 (FA bs 8 != HBS). EAGLE, S = 1.
-  # Split (Mamba bs 4): lcp = floor(21, 4) - 4 = 16 -> chunks 16, 6.
-  # step 1: FA need 17 -> [1, 2, 3]; Mamba req 4 + 1 -> [0, 0, 0, 4, 5]. Cache 16: FA 1, 2;
-  #   Mamba 4 (@16). step 2: FA needs 23 -> 3 blocks (none new); Mamba req 6 + 1: block 5 is
-  #   relocated to index 5, one new block 6. Cache: floor(22, 8) = 16, FA (EAGLE) caches
-  #   min(22, 16 + 8) = 22: no new full block, but t = 20 <= 22 keys FA block 3 (primary).
+  # prompt tail t = floor(22/4)*4 = 20 (FA bs 8 != HBS; EAGLE reads the whole prompt). S = 1.
+  # Split on the scheduler block 8: lcp = floor(22/8)*8 - 8 = 8 -> chunks 8, 14.
+  # step 1: FA need 9 -> [1, 2]; Mamba req 2 + 1 -> [0, 3, 4]. Cache 8: FA 1 (@8); Mamba 3 (@8).
+  # step 2: FA needs 23 -> [1, 2, 5]; Mamba req 6 + 1: the speculative block 4 moves to index
+  # 5, one new block 6. Cache: floor(22, 8) = 16, FA (EAGLE) caches min(22, 16 + 8) = 22:
+  # 2 (@16), and t = 20 <= 22 keys FA block 5 (primary). Mamba: no state at 16 (null).
   sc = _scenario(
     64,
     [{"op": "prefill", "req": "P"}, {"op": "free", "req": "P"}],
@@ -341,8 +361,8 @@ def test_fa_prompt_tail_entry_without_partial_hits_under_eagle():
   sc["config"]["groups"] = [{"type": "full"}, {"type": "mamba", "block_size": 4}]
   sc["config"].pop("hash_block_size")
   r = _run(sc)
-  assert r[0]["chunks"] == [16, 6]
-  assert r[0]["block_ids"] == [[1, 2, 3], [0, 0, 0, 4, 0, 5, 6]]
+  assert r[0]["chunks"] == [8, 14]
+  assert r[0]["block_ids"] == [[1, 2, 5], [0, 3, 0, 0, 0, 4, 6]]
   assert r[0]["cached_blocks_per_group"] == [3, 1]
-  # free: FA 3, 2, 1 keyed -> tail; Mamba 6, 5 unkeyed -> head, 4 keyed -> tail.
+  # free: FA 5, 2, 1 keyed -> tail; Mamba 6, 4 unkeyed -> head, 3 keyed -> tail.
   assert r[1]["num_free_cached_blocks"] == 4 and r[1]["cached_blocks_per_group"] == [3, 1]

@@ -114,7 +114,6 @@ def test_append_past_max_model_len(busy):
     (dict(pin_min_drop_size=0), "pin_min_drop_size"),
     (dict(hash_block_size=3), r"multiple of hash_block_size=3"),
     (dict(groups=(FULL, GroupSpec("swa", block_size=6, window=8)), hash_block_size=4), "multiple"),
-    (dict(max_num_batched_tokens=2), "max_num_batched_tokens must be >= the block size 4"),
     (dict(retention_interval=6), "multiple of scheduler_block_size"),
     (dict(retention_interval=-4), "retention_interval"),
     (dict(eviction="fifo"), "eviction"),
