@@ -69,10 +69,18 @@ def blocks_needed(
     ids = hit_ids[g]
     evictable = evictable_all[g]
     if spec.kind == "mamba":
-      # Same-step rule (§2.4.6) lives in the recurrent manager, whatever its mode: a hit state
-      # block registered during this scheduling step has not been computed yet.
+      # Same-step rule (§2.4.6) lives in the recurrent manager, whatever its mode: a hit whose
+      # last state block's key was cached during this scheduling step, by that block or by any
+      # other (vLLM keeps `cached_blocks_this_step` by hash: a duplicate registered by another
+      # request of the step refuses the hit too), has not been computed yet.
       last = ids[jnp.maximum(hits_len - 1, 0)]
-      same_step = state.block_aux[last, 0] == state.counters[C_STEP]
+      step = state.counters[C_STEP]
+      same_key = (state.block_group == state.block_group[last]) & jnp.all(
+        state.block_hash == state.block_hash[last][None, :], axis=1
+      )
+      same_step = (state.block_aux[last, 0] == step) | jnp.any(
+        same_key & (state.block_aux[:, 0] == step)
+      )
       impossible |= is_new & (hit > 0) & (last > 0) & same_step
     if spec.kind == "mamba" and spec.mode == "align":
       req = cdiv(main_tokens, bs) + s
@@ -82,7 +90,7 @@ def blocks_needed(
       first = jnp.where(length == 0, 1 + s, 1)
       if lay.partial:
         first = first + part
-      k = jnp.where(k > 0, first, 0)
+      k = jnp.where(k > 0, jnp.minimum(k, first), 0)  # vLLM's physical block cap
     elif spec.kind == "mamba" and spec.mode == "none":
       k = jnp.where(length == 0, 1 + s, 0)
     else:

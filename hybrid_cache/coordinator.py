@@ -298,13 +298,45 @@ def _mamba_valid(lay: Layout, spec, fine_cached, cached):
   return jnp.where(jnp.asarray(on_edge), cached[np.clip(blk, 0, cached.shape[0] - 1)], False)
 
 
+def _swa_need(spec) -> int:
+  """Contiguous blocks a sliding-window hit needs before its end (EAGLE one more), at least 1."""
+  return max(-(-(spec.window - 1) // spec.block_size) + (1 if spec.eagle else 0), 1)
+
+
+def _swa_valid_fine(lay: Layout, spec, cached):
+  """bool[MH]: hash-block indices where a sliding-window hit may end, with partial hits.
+
+  A window group beside partial hits has the hash block as its block (vLLM turns partial hits
+  off otherwise), so block position i ends at hash index i: valid where the `_swa_need` blocks
+  before the end are cached, or inside the leading cached run (§2.3).
+  """
+  mb, mh = cached.shape[0], lay.max_hashes
+  k = _swa_need(spec)
+  pos = jnp.arange(mb)
+  cs = jnp.cumsum(cached.astype(jnp.int32))
+  before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
+  window = ((cs - before) == k) & (pos >= k - 1)
+  valid = cached & (window | (cs == pos + 1))
+  if mb >= mh:
+    return valid[:mh]
+  return jnp.concatenate([valid, jnp.zeros((mh - mb,), bool)])
+
+
+def _rec_valid(lay: Layout, spec, fine_cached, cached):
+  """bool[MH]: where a hit of a non-full group may end (recurrent or sliding window)."""
+  if spec.kind == "swa":
+    return _swa_valid_fine(lay, spec, cached)
+  return _mamba_valid(lay, spec, fine_cached, cached)
+
+
 def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
   """`lookup` with fine-grained hits (vLLM §2.5): alignment = hash block.
 
   Full attention (looked up once, phase 1 run plus phase 2 probe of the hash-block boundaries
   inside the next block, high to low; EAGLE drops one hash block) caps the hit; recurrent
-  groups then agree on the largest hash-block boundary at or below it where every one of them
-  has a key (right-to-left scan over hash-block positions, no EAGLE drop). Output as `lookup`;
+  and sliding-window groups (whose block is the hash block) then agree on the largest
+  hash-block boundary at or below it valid in every one of them (right-to-left scan over
+  hash-block positions, no EAGLE drop). Output as `lookup`;
   `found` i32[G, MB] holds the block each hit position uses (a partial full-attention block at
   position hit // bs, the recurrent block at (hit - 1) // bs).
   """
@@ -334,7 +366,7 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
         spec.block_size,
       )
     else:
-      v = _mamba_valid(lay, spec, None if fc is None else fc >= 0, cached[g])
+      v = _rec_valid(lay, spec, None if fc is None else fc >= 0, cached[g])
       f = jnp.max(jnp.where(v & ((fpos + 1) * hbs <= max_len), fpos, -1))
       length = ((f + 1) * hbs).astype(jnp.int32)
     alone.append(length)
@@ -360,10 +392,13 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
       if longest is None:
         longest = length
     else:
-      vs = []
-      for g in members:
-        fc = fine_of(g)
-        vs.append(_mamba_valid(lay, spec, None if fc is None else fc >= 0, cached[g]))
+      if spec.kind == "swa":  # equal windows merged: a hit needs the key in every member
+        vs = [_swa_valid_fine(lay, spec, jnp.all(cached[jnp.asarray(members)], axis=0))]
+      else:
+        vs = [
+          _mamba_valid(lay, spec, None if fine_of(g) is None else fine_of(g) >= 0, cached[g])
+          for g in members
+        ]
       common &= jnp.all(jnp.stack(vs), axis=0)
       if longest is None:  # no full attention: the first group's own lookup
         v0 = jnp.all(jnp.stack(vs), axis=0)
@@ -388,6 +423,10 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
         # the phase-2 block sits at position `run` (only used when the hit reaches into it)
         pb = fc[jnp.maximum(f, 0)]
         blk = jnp.where((pos == run) & (f >= 0), pb, blk)
+    elif spec.kind == "swa":  # the window's blocks before the hit (§2.3)
+      hi = hit // bs
+      m = (pos >= jnp.maximum(hi - _swa_need(spec), 0)) & (pos < hi) & cached[g]
+      blk = found[g]
     else:
       p = (hit - 1) // bs
       m = (pos == p) & (hit > 0)

@@ -61,29 +61,43 @@ ORDER_MIN_ENTRIES = 8
 # block-aligned split (§4.3)
 
 
-def split(lay: Layout, config: CacheConfig, start, n, num_tokens, num_prompt, spb):
-  """Tokens to schedule so chunk ends land on block boundaries (align mode).
+def checkpoint_position(num_tokens, unit: int, eagle: bool):
+  """vLLM `get_mamba_prefill_checkpoint_position` (`reference.rules.checkpoint_position`):
+  floor((N-1)/unit)*unit, EAGLE floor(N/unit)*unit - unit, never below 0."""
+  if eagle:
+    return jnp.maximum(floor_to(num_tokens, unit) - unit, 0)
+  return jnp.maximum(floor_to(num_tokens - 1, unit), 0)
 
-  Example (bs 4, 22-token prompt, no hit, n 22): lcp = 20, the chunk stops at 20; then 2.
-  With a junction at 16 (shared_prefix_boundary) a 26-token prompt is cut 16, 8, 2.
+
+def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
+  """Tokens to schedule so chunk ends land where a recurrent state is cached (align mode).
+
+  vLLM 0.33 `Scheduler._mamba_block_aligned_split`, the same rule as
+  `reference.rules.block_aligned_split` (see there), on the scheduler block: a chunk ending
+  before the prefill end is floored to the block unless that leaves nothing and the block is
+  wider than `max_chunk` (the entry's cap, else the configured budget); then it stops at the
+  earliest of the next block boundary (a chunk starting mid-block), the last cacheable
+  boundary floor((N-1)/B)*B, the partial-tail boundary floor((P-1)/HBS)*HBS (partial hits),
+  the block-floored junction. Example (bs 4, 22-token prompt, no hit, n 22): 20, then 2.
   """
-  bs = lay.align_bs
-  if not bs:
+  if not lay.align_bs:
     return n
-  decode = start >= jnp.maximum(num_prompt, num_tokens - 1)
-  lcp = floor_to(num_tokens - 1, bs)  # last cacheable boundary (SPEC A8)
-  if any(g.eagle for g in lay.groups):
-    lcp = jnp.maximum(lcp - bs, 0)
+  bs = lay.sbs
+  eagle = any(g.eagle for g in lay.groups)
+  prefill_end = jnp.maximum(num_prompt, num_tokens - 1)
+  decode = start >= prefill_end
+  lcp = checkpoint_position(num_tokens, bs, eagle)  # last cacheable boundary (SPEC A8)
   end = start + n
-  end = jnp.where(end < lcp, floor_to(end, bs), end)
+  aligned = floor_to(end, bs)
+  end = jnp.where((end < prefill_end) & ((aligned > start) | (bs <= max_chunk)), aligned, end)
   nxt = cdiv(start, bs) * bs
   cands = [
-    jnp.where((start % bs != 0) & (nxt <= lcp), nxt, BIG),
+    jnp.where(start % bs != 0, nxt, BIG),
     lcp,
     jnp.where((start < spb) & (spb < end), start + floor_to(spb - start, bs), BIG),
   ]
-  if lay.partial:  # §2.5: a chunk must end at the prompt's last hash boundary (partial entry)
-    tail = floor_to(num_prompt, lay.hash_block_size)
+  if lay.partial:  # §2.5: a chunk stops at the prompt's last hash boundary (partial entry)
+    tail = checkpoint_position(num_prompt, lay.hash_block_size, eagle)
     cands.append(jnp.where((lcp < tail) & (tail < num_prompt), tail, BIG))
   best = end
   for s in cands:
@@ -373,13 +387,15 @@ def _cache(
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
-        pos, bs, need, lay.sbs, config.retention_interval, spec.eagle, boundaries
+        pos, bs, need, lay.hit_align, config.retention_interval, spec.eagle, boundaries
       )
     elif spec.kind == "mamba":
       if spec.mode == "none":
         sel &= False
       else:
-        sel &= recurrent.retention_mask(pos, bs, lay.sbs, config.retention_interval, boundaries)
+        sel &= recurrent.retention_mask(
+          pos, bs, lay.hit_align, config.retention_interval, boundaries
+        )
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))
@@ -419,37 +435,52 @@ def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) -
   groups (`Layout.tail_groups`), after the full blocks are cached.
 
   `n_g`: per group, the tokens the group caches up to (unfloored with partial hits, else the
-  scheduler-block floor, EAGLE full attention one own block more). Boundary t =
-  floor_to(num_prompt, HBS), not block aligned, inside the table. Full attention (with or
-  without partial hits, vLLM `FullAttentionManager.cache_blocks`): whenever t <= n (the block
-  holding t gets t's key). Recurrent `align` (partial hits): only when n == t
-  (a chunk ends exactly there); the running state block gets the key (registration step =
-  now, no same-step hit) and is remembered in `req_partial` for the copy-on-write of the
-  request's next allocation. The key becomes the block's own key if it has none (a shorter own
-  key is dropped first), else an extra index entry (the block keeps its longer key).
+  scheduler-block floor, EAGLE full attention one own block more). Full attention (with or
+  without partial hits, vLLM `FullAttentionManager.cache_blocks`): boundary t =
+  floor((P-1)/HBS)*HBS (EAGLE floor(P/HBS)*HBS); whenever t <= n and t is not block aligned,
+  the block holding t gets t's key. Recurrent `align` (partial hits, vLLM
+  `MambaManager._cache_partial_tail_block`): t = the prompt's checkpoint position
+  (`checkpoint_position`); only when n == t (a chunk ends exactly there) and the state block
+  ending at t is not keyed at t already, that block gets the key (registration step = now, no
+  same-step hit) and, when t is inside it, is remembered in `req_partial` for the
+  copy-on-write of the request's next allocation. The key becomes the block's own key if it
+  has none (a shorter own key is dropped first), else an extra index entry (the block keeps
+  its longer key).
   """
   gs = list(lay.tail_groups)
   if info is None:
     info = state.req_info[r]
   hbs = lay.hash_block_size
-  t = floor_to(info[INFO_PROMPT], hbs)
+  # the prompt-tail boundary: full attention floor((P-1)/HBS)*HBS (a re-sent prompt hits at
+  # most P-1 tokens; EAGLE lookups read the whole prompt: P), recurrent the prompt's checkpoint
+  # position (EAGLE one hash block lower)
+  eagle = any(g.eagle for g in lay.groups)
+  prompt = info[INFO_PROMPT]
+  t_full = floor_to(prompt if eagle else prompt - 1, hbs)
+  t_rec = checkpoint_position(prompt, hbs, eagle)
   hashes = state.req_hashes[r]
-  key = hashes[jnp.clip(t // hbs - 1, 0, hashes.shape[0] - 1)]
-  ids = []
+  ids, ts = [], []
   for g in gs:
     bs = lay.groups[g].block_size
-    p = t // bs
-    cond = ok & (t > 0) & (t % bs != 0) & (p < state.req_group[r, g, RG_LEN])
-    if lay.groups[g].kind == "full":
-      cond &= t <= n_g[g]
-    else:
-      cond &= n_g[g] == t
-    ids.append(jnp.where(cond, state.tables[r, g, jnp.minimum(p, lay.max_blocks - 1)], 0))
+    t = t_full if lay.groups[g].kind == "full" else t_rec
+    ts.append(t)
+    if lay.groups[g].kind == "full":  # the block holding t, t inside it, once cached past t
+      p = t // bs
+      cond = (t % bs != 0) & (t <= n_g[g])
+    else:  # the state block ending at t, when a chunk ends exactly there (t may be aligned)
+      p = cdiv(t, bs) - 1
+      cond = n_g[g] == t
+    cond &= ok & (t > 0) & (p < state.req_group[r, g, RG_LEN])
+    blk = state.tables[r, g, jnp.clip(p, 0, lay.max_blocks - 1)]
+    if lay.groups[g].kind != "full":  # already keyed at t (a hit or an earlier step)
+      cond &= ~((state.block_group[blk] >= 0) & (state.block_aux[blk, AUX_END] == t))
+    ids.append(jnp.where(cond, blk, 0))
   ids = jnp.stack(ids)
+  t = jnp.stack(ts)  # i32[len(gs)]: each group's boundary
   grp = jnp.asarray(gs, jnp.int32)
-  keys = jnp.broadcast_to(key, (len(gs), 2))
+  keys = hashes[jnp.clip(t // hbs - 1, 0, hashes.shape[0] - 1)]  # u32[len(gs), 2]
   bg = state.block_group[ids]
-  primary_same = (bg == grp) & jnp.all(state.block_hash[ids] == key[None, :], axis=-1)
+  primary_same = (bg == grp) & jnp.all(state.block_hash[ids] == keys, axis=-1)
   already = (ids > 0) & (primary_same | block_index.has_entry(state, keys, grp, ids))
   shorter = (ids > 0) & ~already & (bg >= 0) & (state.block_aux[ids, AUX_END] < t)
   state = block_index.evict_ids(state, jnp.where(shorter, ids, 0), scan_all=True)
@@ -474,8 +505,10 @@ def _cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) -
     # rule) even if it already carried this key
     bs = lay.groups[g].block_size
     aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
-    ncached = ncached.at[g].set(jnp.where(ids[i] > 0, t // bs, ncached[g]))
-    pend = pend.at[g].set(jnp.where(ids[i] > 0, t // bs + 1, pend[g]))
+    ti = t[i]
+    sub = (ids[i] > 0) & (ti % bs != 0)  # a sub-block entry: copy-on-write at the next allocation
+    ncached = ncached.at[g].set(jnp.where(sub, ti // bs, ncached[g]))
+    pend = pend.at[g].set(jnp.where(sub, ti // bs + 1, pend[g]))
     n_rec = n_rec + ((prim[i] > 0) | (extra[i] > 0)).astype(jnp.int32)
   return state.replace(
     block_aux=aux,
@@ -568,7 +601,11 @@ def _entry(
   remaining = num_tokens - start
   cap = jnp.where(max_tok >= 0, max_tok, BIG)
   n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
-  n = split(lay, config, start, n0, num_tokens, info[INFO_PROMPT], spb)
+  # a running request never reaches max_model_len (vLLM's running loop leaves the last
+  # position for the token it samples)
+  n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, config.max_model_len - start - 1), 0))
+  max_chunk = jnp.where(max_tok >= 0, max_tok, config.max_num_batched_tokens)
+  n = split(lay, start, n0, num_tokens, info[INFO_PROMPT], spb, max_chunk)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
 
