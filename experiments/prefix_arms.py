@@ -53,12 +53,31 @@ class ArmsSetup:
   token_buckets: tuple[int, ...] | None = (32, 512)
   progress: bool = True
 
+  def __post_init__(self):
+    # The workload's sizes (the engine's are checked by its config): ValueError naming the field.
+    for name, lo in _MIN_SIZES.items():
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if self.prefix_len + self.suffix_len < 1:
+      raise ValueError("prefix_len + suffix_len must be >= 1 (a prompt needs a token), got 0")
+
+
+_MIN_SIZES = {
+  "num_prompts": 1,
+  "prefix_len": 0,
+  "suffix_len": 0,
+  "max_new_tokens": 1,
+  "concurrency": 1,
+  "repeats": 1,
+}
+
 
 def make_setup(defaults: Mapping[str, Any], params: Mapping[str, Any]) -> ArmsSetup:
   """`ArmsSetup` from the experiment's defaults overridden by the caller's (gin) params.
 
   Raises:
-    ValueError: a name that is not an `ArmsSetup` field.
+    ValueError: a name that is not an `ArmsSetup` field, or a workload size out of range.
   """
   fields = {f.name for f in dataclasses.fields(ArmsSetup)}
   unknown = sorted(set(defaults) - fields) + sorted(set(params) - fields)

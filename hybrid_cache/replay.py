@@ -6,12 +6,13 @@
 Replays each scenario's actions through a `CacheManager` and emits, per scenario,
 `{"scenario", "description", "config", "results"}`. Inputs ending in `.expected.json` are
 skipped when a directory is given. `--check` compares every result with the sibling
-`NAME.expected.json` on the compared fields and exits non-zero on any mismatch.
+`NAME.expected.json` on the compared fields. Exit status: 1 on a mismatch; 2 on bad input, one
+`ERROR FILE: ...` line on stderr per bad file (unreadable, malformed JSON with line and column,
+bad config, bad action named `actions[i]` and its field), the other files still replayed.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from hybrid_cache import cli_util
 from hybrid_cache import scenario as scenario_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.hashing import RequestExtras
@@ -104,6 +106,21 @@ def _extras(action: Mapping[str, Any]) -> RequestExtras | None:
   return None
 
 
+def _check_fields(where: str, a: Mapping[str, Any]) -> None:
+  """ValueError naming `where.field` when an action's (or entry's) optional field has a bad type."""
+  for key in ("req", "cache_salt", "lora_name"):
+    v = a.get(key)
+    if v is not None and not isinstance(v, str):
+      raise ValueError(f"{where}.{key} must be a string, got {v!r}")
+  chunk = a.get("chunk")
+  if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+    raise ValueError(f"{where}.chunk must be null or an integer >= 1, got {chunk!r}")
+
+
+# Errors a malformed action can raise inside the manager (bad values reach it unchecked).
+_ACTION_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError)
+
+
 class Replayer:
   """Drives one manager through one scenario's actions."""
 
@@ -127,10 +144,18 @@ class Replayer:
       d["num_pinned_blocks"] = s.num_pinned_blocks
     return d
 
-  def _ensure(self, name: str, action: Mapping[str, Any]) -> None:
+  def _prompt(self, where: str, action: Mapping[str, Any], name: str) -> list:
+    """The tokens of `action`'s prompt (its `prompt`, else the prompt named like the request)."""
+    field = "prompt" if "prompt" in action else "req"
+    try:
+      return scenario_lib.resolve_prompt(action.get("prompt", name), self.prompts)
+    except ValueError as e:
+      raise ValueError(f"{where}.{field}: {e}") from None
+
+  def _ensure(self, name: str, action: Mapping[str, Any], where: str) -> None:
     if name in self.tokens:
       return
-    toks = scenario_lib.resolve_prompt(action.get("prompt", name), self.prompts)
+    toks = self._prompt(where, action, name)
     extras = _extras(action)
     self.m.add_request(name, toks, extras)
     self.tokens[name] = list(toks)
@@ -176,6 +201,7 @@ class Replayer:
   # ---- ops ----
   def run_action(self, i: int, a: Mapping[str, Any]) -> dict[str, Any]:
     op = a["op"]
+    _check_fields(f"actions[{i}]", a)
     rec: dict[str, Any] = {"i": i, "op": op}
     name = a.get("req")
     if name is not None:
@@ -189,12 +215,12 @@ class Replayer:
       if name in self.tokens:
         toks, extras = self.tokens[name], self.extras[name]
       else:
-        toks = scenario_lib.resolve_prompt(a.get("prompt", name), self.prompts)
+        toks = self._prompt(f"actions[{i}]", a, name)
         extras = _extras(a)
       rec["num_tokens"] = len(toks)
       rec.update(_hit_dict(self.m.lookup(toks, extras)))
     elif op in ("admit", "prefill"):
-      self._ensure(name, a)
+      self._ensure(name, a, f"actions[{i}]")
       self._run_steps(name, a, rec, until_done=op == "prefill")
     elif op == "step":
       if name not in self.tokens:
@@ -209,13 +235,18 @@ class Replayer:
           raise ValueError(
             f"actions[{i}].entries[{j}] must be an object with a string 'req', got {e!r}"
           )
-        self._ensure(e["req"], e)
+        _check_fields(f"actions[{i}].entries[{j}]", e)
+      for j, e in enumerate(entries):
+        self._ensure(e["req"], e, f"actions[{i}].entries[{j}]")
       res = self.m.schedule([ScheduleEntry(e["req"], e.get("chunk")) for e in entries])
       rec["entries"] = [_entry_dict(e) for e in res.entries]
     elif op == "decode":
       if name not in self.tokens:
         raise ValueError(f"actions[{i}].req must name an active request for 'decode', got {name!r}")
-      toks = scenario_lib.resolve_prompt(a.get("tokens", []), self.prompts)
+      try:
+        toks = scenario_lib.resolve_prompt(a.get("tokens", []), self.prompts)
+      except ValueError as e:
+        raise ValueError(f"actions[{i}].tokens: {e}") from None
       steps, failure = [], None
       for t in toks:
         self.m.append_tokens(name, [t])
@@ -258,7 +289,16 @@ class Replayer:
     return rec
 
   def run(self) -> dict[str, Any]:
-    results = [self.run_action(i, a) for i, a in enumerate(self.sc["actions"])]
+    """Replays every action; a bad one raises ValueError naming `actions[i]` (and the field)."""
+    results = []
+    for i, a in enumerate(self.sc["actions"]):
+      try:
+        results.append(self.run_action(i, a))
+      except _ACTION_ERRORS as e:
+        msg = cli_util.one_line(e if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
+        if msg.startswith(f"actions[{i}]"):
+          raise
+        raise ValueError(f"actions[{i}] (op {a.get('op')!r}): {msg}") from e
     return {
       "scenario": self.sc["name"],
       "description": self.sc.get("description", ""),
@@ -335,8 +375,32 @@ def _expand(inputs: list[str]) -> list[str]:
   return out
 
 
+def _problem(path: str, message: object) -> None:
+  """Prints one `ERROR PATH: MESSAGE` line on stderr (the path is not repeated)."""
+  text = cli_util.one_line(message)
+  if text.startswith(f"{path}: "):
+    text = text[len(path) + 2 :]
+  print(f"ERROR {path}: {text}", file=sys.stderr)
+
+
+def _compare(path: str, out: Mapping[str, Any]) -> str | None:
+  """--check of one result: None if equal, else the first difference (ValueError: bad file)."""
+  exp_path = path[: -len(".json")] + ".expected.json"
+  try:
+    expected = scenario_lib.read_json(exp_path)
+  except OSError as e:
+    raise ValueError(f"{exp_path}: cannot read ({cli_util.os_error_text(e)})") from None
+  if not isinstance(expected, dict) or not isinstance(expected.get("results"), list):
+    raise ValueError(f"{exp_path}: expected output must be an object with a 'results' list")
+  try:
+    return first_difference(expected, out)
+  except (KeyError, TypeError, AttributeError) as e:
+    raise ValueError(f"{exp_path}: malformed expected output ({type(e).__name__}: {e})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-  ap = argparse.ArgumentParser(
+  """Runs the CLI; returns 0, 1 (a --check mismatch) or 2 (bad input: one ERROR line each)."""
+  ap = cli_util.ArgumentParser(
     prog="python -m hybrid_cache.replay", description=__doc__.split("\n")[0]
   )
   ap.add_argument("inputs", nargs="+", help="scenario files, directories or globs")
@@ -344,43 +408,76 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--compact", action="store_true", help="one-line JSON")
   ap.add_argument("--backend", choices=("jax", "reference"), default=None)
   ap.add_argument("--check", action="store_true", help="compare with NAME.expected.json")
-  args = ap.parse_args(argv)
+  try:
+    args = ap.parse_args(argv)
+  except SystemExit as e:  # usage errors (printed by the parser) and --help
+    return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
   backend = args.backend or default_backend()
   print(f"replay backend: {backend}", file=sys.stderr)
-  files = _expand(args.inputs)
-  if not files:
-    print("no scenario files found", file=sys.stderr)
-    return 2
-  failures = 0
+  bad, mismatches, files = 0, 0, []
+  for x in args.inputs:
+    found = _expand([x])
+    if not found:
+      _problem(x, "no scenario files (a directory or glob without *.json files)")
+      bad += 1
+    files.extend(found)
+  if args.out_dir:
+    try:
+      os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as e:
+      _problem(args.out_dir, f"--out-dir: cannot create ({cli_util.os_error_text(e)})")
+      return cli_util.USAGE_ERROR
   for path in files:
     try:
       sc = scenario_lib.load(path)
       out = replay(sc, backend)
-    except ValueError as e:  # bad scenario input: name the file, go on with the others
-      print(f"ERROR {path}: {e}", file=sys.stderr)
-      failures += 1
+    except OSError as e:
+      _problem(path, f"cannot read ({cli_util.os_error_text(e)})")
+      bad += 1
       continue
+    except ValueError as e:  # bad scenario input: name the file, go on with the others
+      _problem(path, e)
+      bad += 1
+      continue
+    except (OverflowError, MemoryError) as e:  # e.g. a num_blocks no pool can hold
+      _problem(path, f"config too large for the {backend} backend ({type(e).__name__}: {e})")
+      bad += 1
+      continue
+    except ImportError as e:
+      _problem(path, f"backend {backend!r} is not available ({e})")
+      return cli_util.USAGE_ERROR
     text = json.dumps(out, separators=(",", ":")) if args.compact else json.dumps(out, indent=1)
     if args.out_dir:
-      os.makedirs(args.out_dir, exist_ok=True)
-      with open(os.path.join(args.out_dir, os.path.basename(path)), "w") as f:
-        f.write(text + "\n")
+      dst = os.path.join(args.out_dir, os.path.basename(path))
+      try:
+        with open(dst, "w") as f:
+          f.write(text + "\n")
+      except OSError as e:
+        _problem(path, f"cannot write {dst} ({cli_util.os_error_text(e)})")
+        bad += 1
+        continue
     elif not args.check:
       print(text)
     if args.check:
       exp_path = path[: -len(".json")] + ".expected.json"
       if not os.path.exists(exp_path):
         print(f"FAIL {path}: no {os.path.basename(exp_path)}")
-        failures += 1
+        mismatches += 1
         continue
-      with open(exp_path) as f:
-        diff = first_difference(json.load(f), out)
+      try:
+        diff = _compare(path, out)
+      except ValueError as e:
+        _problem(path, e)
+        bad += 1
+        continue
       if diff is None:
         print(f"PASS {path}")
       else:
-        failures += 1
+        mismatches += 1
         print(f"FAIL {path}: first difference at {diff}")
-  return 1 if failures else 0
+  if bad:
+    return cli_util.USAGE_ERROR
+  return 1 if mismatches else 0
 
 
 if __name__ == "__main__":

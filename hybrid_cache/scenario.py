@@ -68,15 +68,30 @@ def resolve_prompt(spec: Any, prompts: Mapping[str, Any], _stack: tuple[str, ...
   )
 
 
+def read_json(path: str) -> Any:
+  """The parsed JSON of `path` (OSError if unreadable; ValueError naming line and column)."""
+  with open(path, encoding="utf-8") as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(
+        f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+      ) from None
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
 def load(path: str) -> dict[str, Any]:
-  """Reads and minimally checks a scenario file."""
-  with open(path) as f:
-    sc = json.load(f)
+  """Reads and minimally checks a scenario file (OSError if unreadable, else ValueError)."""
+  sc = read_json(path)
   if not isinstance(sc, dict):
     raise ValueError(f"{path}: a scenario must be a JSON object, got {type(sc).__name__}")
   for key in ("config", "actions"):
     if key not in sc:
       raise ValueError(f"{path}: scenario is missing {key!r}")
+  for key in ("name", "description"):
+    if key in sc and not isinstance(sc[key], str):
+      raise ValueError(f"{path}: {key} must be a string, got {sc[key]!r}")
   sc.setdefault("name", os.path.splitext(os.path.basename(path))[0])
   sc.setdefault("description", "")
   sc.setdefault("prompts", {})

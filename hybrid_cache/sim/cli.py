@@ -20,6 +20,7 @@ import os
 import sys
 import time
 
+from hybrid_cache import cli_util
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
@@ -49,6 +50,25 @@ def _retention(text: str):
   if v < 0:
     raise ValueError(f"retention must be 'policy', 'dense' or an integer >= 0, got {text!r}")
   return v
+
+
+def _alpha(text):
+  """flop_aware's --alpha: None, 'tuned' or a float in [0, 100] (ValueError otherwise)."""
+  if text is None or text == "tuned":
+    return text
+  try:
+    v = float(text)
+  except (TypeError, ValueError):
+    v = float("nan")
+  if not 0.0 <= v <= 100.0:
+    raise ValueError(f"alpha must be 'tuned' or a number in [0, 100], got {text!r}")
+  return v
+
+
+def _backend(text: str) -> str:
+  if text not in core_sim.BACKENDS:
+    raise argparse.ArgumentTypeError(f"backend must be one of {core_sim.BACKENDS}, got {text!r}")
+  return text
 
 
 def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) -> None:
@@ -89,7 +109,8 @@ def simulate(
       )
   if policy.kind == "core" and block_size is None:
     block_size = DEFAULT_CORE_BLOCK
-  block_size = block_size or 1
+  if block_size is None:
+    block_size = 1
   if block_size < 1:
     raise ValueError(f"block_size must be >= 1, got {block_size}")
   if not capacity_bytes > 0:
@@ -133,18 +154,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   retention = core.pop("retention", "policy")
   pinning = core.pop("pinning", False)
   budget = core.pop("token_budget", None)
-  alpha = core_alpha = core.pop("alpha", None)
+  alpha = _alpha(core.pop("alpha", None))
   if core:
     raise ValueError(
       f"core options must be backend/retention/pinning/token_budget/alpha, got {core}"
     )
-  if alpha is not None and alpha != "tuned":
-    try:
-      alpha = float(alpha)
-    except (TypeError, ValueError):
-      alpha = float("nan")
-    if not 0.0 <= alpha <= 100.0:
-      raise ValueError(f"alpha must be 'tuned' or a number in [0, 100], got {core_alpha!r}")
   if name == "flop_aware" and alpha is None:
     alpha = DEFAULT_FLOP_ALPHA
   check_capacity(trace, model, capacity_bytes)
@@ -180,7 +194,7 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m hybrid_cache.sim", description=__doc__.split("\n")[0])
+  p = cli_util.ArgumentParser(prog="python -m hybrid_cache.sim", description=__doc__.split("\n")[0])
   p.add_argument(
     "--trace",
     required=True,
@@ -190,16 +204,23 @@ def build_parser() -> argparse.ArgumentParser:
     "--format", required=True, choices=("marconi", "mooncake", "synthetic", "sharegpt")
   )
   p.add_argument("--model", required=True, help=f"one of {sorted(MODELS)}")
-  p.add_argument("--capacity-bytes", required=True, type=float)
+  p.add_argument(
+    "--capacity-bytes", required=True, type=cli_util.positive_float_arg, help="finite, > 0"
+  )
   p.add_argument("--policy", required=True)
-  p.add_argument("--block-size", type=int, default=None)
+  p.add_argument("--block-size", type=cli_util.int_arg(1), default=None, help=">= 1")
   p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
-  p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
-  p.add_argument("--max-input", type=int, default=None, help="mooncake: drop longer inputs")
-  p.add_argument("--seed", type=int, default=0, help="synthetic: generator seed")
+  p.add_argument(
+    "--limit", type=cli_util.int_arg(1), default=None, help="replay only the first N requests"
+  )
+  p.add_argument(
+    "--max-input", type=cli_util.int_arg(1), default=None, help="mooncake: drop longer inputs"
+  )
+  p.add_argument("--seed", type=cli_util.int_arg(0), default=0, help="synthetic: generator seed")
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
     "--backend",
+    type=_backend,
     default="jax",
     help="core policies: jax (jitted scan), jax_protocol (JaxCacheManager) or reference",
   )
@@ -208,7 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--pinning", action="store_true", help="core policies: SWA/prefix pinned tier")
   p.add_argument(
-    "--token-budget", type=int, default=None, help="core policies: tokens per step (None: prompt)"
+    "--token-budget",
+    type=cli_util.int_arg(1),
+    default=None,
+    help="core policies: tokens per step (None: prompt)",
   )
   p.add_argument(
     "--alpha",
@@ -218,47 +242,84 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+def _load_trace(args: argparse.Namespace) -> trace_lib.Trace:
+  """The --trace of --format (ValueError naming the file on a missing or unreadable one)."""
+  if args.format == "synthetic":
+    trace = synthetic.generate(args.trace, seed=args.seed)
+    return trace if args.limit is None else trace.head(args.limit)
+  if args.format == "sharegpt":
+    from hybrid_cache.sim.sharegpt import load_sharegpt
+
+    path = None if args.trace == "default" else args.trace
+    if path is not None and os.path.isdir(path):
+      raise ValueError(f"trace file {path!r} is a directory")
+    trace = load_sharegpt(path)
+    return trace if args.limit is None else trace.head(args.limit)
+  path = args.trace
+  if not os.path.exists(path):
+    raise ValueError(f"trace file {path!r} does not exist")
+  if os.path.isdir(path):
+    raise ValueError(f"trace file {path!r} is a directory")
+  try:
+    return trace_lib.load(path, args.format, limit=args.limit, max_input=args.max_input)
+  except OSError as e:
+    raise ValueError(f"trace file {path!r}: {cli_util.os_error_text(e)}") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"trace file {path!r} is not UTF-8 text (byte {e.start})") from None
+  except OverflowError as e:
+    raise ValueError(f"trace file {path!r}: a number does not fit in int64 ({e})") from None
+
+
+def _check_dump(path: str) -> None:
+  """ValueError when --dump cannot be written (before the replay, so no work is lost)."""
+  if os.path.isdir(path):
+    raise ValueError(f"--dump {path!r} is a directory")
+  parent = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(parent):
+    raise ValueError(f"--dump {path!r}: directory {parent!r} does not exist")
+
+
 def main(argv: list[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
+  """Runs the CLI; returns the exit status (2 with one `error:` line on bad input)."""
+  try:
+    args = build_parser().parse_args(argv)
+  except SystemExit as e:  # usage errors (printed by the parser) and --help
+    return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
   core_scan.enable_compile_cache()
   try:
     model = get_model(args.model)
     parse_policy(args.policy)
-    if args.limit is not None and args.limit < 1:
-      raise ValueError(f"limit must be >= 1, got {args.limit}")
-    if args.format == "synthetic":
-      trace = synthetic.generate(args.trace, seed=args.seed)
-      if args.limit is not None:
-        trace = trace.head(args.limit)
-    elif args.format == "sharegpt":
-      from hybrid_cache.sim.sharegpt import load_sharegpt
-
-      trace = load_sharegpt(None if args.trace == "default" else args.trace)
-      if args.limit is not None:
-        trace = trace.head(args.limit)
-    else:
-      if not os.path.isfile(args.trace):
-        raise ValueError(f"trace file {args.trace!r} does not exist")
-      trace = trace_lib.load(args.trace, args.format, limit=args.limit, max_input=args.max_input)
     core = {
       "backend": args.backend,
       "retention": _retention(args.retention),
       "pinning": args.pinning,
       "token_budget": args.token_budget,
-      "alpha": args.alpha,
+      "alpha": _alpha(args.alpha),
     }
-    triples, extra = simulate(
-      trace, model, args.capacity_bytes, args.policy, args.block_size, core=core
-    )
+    if args.dump:
+      _check_dump(args.dump)
+    trace = _load_trace(args)
+    try:
+      triples, extra = simulate(
+        trace, model, args.capacity_bytes, args.policy, args.block_size, core=core
+      )
+    except (OverflowError, MemoryError) as e:  # a pool no machine can hold
+      raise ValueError(
+        f"--capacity-bytes {args.capacity_bytes:g} is too large to simulate "
+        f"({type(e).__name__}: {e})"
+      ) from None
     oracle = None
     if not args.no_oracle:
       oracle = oracle_reused(trace, extra["block_size"]).tolist()
     summary = summarize(triples, model, oracle_reused=oracle) | extra
     summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
     if args.dump:
-      _atomic_write(args.dump, json.dumps([list(t) for t in triples]) + "\n")
+      try:
+        _atomic_write(args.dump, json.dumps([list(t) for t in triples]) + "\n")
+      except OSError as e:
+        raise ValueError(f"--dump {args.dump!r}: {cli_util.os_error_text(e)}") from None
   except (ValueError, OSError, ImportError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    print(f"error: {cli_util.one_line(e)}", file=sys.stderr)
+    return cli_util.USAGE_ERROR
   print(json.dumps(summary, indent=1))
   return 0

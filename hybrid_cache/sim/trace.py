@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 MOONCAKE_BLOCK = 512
+_INT64_MAX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -108,6 +109,8 @@ def _int_list(path: str, lineno: int, obj: dict, field: str) -> list[int]:
     raise _bad(path, lineno, f"field {field!r} must be a list of integers, got {type(v).__name__}")
   if v and min(v) < 0:
     raise _bad(path, lineno, f"field {field!r} must contain integers >= 0, got {min(v)}")
+  if v and max(v) > _INT64_MAX:
+    raise _bad(path, lineno, f"field {field!r} must contain integers < 2**63, got {max(v)}")
   return v
 
 
@@ -127,7 +130,7 @@ def _json_lines(path: str | os.PathLike) -> Iterable[tuple[int, dict]]:
       try:
         obj = json.loads(line)
       except json.JSONDecodeError as e:
-        raise _bad(path, lineno, f"malformed JSON ({e.msg})") from None
+        raise _bad(path, lineno, f"malformed JSON at column {e.colno} ({e.msg})") from None
       if not isinstance(obj, dict):
         raise _bad(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
       yield lineno, obj
@@ -148,12 +151,17 @@ def load_marconi(path: str | os.PathLike, *, limit: int | None = None) -> Trace:
     ts = obj.get("ts", 0.0)
     if isinstance(ts, bool) or not isinstance(ts, int | float):
       raise _bad(p, lineno, f"field 'ts' must be a number, got {ts!r}")
+    turn_id = obj.get("turn_id", 0)
+    try:
+      turn_id = int(turn_id)
+    except (TypeError, ValueError, OverflowError):
+      raise _bad(p, lineno, f"field 'turn_id' must be an integer, got {turn_id!r}") from None
     reqs.append(
       token_request(
         inp,
         out,
         session_id=obj.get("session_id", len(reqs)),
-        turn_id=int(obj.get("turn_id", 0)),
+        turn_id=turn_id,
         ts=ts,
       )
     )

@@ -612,7 +612,7 @@ def test_cli_names_bad_files_and_goes_on(tmp_path, capsys):
     (tmp_path / name).write_text(json.dumps(sc))
   rc = replay_lib.main([str(tmp_path), "--backend", "reference", "--out-dir", str(tmp_path / "o")])
   err = capsys.readouterr().err
-  assert rc == 1
+  assert rc == 2  # bad input (a --check mismatch alone is 1)
   assert "ERROR" in err and "a_bad.json" in err and "config.watermark" in err
   assert "WARNING" not in err and "c_partial.json" not in err  # partial hits are implemented
   assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["b_good.json", "c_partial.json"]
