@@ -94,16 +94,15 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
   if not any(s.spec.eagle for s in lay.spec_groups):
     return _lookup_closed_form(lay, found, cached, max_len)
 
-  alone = []
-  for g, spec in enumerate(lay.groups):
-    need = -(-(spec.window - 1) // spec.block_size) if spec.kind == "swa" else 0
-    length, _ = _find(lay, spec, need, cached[g], max_len, jnp.asarray(spec.eagle))
-    alone.append(length)
-  alone = jnp.stack(alone)
-
   sgs = lay.spec_groups
   ns = len(sgs)
   sg_cached = [jnp.all(cached[jnp.asarray(s.members)], axis=0) for s in sgs]
+  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`)
+  sg_alone = [
+    _find(lay, s.spec, s.need, sg_cached[j], max_len, jnp.asarray(s.spec.eagle))[0]
+    for j, s in enumerate(sgs)
+  ]
+  alone = jnp.stack([sg_alone[j] for j in _spec_index(lay)])
   simple = ns == 2 and sgs[0].spec.kind == "full"
 
   def one_pass(carry):
@@ -209,7 +208,8 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   bss = np.array([spec.block_size for spec, _ in specs], np.int32)[:, None]
   ends = (pos[None, :] + 1) * bss  # i32[G + NS, MB] token end of each position
   best = jnp.max(jnp.where(valid & (ends <= max_len), ends, 0), axis=1)
-  alone = best[:g_n]
+  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`)
+  alone = best[g_n + np.asarray(_spec_index(lay))]
   longest = best[g_n]  # first spec group at the full cap: every later find is at most this
   # common valid ends on the scheduler-block grid: L = k * sbs, k = 1..K
   al = lay.sbs
@@ -298,6 +298,15 @@ def _mamba_valid(lay: Layout, spec, fine_cached, cached):
   return jnp.where(jnp.asarray(on_edge), cached[np.clip(blk, 0, cached.shape[0] - 1)], False)
 
 
+def _spec_index(lay: Layout) -> tuple[int, ...]:
+  """Per group, the index of its spec group in `lay.spec_groups`."""
+  out = [0] * lay.num_groups
+  for j, s in enumerate(lay.spec_groups):
+    for g in s.members:
+      out[g] = j
+  return tuple(out)
+
+
 def _swa_need(spec) -> int:
   """Contiguous blocks a sliding-window hit needs before its end (EAGLE one more), at least 1."""
   return max(-(-(spec.window - 1) // spec.block_size) + (1 if spec.eagle else 0), 1)
@@ -352,25 +361,26 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
 
   pos = jnp.arange(mb)
   fpos = jnp.arange(mh)
-  # each group alone
-  alone = []
-  for g, spec in enumerate(lay.groups):
-    fc = fine_of(g)
+  def merged(s):  # (cached bool[MB], fine-cached bool[MH] or None) of a spec group's members
+    members = list(s.members)
+    c = jnp.all(cached[jnp.asarray(members)], axis=0)
+    if fine_of(members[0]) is None:
+      return c, None
+    return c, jnp.all(jnp.stack([fine_of(g) >= 0 for g in members]), axis=0)
+
+  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`)
+  sg_alone = []
+  for s in lay.spec_groups:
+    spec = s.spec
+    c, fc = merged(s)
     if spec.kind == "full":
-      length, _, _ = _full_find_fine(
-        lay,
-        cached[g],
-        None if fc is None else fc >= 0,
-        max_len,
-        jnp.asarray(spec.eagle),
-        spec.block_size,
-      )
+      length, _, _ = _full_find_fine(lay, c, fc, max_len, jnp.asarray(spec.eagle), spec.block_size)
     else:
-      v = _rec_valid(lay, spec, None if fc is None else fc >= 0, cached[g])
+      v = _rec_valid(lay, spec, fc, c)
       f = jnp.max(jnp.where(v & ((fpos + 1) * hbs <= max_len), fpos, -1))
       length = ((f + 1) * hbs).astype(jnp.int32)
-    alone.append(length)
-  alone = jnp.stack(alone)
+    sg_alone.append(length)
+  alone = jnp.stack([sg_alone[j] for j in _spec_index(lay)])
 
   cur = max_len
   longest = None

@@ -279,11 +279,13 @@ class ReferencePolicy:
     empty = HitInfo(0, (0,) * ng, (0,) * ng, 0), [[] for _ in range(ng)]
     if not self._caching or max_len <= 0:
       return empty
+    # each group alone, as vLLM's `find_longest_cache_hit_per_group`: groups of equal specs are
+    # looked up together (a hit needs the key in every member), each member reports that hit
     per_group = []
     for gid in range(ng):
       sg = next(s for s in self._spec_groups if gid in s.members)
       drop = self._groups[gid].eagle and sg.kind != "mamba"
-      per_group.append(self._find(sg, fine, [gid], max_len, drop)[1])
+      per_group.append(self._find(sg, fine, sg.members, max_len, drop)[1])
     hit, entries, longest = self._reconcile(fine, max_len)
     rows = [[] for _ in range(ng)]
     for sg, ent in zip(self._spec_groups, entries):
