@@ -44,8 +44,9 @@ DEFAULT_POLICIES = (
   "marconi_compat",
   "marconi_compat_static:1",
   "marconi_compat_vllm",
+  "align_dense",
+  "vllm_align_dense",
   "vllm_align",
-  "vllm_align_marconi",
   "vllm_all",
   "lru",
 )

@@ -15,7 +15,8 @@
 # # Simulator policies: hit rate and TTFT vs capacity, against the oracle bound
 #
 # Every simulator policy (Marconi-compat V1 / V2 / static alpha, vLLM+, and the cache-core
-# policies `vllm_align`, `vllm_align_marconi`, `vllm_all`, `lru`, `flop_aware`) on four traces
+# policies `align_dense`, `vllm_align_dense`, `vllm_align` (vLLM 0.33's default), `vllm_all`, `lru`,
+# `flop_aware`) on four traces
 # (Mooncake conversation, Mooncake synthetic, seeded synthetic chat, real ShareGPT conversations
 # when the optional extra `sharegpt` is installed) across capacities, against the
 # infinite-cache oracle (dashed). Core policies replay through the jitted scan
@@ -42,8 +43,9 @@ POLICIES = (
   "marconi_compat",
   "marconi_compat_static:1",
   "marconi_compat_vllm",
+  "align_dense",
+  "vllm_align_dense",
   "vllm_align",
-  "vllm_align_marconi",
   "vllm_all",
   "lru",
   "flop_aware",

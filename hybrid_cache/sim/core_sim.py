@@ -1,12 +1,20 @@
 """Replays a trace through the cache core (`types.CacheManager` protocol only).
 
-Policies (static config, `CORE_POLICY_CONFIGS`):
+Policies (static config, `CORE_POLICY_CONFIGS`). vLLM 0.33 serves `align` with the shared-
+prefix junction always on (`KVCacheManager.get_computed_blocks` returns it, the scheduler's split
+stops there, the retention masks keep it) and `prefix_cache_retention_interval = 0` by default
+(`vllm/config/cache.py`): only the replay boundary and junction states are kept.
   vllm_none            recurrent mode none (vLLM: no prefix caching for hybrids), LRU.
-  vllm_align           mode align, no Marconi junction, dense retention (vLLM 0.33 default).
-  vllm_align_marconi   mode align + Marconi junction (§4.4), dense retention.
+  vllm_align           vLLM 0.33's serving default: align + junction + retention 0.
+  vllm_align_marconi   the same configuration (vLLM 0.33's default admission IS Marconi-style:
+                       junction states plus sparse retention); kept as the name experiments use.
+  vllm_align_dense     align + junction, dense retention (vLLM with the retention interval unset).
+  align_dense          align, no junction, dense retention (vLLM before the junction: this was
+                       `vllm_align` before the vLLM-exactness work; not a vLLM 0.33 setting).
   vllm_all             mode all (a state at every block boundary = vLLM+ in block terms).
   lru                  Marconi admission in block terms: align + junction + retention 0
-                       (replay boundary + junction states only), LRU free queue.
+                       (replay boundary + junction states only), LRU free queue; the same
+                       configuration as `vllm_align`, named as the baseline of `flop_aware`.
   flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, hybrid_cache/eviction.py).
 `retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
 turns on the SWA/prefix pinned tier (SPEC B1).
@@ -60,8 +68,10 @@ class CorePolicy:
 
 CORE_POLICY_CONFIGS = {
   "vllm_none": CorePolicy("none", False, None),
-  "vllm_align": CorePolicy("align", False, None),
-  "vllm_align_marconi": CorePolicy("align", True, None),
+  "vllm_align": CorePolicy("align", True, 0),
+  "vllm_align_marconi": CorePolicy("align", True, 0),
+  "vllm_align_dense": CorePolicy("align", True, None),
+  "align_dense": CorePolicy("align", False, None),
   "vllm_all": CorePolicy("all", False, None),
   "lru": CorePolicy("align", True, 0),
   "flop_aware": CorePolicy("align", True, 0, "flop_aware"),
@@ -174,6 +184,8 @@ def build_config(
   if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
     raise ValueError(f"token_budget must be None or an integer >= {block_size}, got {budget!r}")
   ret = p.retention if retention == "policy" else retention
+  if retention == "policy" and not any(g.kind in ("swa", "mamba") for g in groups):
+    ret = None  # a policy's retention only concerns window and recurrent groups (vLLM)
   cfg = CacheConfig(
     groups=groups,
     num_blocks=num_blocks,

@@ -5,9 +5,10 @@ marconi_compat_sglang   Marconi V1 (SGLang+: leaf + branch states, LRU leaves), 
 marconi_compat_static:A Marconi V3 with alpha = A in [0, 100], block size 1.
 marconi_compat_vllm     Marconi's vLLM+ baseline (a state per 32-token block, LRU leaves), block 32.
 oracle                  infinite cache (every block and boundary state kept), any block size.
-vllm_none, vllm_align, vllm_align_marconi, vllm_all, lru, flop_aware
-                        policies over the cache core (`core_sim.py`: JaxCacheManager, or
-                        ReferencePolicy with --backend reference), any block size.
+vllm_none, vllm_align, vllm_align_marconi, vllm_align_dense, align_dense, vllm_all, lru,
+flop_aware              policies over the cache core (`core_sim.py`: JaxCacheManager, or
+                        ReferencePolicy with --backend reference), any block size; `vllm_align`
+                        = vLLM 0.33's serving default (see `core_sim.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 
-CORE_POLICIES = ("vllm_none", "vllm_align", "vllm_align_marconi", "vllm_all", "lru", "flop_aware")
+CORE_POLICIES = (
+  "vllm_none",
+  "vllm_align",
+  "vllm_align_marconi",
+  "vllm_align_dense",
+  "align_dense",
+  "vllm_all",
+  "lru",
+  "flop_aware",
+)
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
 ALL_POLICIES = COMPAT_POLICIES + (STATIC_PREFIX + "<alpha>", "oracle") + CORE_POLICIES

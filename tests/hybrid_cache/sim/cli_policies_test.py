@@ -55,7 +55,7 @@ def test_vllm_plus_runs_at_block_32(tmp_path):
 def test_core_policy_reference_backend(tmp_path):
   dump = tmp_path / "d.json"
   r = _run(
-    *_base("vllm_align_marconi"),
+    *_base("vllm_align_dense"),
     "--block-size",
     "512",
     "--backend",

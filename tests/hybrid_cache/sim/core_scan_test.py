@@ -94,8 +94,8 @@ def _reused(tri):
   [
     ("lru", lambda: small_chat(48), 34 * 60),
     ("vllm_all", lambda: small_chat(48, seed=2), 34 * 70),
-    ("vllm_align_marconi", lambda: _agent(36), 34 * 90),
-    ("vllm_align", lambda: _agent(36, seed=3), 34 * 90),
+    ("vllm_align_dense", lambda: _agent(36), 34 * 90),
+    ("align_dense", lambda: _agent(36, seed=3), 34 * 90),
   ],
 )
 def test_scan_matches_protocol_on_synthetic_traces(policy, make, cap):

@@ -30,8 +30,9 @@ SHARED = trace_of(
   "policy, model, expected",
   [
     ("vllm_none", TINY, [0, 0, 0]),  # no recurrent state is ever cached
-    ("vllm_align", TINY, [0, 0, 0]),  # states only at 12 and 16 (R0), 12 and 16 (R1)
-    ("vllm_align_marconi", TINY, [0, 0, 8]),  # R1 cuts a chunk at the junction 8
+    ("align_dense", TINY, [0, 0, 0]),  # states only at 12 and 16 (R0), 12 and 16 (R1)
+    ("vllm_align_dense", TINY, [0, 0, 8]),  # R1 cuts a chunk at the junction 8
+    ("vllm_align", TINY, [0, 0, 8]),  # vLLM 0.33 default: junction + sparse retention
     ("lru", TINY, [0, 0, 8]),  # same admission, sparse retention
     ("vllm_all", TINY, [0, 8, 8]),  # a state at every block boundary
     ("vllm_align", ATTN_ONLY, [0, 8, 8]),  # attention only: longest block prefix
@@ -50,7 +51,7 @@ def test_sizing_pages_and_padding():
   assert sizing["groups"] == ["full", "mamba"]
   assert sizing["page_padding"] == pytest.approx([1 - 16 / 34, 0.0])
   assert cfg.retention_interval == 0 and cfg.marconi_junction
-  cfg2, _ = core_sim.build_config(SHARED, TINY, 3400, "vllm_align", 4, retention=8)
+  cfg2, _ = core_sim.build_config(SHARED, TINY, 3400, "align_dense", 4, retention=8)
   assert cfg2.retention_interval == 8 and not cfg2.marconi_junction
   with pytest.raises(ValueError, match="capacity_bytes must be >="):
     core_sim.build_config(SHARED, TINY, 34 * 5, "vllm_all", 4)
@@ -71,7 +72,9 @@ def test_jax_and_reference_backends_agree(policy):
   assert sum(r for _, _, r in a) > 0
 
 
-@pytest.mark.parametrize("policy", ["vllm_align", "vllm_align_marconi", "vllm_all", "lru"])
+@pytest.mark.parametrize(
+  "policy", ["align_dense", "vllm_align", "vllm_align_dense", "vllm_all", "lru"]
+)
 def test_bounded_by_oracle(policy):
   tr = small_chat(120, seed=3)
   o = oracle_reused(tr, 4).tolist()
