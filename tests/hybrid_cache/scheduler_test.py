@@ -14,11 +14,12 @@ from hybrid_cache.groups import sliding_window
 from hybrid_cache.state import layout
 
 
-def _split(cfg, start, n, num_tokens, spb, num_prompt=None):
+def _split(cfg, start, n, num_tokens, spb, num_prompt=None, max_chunk=None):
   lay = layout(cfg)
   out = scheduler.split(
-    lay, cfg, jnp.int32(start), jnp.int32(n), jnp.int32(num_tokens),
+    lay, jnp.int32(start), jnp.int32(n), jnp.int32(num_tokens),
     jnp.int32(num_prompt or num_tokens), jnp.int32(spb),
+    jnp.int32(cfg.max_num_batched_tokens if max_chunk is None else max_chunk),
   )  # fmt: skip
   return int(out)
 
@@ -54,6 +55,15 @@ def test_split_leaves_decode_alone():
 def test_split_eagle_backs_off_one_block():
   cfg = FA_MAMBA4.replace(use_eagle=True, num_speculative_tokens=1)
   assert _split(cfg, 0, 22, 22, 0) == 16
+
+
+def test_split_advances_sub_block_when_the_block_is_wider_than_the_chunk_limit():
+  # vLLM `_mamba_block_aligned_split`: with a chunk limit of 3 < block 4 a chunk from a block
+  # edge cannot be floored (it would be empty): it runs 3 tokens, then re-aligns at 4.
+  assert _split(FA_MAMBA4, 0, 3, 27, 0, max_chunk=3) == 3
+  assert _split(FA_MAMBA4, 3, 3, 27, 0, max_chunk=3) == 1
+  # a limit of at least one block floors as usual (0 -> 4 of a 7-token chunk)
+  assert _split(FA_MAMBA4, 0, 7, 27, 0, max_chunk=7) == 4
 
 
 def test_no_split_without_align_group():

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hybrid_cache import replay as replay_lib
-from tests.hybrid_cache.vllm_diff import compare  # noqa: F401 - re-exported for the live test
+from tests.hybrid_cache.vllm_diff import compare
 
 
 def disagreements(
