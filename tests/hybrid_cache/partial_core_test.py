@@ -27,7 +27,11 @@ F = CacheConfig(
   hash_block_size=4,
   num_blocks=64,
 )
-A = list(range(20))
+# 21 tokens: the prompt-tail boundary floor((21-1)/4)*4 = 20 lies inside Mamba block 2 (16..24);
+# its first two steps ([16, 4]) leave the partial entry at 20 pending, the third (1 token) moves
+# it to a copy. AX shares 20 tokens with A.
+A = list(range(21))
+AX = A[:20] + [900, 901, 902]
 
 
 def test_layout_partial_fields():
@@ -59,21 +63,17 @@ def test_phase2_probe_of_hash_boundaries_inside_the_next_block():
   assert find(15) == (8, 1, -1)
 
 
-def _prefill(m, name, tokens):
+def _prefill(m, name, tokens, steps=2):
+  """Adds the request and runs `steps` steps (2: A up to its tail boundary 20)."""
   m.add_request(name, tokens)
-  out = []
-  while True:
-    res = m.schedule([ScheduleEntry(name)])
-    out.append(res)
-    if res.entries[0].num_computed_tokens >= len(tokens) or not res.entries[0].scheduled_tokens:
-      return out
+  return [m.schedule([ScheduleEntry(name)]) for _ in range(steps)]
 
 
 def test_prefill_registers_the_mamba_partial_entry_at_the_prompt_tail():
-  # A (20 tokens): split stops at lcp = floor(19, 8) = 16, then 4 more. Step 1: FA blocks 1-4,
-  # Mamba state block 5 at position 1 (ends at 16). Step 2: FA block 6, Mamba running block 7
-  # at position 2; caching is not floored to sbs 8: FA keys block 4 (tokens 20), and 20 =
-  # floor(20, HBS) ends the chunk inside Mamba block 2 -> partial key on block 7.
+  # A (21 tokens): split stops at lcp = floor(20, 8) = 16, then at the tail 20. Step 1: FA
+  # blocks 1-4, Mamba state block 5 at position 1 (ends at 16). Step 2: FA block 6, Mamba
+  # running block 7 at position 2; caching is not floored to sbs 8: FA keys block 4 (tokens
+  # 20), and the tail 20 ends the chunk inside Mamba block 2 -> partial key on block 7.
   m = JaxCacheManager(P)
   steps = _prefill(m, "A", A)
   assert [s.entries[0].scheduled_tokens for s in steps] == [16, 4]
@@ -86,9 +86,9 @@ def test_mamba_lookup_scans_hash_block_positions():
   m = JaxCacheManager(P)
   _prefill(m, "A", A)
   m.free("A")
-  # A + 3 tokens (max_len 22): FA 5 blocks (20); Mamba scans hash indices 4..0: index 4 (20)
-  # holds the partial key -> 20, one block (7) at position 2.
-  hit = m.lookup(A + [900, 901, 902])
+  # AX (max_len 22): FA 5 blocks (20); Mamba scans hash indices 4..0: index 4 (20) holds the
+  # partial key -> 20, one block (7) at position 2.
+  hit = m.lookup(AX)
   assert (hit.hit_tokens, hit.per_group_hit_tokens, hit.hit_blocks_per_group) == (
     20,
     (20, 20),
@@ -105,14 +105,14 @@ def test_mamba_lookup_scans_hash_block_positions():
 
 def test_new_request_hitting_a_partial_entry_gets_a_private_copy():
   # After A is freed the queue is 8..63, then A's keyed blocks tail first: 6 4 3 2 1, 7 5.
-  # Ax (23 tokens) hits 20: FA blocks 1 2 3 4 6 + one fresh (8); Mamba: the hit block 7 sits at
+  # AX (23 tokens) hits 20: FA blocks 1 2 3 4 6 + one fresh (8); Mamba: the hit block 7 sits at
   # position 2 and the hit ends inside it -> the first Mamba pop (9) is a private copy that
   # replaces it (admission counted one more block); copy 7 -> 9. At the step end 7's hit
   # reference is released (free cached again, at the tail) and 9 stays with Ax.
   m = JaxCacheManager(P)
   _prefill(m, "A", A)
   m.free("A")
-  m.add_request("Ax", A + [900, 901, 902])
+  m.add_request("Ax", AX)
   res = m.schedule([ScheduleEntry("Ax")])
   e = res.entries[0]
   assert (e.scheduled_tokens, e.hit.hit_tokens) == (3, 20)
@@ -125,14 +125,13 @@ def test_new_request_hitting_a_partial_entry_gets_a_private_copy():
 
 
 def test_producer_moves_its_partial_entry_to_a_copy_on_its_next_step():
-  # A decodes one token after its prefill (21 tokens). Step 3: remove_skipped(20) frees the
+  # A's third step (its last prompt token, 20 -> 21). Step 3: remove_skipped(20) frees the
   # Mamba state block 5 (position 1, keyed -> tail). FA needs a 6th block (8, the queue head);
   # Mamba needs no new block but its pending partial entry takes one more: 9. The key moves
   # 7 -> 9, copy 7 -> 9; the table keeps 7. At the step end 9 (no table holds it, keyed) joins
   # the free tail: free cached 5 and 9.
   m = JaxCacheManager(P)
   _prefill(m, "A", A)
-  m.append_tokens("A", [500])
   res = m.schedule([ScheduleEntry("A")])
   e = res.entries[0]
   assert e.scheduled_tokens == 1
@@ -149,7 +148,7 @@ def test_producer_moves_its_partial_entry_to_a_copy_on_its_next_step():
   assert int(s.block_group[9]) == 1 and int(s.block_group[7]) == -1
   assert int(s.req_partial[m._reqs["A"].slot, 1]) == 0
   # the moved key serves the next request: Ax hits 20 through block 9
-  hit = m.lookup(A + [900, 901, 902])
+  hit = m.lookup(AX)
   assert (hit.hit_tokens, hit.hit_blocks_per_group) == (20, (5, 1))
 
 
@@ -158,8 +157,7 @@ def test_moved_key_is_not_hittable_in_the_same_step():
   # hit it in Mamba -> same-step rule (§2.4.6): not admitted this step.
   m = JaxCacheManager(P)
   _prefill(m, "A", A)
-  m.append_tokens("A", [500])
-  m.add_request("Ax", A + [900, 901, 902])
+  m.add_request("Ax", AX)
   res = m.schedule([ScheduleEntry("A"), ScheduleEntry("Ax")])
   assert res.entries[0].scheduled_tokens == 1
   assert res.entries[1].scheduled_tokens == 0
@@ -167,21 +165,22 @@ def test_moved_key_is_not_hittable_in_the_same_step():
 
 
 def test_split_stops_at_the_prompt_hash_tail():
-  # 23-token prompt, bs 8: lcp = floor(22, 8) = 16 < floor(23, 4) = 20 < 23 -> chunks 16, 4, 3
+  # 23-token prompt, bs 8: lcp = floor(22, 8) = 16 < tail floor(22, 4) = 20 < 23 -> 16, 4, 3
   lay = layout(P)
-  n = scheduler.split(lay, P, jnp.int32(16), jnp.int32(7), jnp.int32(23), jnp.int32(23), 0)
+  budget = jnp.int32(P.max_num_batched_tokens)
+  n = scheduler.split(lay, jnp.int32(16), jnp.int32(7), jnp.int32(23), jnp.int32(23), 0, budget)
   assert int(n) == 4
-  n = scheduler.split(lay, P, jnp.int32(0), jnp.int32(23), jnp.int32(23), jnp.int32(23), 0)
+  n = scheduler.split(lay, jnp.int32(0), jnp.int32(23), jnp.int32(23), jnp.int32(23), 0, budget)
   assert int(n) == 16
   # without partial hits (prefix caching off) no tail stop
   off = P.replace(enable_prefix_caching=False)
-  n = scheduler.split(layout(off), off, jnp.int32(16), jnp.int32(7), 23, 23, 0)
+  n = scheduler.split(layout(off), jnp.int32(16), jnp.int32(7), 23, 23, 0, budget)
   assert int(n) == 7
 
 
 def test_fa_phase2_hit_takes_a_private_copy_of_the_partial_block():
-  # F (FA 8, Mamba 16, HBS 4). A (20 tokens): split lcp = floor(19, 16) = 16, tail stop 20:
-  # chunks 16, 4. FA blocks 1 2 (step 1) + 4 (step 2); Mamba 3 (pos 0, step 1), 5 (pos 1).
+  # F (FA 8, Mamba 16, HBS 4). A (21 tokens): split lcp = floor(20, 16) = 16, tail stop 20:
+  # chunks 16, 4 (then 1). FA blocks 1 2 (step 1) + 4 (step 2); Mamba 3 (pos 0, step 1), 5 (pos 1).
   # Step 2 caches FA up to 20 unfloored: full blocks 0-1 already keyed, and the FA partial tail
   # 20 on block 4 (position 2); Mamba partial 20 on its running block 5.
   m = JaxCacheManager(F)
@@ -191,13 +190,13 @@ def test_fa_phase2_hit_takes_a_private_copy_of_the_partial_block():
   assert m.pool_stats().cached_blocks_per_group == (3, 2)
   m.free("A")
   # Ax (23): FA phase 1 = 16, phase 2 probes hash index 4 (20) in block 2 -> 20; Mamba 20.
-  hit = m.lookup(A + [900, 901, 902])
+  hit = m.lookup(AX)
   assert (hit.hit_tokens, hit.per_group_hit_tokens, hit.hit_blocks_per_group) == (
     20,
     (20, 20),
     (3, 1),
   )
-  m.add_request("Ax", A + [900, 901, 902])
+  m.add_request("Ax", AX)
   res = m.schedule([ScheduleEntry("Ax")])
   e = res.entries[0]
   # queue after the free: 6..63, then FA 4 2 1, Mamba 5 3. FA copy of 4 -> 6 (replaces it at
@@ -221,7 +220,7 @@ def test_fa_phase2_hit_takes_a_private_copy_of_the_partial_block():
 
 _SCENARIO_TESTS = (
   "test_producer_chunks_partial_entries_and_cow",
-  "test_producer_freed_before_cow_keeps_entry_on_its_block",
+  "test_prompt_tail_on_a_block_edge_makes_no_partial_entry",
   "test_fa_phase2_and_mamba_partial_hit_with_cow",
   "test_cow_block_counts_in_admission",
   "test_cow_copies_are_named_in_the_step_plan",
