@@ -41,7 +41,8 @@ decomposes per request, over h in {0} U {u, 2u, ..} up to r's oracle prefix; a h
 bytes at t = r, state_bytes + kv_bytes(h), exceed C is dropped (infeasible for any policy).
 lam = 0 gives the infinite-cache oracle, so the bound is at most the oracle. Projected
 subgradient steps (Polyak step toward the clairvoyant value, halving the step on stalls) lower
-L; the lowest L seen is reported (+ a 1e-9 relative margin for float rounding).
+L; the lowest L seen is reported (+ a 1e-9 relative margin for float rounding, then floored:
+every policy's value is an integer).
 
 Clairvoyant schedule (a lower bound on OPT): a greedy over (request, hit) pairs by gain per
 charged byte-arrival (priced by the multipliers), upgrading a request's hit when every arrival
@@ -53,6 +54,7 @@ policy (states at any u-multiple, no working set), not one the simulator's cores
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -68,7 +70,8 @@ _SAFETY = 1e-9  # relative margin on a float-computed bound
 class BoundResult:
   """What `offline_bound` returns (objectives not computed are None).
 
-  bound_flops / bound_tokens: upper bounds on FLOPs saved / tokens reused by any policy.
+  bound_flops / bound_tokens: upper bounds (integers) on FLOPs saved / tokens reused by any
+    policy.
   upper_h_flops / upper_h_tokens: int64[n] the inner maximiser's hits at the best multipliers.
   best_iteration_flops / _tokens: the subgradient iteration of the lowest bound (0 = lam 0).
   clairvoyant_h: int64[n] the feasible clairvoyant schedule's hits (of the flops objective,
@@ -77,8 +80,8 @@ class BoundResult:
   wall_s: seconds spent.
   """
 
-  bound_flops: float | None
-  bound_tokens: float | None
+  bound_flops: int | None
+  bound_tokens: int | None
   upper_h_flops: np.ndarray | None
   upper_h_tokens: np.ndarray | None
   best_iteration_flops: int | None
@@ -379,7 +382,8 @@ def offline_bound(
     if _exact_gain(model, h_cv2, obj) > _exact_gain(model, h_cv, obj):
       h_cv = h_cv2
     oracle = _exact_gain(model, p.oracle_h, obj)
-    bound = oracle if it == 0 else min(float(oracle), val * dual.scale * (1 + _SAFETY))
+    # any policy's value is an integer, so the floor of a real upper bound is one too
+    bound = oracle if it == 0 else min(oracle, math.floor(val * dual.scale * (1 + _SAFETY)))
     res[obj] = (bound, h_up, it)
     if sched is None:
       sched = h_cv

@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -9,7 +10,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cli import simulate
+from hybrid_cache.sim.cost_model import MODELS
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import feasible
 from hybrid_cache.sim.offline_bound import offline_bound
@@ -18,6 +21,7 @@ from hybrid_cache.sim.policies import CORE_POLICIES
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import small_chat
 from hybrid_cache.sim.testing import trace_of
+from hybrid_cache.sim.trace import write_marconi
 
 ATTN_ONLY = dataclasses.replace(TINY, name="tiny_attn", n_recurrent=0)
 SHARED = trace_of(
@@ -186,3 +190,44 @@ def test_bad_arguments():
     cap, unit = args.pop("capacity_bytes"), args.pop("unit")
     with pytest.raises(ValueError, match=msg):
       offline_bound(CHAT, TINY, cap, unit, **args)
+
+
+def _cli(tmp_path, capsys, *extra):
+  path = tmp_path / "t.jsonl"
+  write_marconi(small_chat(30, seed=1), path)
+  base = ["--trace", str(path), "--format", "marconi", "--model", "tiny_cli", "--policy"]
+  rc = main(base + ["offline_bound", *extra])
+  out = capsys.readouterr()
+  return rc, out.out, out.err
+
+
+@pytest.fixture
+def tiny_registered(monkeypatch):
+  monkeypatch.setitem(MODELS, "tiny_cli", dataclasses.replace(TINY, name="tiny_cli"))
+
+
+def test_cli_offline_bound(tmp_path, capsys, tiny_registered):
+  rc, out, err = _cli(tmp_path, capsys, "--capacity-bytes", "700", "--block-size", "2")
+  assert rc == 0, err
+  s = json.loads(out)
+  for key in ("token_hit_rate", "flops_saved", "bound_flops_saved", "bound_tokens_reused"):
+    assert key in s
+  assert s["bound_flops_saved"] >= s["clairvoyant_flops_saved"] == s["flops_saved"] > 0
+  assert s["bound_tokens_reused"] >= s["tokens_reused"]
+  assert s["bound_tokens_reused"] <= s["oracle_tokens_reused"]
+  assert s["block_size"] == 2
+
+
+@pytest.mark.parametrize(
+  "extra, needle",
+  [
+    (["--capacity-bytes", "700", "--block-size", "0"], "--block-size"),
+    (["--capacity-bytes", "700", "--bound-iterations", "-3"], "--bound-iterations"),
+    (["--capacity-bytes", "-1"], "--capacity-bytes"),
+    (["--capacity-bytes", "10"], "capacity_bytes must be >="),
+  ],
+)
+def test_cli_offline_bound_bad_input(tmp_path, capsys, tiny_registered, extra, needle):
+  rc, out, err = _cli(tmp_path, capsys, *extra)
+  assert rc == 2 and not out
+  assert err.count("\n") == 1 and err.startswith("error:") and needle in err
