@@ -39,6 +39,10 @@ The bound (Lagrangian relaxation). For any multipliers lam_t >= 0,
 (weak duality: for feasible h every added term lam_t (C - B_t(h)) is >= 0). The inner max
 decomposes per request, over h in {0} U {u, 2u, ..} up to r's oracle prefix; a hit whose own
 bytes at t = r, state_bytes + kv_bytes(h), exceed C is dropped (infeasible for any policy).
+Between consecutive levels of M_r the charged arrivals do not change, so the priced bytes are
+affine in h while the gain is convex (prefill FLOPs; split at a sliding window, where
+4 L min(L, W) stops being convex): the max over the u-multiples of such a piece is at its
+first or last one, and only those are evaluated (exact, at most two per piece).
 lam = 0 gives the infinite-cache oracle, so the bound is at most the oracle. Projected
 subgradient steps (Polyak step toward the clairvoyant value, halving the step on stalls) lower
 L; the lowest L seen is reported (+ a 1e-9 relative margin for float rounding, then floored:
@@ -159,6 +163,8 @@ def _build(trace: Trace, model: ModelConfig, capacity: int, unit: int, full_hit:
   n = len(trace.requests)
   sb, kpt = int(model.state_bytes), int(model.kv_bytes_per_token)
   max_h_bytes = (capacity - sb) // kpt if kpt else None
+  # where prefill_flops stops being convex in L (4 L min(L, W) of sliding windows)
+  kinks = [model.swa_window] if model.n_swa and model.flops_style != "marconi" else []
   seg_r, seg_lo, seg_hi, seg_m = [], [], [], []
   cand_r, cand_h = [], []
   oracle_h = np.zeros(n, np.int64)
@@ -176,9 +182,6 @@ def _build(trace: Trace, model: ModelConfig, capacity: int, unit: int, full_hit:
     if top <= 0:
       continue
     oracle_h[r] = top
-    hs = range(unit, top + 1, unit)
-    cand_r.extend([r] * len(hs))
-    cand_h.extend(hs)
     # segment 0: (q_1, r] with M = 0; segment j: (q_{j+1}, q_j] with M = m_j
     hi, m = r, 0
     for q, mj in recs:
@@ -188,6 +191,16 @@ def _build(trace: Trace, model: ModelConfig, capacity: int, unit: int, full_hit:
       seg_lo.append(q + 1)
       seg_hi.append(hi)
       seg_m.append(m)
+      # hits in (m, mj] charge the same segments: cost is affine in h there, the gain convex
+      # on each piece split at `kinks`, so the inner max sits at a piece's end multiples of u
+      ends = [x for x in kinks if m < x < mj] + [mj]
+      a_ = m
+      for b_ in ends:
+        for h in sorted({(a_ // unit + 1) * unit, min((b_ // unit) * unit, top)}):
+          if a_ < h <= min(b_, top) and (not cand_h or cand_r[-1] != r or h > cand_h[-1]):
+            cand_r.append(r)
+            cand_h.append(h)
+        a_ = b_
       hi, m = q, mj
   a = lambda x: np.asarray(x, np.int64)  # noqa: E731
   seg_r, seg_lo, seg_hi, seg_m = a(seg_r), a(seg_lo), a(seg_hi), a(seg_m)

@@ -10,9 +10,11 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from hybrid_cache.sim import offline_bound as ob
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import MODELS
+from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import feasible
 from hybrid_cache.sim.offline_bound import offline_bound
@@ -24,6 +26,26 @@ from hybrid_cache.sim.testing import trace_of
 from hybrid_cache.sim.trace import write_marconi
 
 ATTN_ONLY = dataclasses.replace(TINY, name="tiny_attn", n_recurrent=0)
+# generic FLOPs with a 3-token sliding window (gain not convex at 3), GDN state 22 B, KV 4 B/token
+SWA_GDN = dataclasses.replace(
+  get_model("gemma3_4b"),
+  name="tiny_swa_gdn",
+  d_model=1,
+  n_attn=1,
+  n_swa=1,
+  swa_window=3,
+  n_recurrent=1,
+  recurrent="gdn",
+  n_mlp=1,
+  q_heads=1,
+  kv_heads=1,
+  head_dim=1,
+  rec_heads=1,
+  rec_dk=1,
+  rec_dv=1,
+  rec_groups=1,
+  d_ff=1,
+)
 SHARED = trace_of(
   (list(range(1, 17)), []),
   (list(range(1, 9)) + list(range(30, 38)), []),
@@ -109,6 +131,12 @@ def test_bound_brute_force_clairvoyant_chain_shared(cap, unit):
 @pytest.mark.parametrize("unit", [2, 4])
 def test_bound_brute_force_clairvoyant_chain_chat(cap, unit):
   _check_chain(CHAT, TINY, cap, unit)
+
+
+@pytest.mark.parametrize("cap", [30, 40, 50, 70, 100])
+@pytest.mark.parametrize("unit", [1, 2])
+def test_bound_brute_force_clairvoyant_chain_sliding_window(cap, unit):
+  _check_chain(CHAT, SWA_GDN, cap, unit)
 
 
 def test_loose_capacity_is_the_oracle():
@@ -231,3 +259,28 @@ def test_cli_offline_bound_bad_input(tmp_path, capsys, tiny_registered, extra, n
   rc, out, err = _cli(tmp_path, capsys, *extra)
   assert rc == 2 and not out
   assert err.count("\n") == 1 and err.startswith("error:") and needle in err
+
+
+@pytest.mark.parametrize("model", [TINY, SWA_GDN])
+@pytest.mark.parametrize("unit", [1, 3])
+def test_inner_max_over_piece_ends_is_the_max_over_every_hit(model, unit):
+  """L(lam) from the evaluated candidates == L(lam) with every multiple of u (random lam)."""
+  tr = small_chat(25, seed=5)
+  cap = 300
+  p = ob._build(tr, model, cap, unit, True)
+  gain = ob._gains(p, model, "flops")
+  dual = ob._Dual(p, gain)
+  rng = np.random.default_rng(0)
+  for _ in range(3):
+    lam = rng.exponential(0.02, p.n) * (rng.random(p.n) < 0.5)
+    got = dual.evaluate(lam)[0]
+    want = lam.sum()
+    for r in range(p.n):
+      best = 0.0
+      for h in range(unit, int(p.oracle_h[r]) + 1, unit):
+        hv = np.zeros(p.n, np.int64)
+        hv[r] = h
+        price = lam @ ob.load_of(p, hv) / cap
+        best = max(best, float(model.prefill_flops(h)) / dual.scale - price)
+      want += best
+    assert got == pytest.approx(want, rel=1e-12)
