@@ -271,8 +271,8 @@ def test_inner_max_over_piece_ends_is_the_max_over_every_hit(model, unit):
   gain = ob._gains(p, model, "flops")
   dual = ob._Dual(p, gain)
   rng = np.random.default_rng(0)
-  for _ in range(3):
-    lam = rng.exponential(0.02, p.n) * (rng.random(p.n) < 0.5)
+  for scale in (0.003, 0.01, 0.03, 0.1, 0.3):
+    lam = rng.exponential(scale, p.n) * (rng.random(p.n) < 0.5)
     got = dual.evaluate(lam)[0]
     want = lam.sum()
     for r in range(p.n):
@@ -284,3 +284,13 @@ def test_inner_max_over_piece_ends_is_the_max_over_every_hit(model, unit):
         best = max(best, float(model.prefill_flops(h)) / dual.scale - price)
       want += best
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_candidates_are_piece_ends_split_at_the_window():
+  # request 1 of CHAT shares 8 tokens (one piece (0, 8]); request 3 shares 4 then 12 tokens
+  def cands(model):
+    p = ob._build(CHAT, model, 1000, 1, True)
+    return {r: [int(h) for rr, h in zip(p.cand_r, p.cand_h) if rr == r] for r in (1, 3)}
+
+  assert cands(TINY) == {1: [1, 8], 3: [1, 4, 5, 12]}
+  assert cands(SWA_GDN) == {1: [1, 3, 4, 8], 3: [1, 3, 4, 5, 12]}  # window 3 splits (0, 4]
