@@ -44,7 +44,7 @@ from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
 DEFAULT_CORE_BLOCK = 64
 DEFAULT_FLOP_ALPHA = 1.0  # flop_aware's static alpha unless --alpha is given
-DEFAULT_BOUND_ITERATIONS = 300  # offline_bound's subgradient iterations per objective
+DEFAULT_BOUND_ITERATIONS = 500  # offline_bound's subgradient iterations per objective
 
 
 def _retention(text: str):

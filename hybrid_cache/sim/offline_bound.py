@@ -270,9 +270,9 @@ def load_of(p: _Problem, h: np.ndarray) -> np.ndarray:
   hr = h[p.seg_r]
   on = p.seg_m < hr
   v = np.where(on, p.state_bytes + p.kv_per_token * (hr - p.seg_m), 0)
-  d = np.bincount(p.seg_lo[on], weights=v[on], minlength=p.n + 1).astype(np.int64)
-  d -= np.bincount(p.seg_hi[on] + 1, weights=v[on], minlength=p.n + 1).astype(np.int64)
-  # bincount weights are float64; exact while the per-arrival sums stay below 2**53
+  d = np.zeros(p.n + 1, np.int64)
+  np.add.at(d, p.seg_lo[on], v[on])
+  np.subtract.at(d, p.seg_hi[on] + 1, v[on])
   return np.cumsum(d)[: p.n]
 
 
@@ -346,7 +346,7 @@ def offline_bound(
   capacity_bytes: float,
   unit: int,
   *,
-  iterations: int = 200,
+  iterations: int = 500,
   objective: str = "both",
   full_hit: bool = True,
 ) -> BoundResult:
