@@ -10,6 +10,13 @@ token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle boun
 (replay seconds: trace parsing excluded, any compilation included). --dump writes
 [hit, num_input_tokens, tokens_reused] per request in trace order (atomically, only after a
 successful replay). Bad input exits with status 2 and a message.
+
+--policy offline_bound (`offline_bound.py`) computes the offline upper bound at the capacity with
+hits in multiples of --block-size (default 64; 1 covers every policy): the per-request fields
+(token_hit_rate, flops_saved, TTFT, --dump) describe its feasible clairvoyant schedule, and
+bound_flops_saved / bound_tokens_reused (with bound_token_hit_rate) are the bounds no policy
+exceeds; clairvoyant_flops_saved / clairvoyant_tokens_reused repeat the schedule's values.
+--bound-iterations sets its subgradient iterations.
 """
 
 from __future__ import annotations
@@ -30,12 +37,14 @@ from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.metrics import summarize
+from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
 DEFAULT_CORE_BLOCK = 64
 DEFAULT_FLOP_ALPHA = 1.0  # flop_aware's static alpha unless --alpha is given
+DEFAULT_BOUND_ITERATIONS = 500  # offline_bound's subgradient iterations per objective
 
 
 def _retention(text: str):
@@ -91,12 +100,14 @@ def simulate(
   policy_name: str,
   block_size: int | None = None,
   core: dict | None = None,
+  bound_iterations: int = DEFAULT_BOUND_ITERATIONS,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
   `core` (core policies only): backend ("jax" scan | "jax_protocol" | "reference"), retention
   ("policy", None or an int), pinning (bool), token_budget (None = whole prompt per step); see
-  `core_sim.py`.
+  `core_sim.py`. `bound_iterations`: offline_bound's subgradient iterations (its triples are
+  the clairvoyant schedule's hits; the bounds are in the extra fields, see the module doc).
   """
   policy = parse_policy(policy_name)
   if policy.required_block_size is not None:
@@ -107,7 +118,7 @@ def simulate(
         f"block_size must be {policy.required_block_size} for policy {policy.name}, "
         f"got {block_size}"
       )
-  if policy.kind == "core" and block_size is None:
+  if policy.kind in ("core", "bound") and block_size is None:
     block_size = DEFAULT_CORE_BLOCK
   if block_size is None:
     block_size = 1
@@ -118,6 +129,8 @@ def simulate(
   extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
   if policy.kind == "core":
     return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
+  if policy.kind == "bound":
+    return _simulate_bound(trace, model, capacity_bytes, block_size, extra, bound_iterations)
   check_capacity(trace, model, capacity_bytes)
   t0 = time.perf_counter()
   if policy.kind == "oracle":
@@ -145,6 +158,29 @@ def simulate(
       "final_tree_bytes": tree.tree_bytes,
     }
   extra["wall_s"] = time.perf_counter() - t0
+  return triples, extra
+
+
+def _simulate_bound(trace, model, capacity_bytes, block_size, extra, iterations):
+  check_capacity(trace, model, capacity_bytes)  # as every policy (the bound itself needs none)
+  t0 = time.perf_counter()
+  res = offline_bound(trace, model, capacity_bytes, block_size, iterations=iterations)
+  triples = [
+    (int(h > 0), r.num_input_tokens, int(h))
+    for r, h in zip(trace.requests, res.clairvoyant_h.tolist())
+  ]
+  total_in = trace.input_tokens
+  extra |= {
+    "bound_flops_saved": res.bound_flops,
+    "bound_tokens_reused": res.bound_tokens,
+    "bound_token_hit_rate": res.bound_tokens / total_in if total_in else 0.0,
+    "clairvoyant_flops_saved": res.clairvoyant_flops,
+    "clairvoyant_tokens_reused": res.clairvoyant_tokens,
+    "bound_iterations": iterations,
+    "bound_best_iteration_flops": res.best_iteration_flops,
+    "bound_best_iteration_tokens": res.best_iteration_tokens,
+    "wall_s": time.perf_counter() - t0,
+  }
   return triples, extra
 
 
@@ -217,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--max-input", type=cli_util.int_arg(1), default=None, help="mooncake: drop longer inputs"
   )
   p.add_argument("--seed", type=cli_util.int_arg(0), default=0, help="synthetic: generator seed")
+  p.add_argument(
+    "--bound-iterations",
+    type=cli_util.int_arg(0),
+    default=DEFAULT_BOUND_ITERATIONS,
+    help="offline_bound: subgradient iterations per objective (0: the capacity-cut oracle)",
+  )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
     "--backend",
@@ -301,7 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     trace = _load_trace(args)
     try:
       triples, extra = simulate(
-        trace, model, args.capacity_bytes, args.policy, args.block_size, core=core
+        trace,
+        model,
+        args.capacity_bytes,
+        args.policy,
+        args.block_size,
+        core=core,
+        bound_iterations=args.bound_iterations,
       )
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(

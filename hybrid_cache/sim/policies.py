@@ -5,6 +5,8 @@ marconi_compat_sglang   Marconi V1 (SGLang+: leaf + branch states, LRU leaves), 
 marconi_compat_static:A Marconi V3 with alpha = A in [0, 100], block size 1.
 marconi_compat_vllm     Marconi's vLLM+ baseline (a state per 32-token block, LRU leaves), block 32.
 oracle                  infinite cache (every block and boundary state kept), any block size.
+offline_bound           offline upper bound at the capacity (`offline_bound.py`): the block size
+                        is the hit unit; the replayed hits are its clairvoyant schedule's.
 vllm_none, vllm_align, vllm_align_marconi, vllm_align_dense, align_dense, vllm_all, lru,
 flop_aware              policies over the cache core (`core_sim.py`: JaxCacheManager, or
                         ReferencePolicy with --backend reference), any block size; `vllm_align`
@@ -28,12 +30,14 @@ CORE_POLICIES = (
 )
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
-ALL_POLICIES = COMPAT_POLICIES + (STATIC_PREFIX + "<alpha>", "oracle") + CORE_POLICIES
+ALL_POLICIES = (
+  COMPAT_POLICIES + (STATIC_PREFIX + "<alpha>", "oracle", "offline_bound") + CORE_POLICIES
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-  """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "core"}."""
+  """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "bound", "core"}."""
 
   name: str
   kind: str
@@ -61,6 +65,8 @@ def parse_policy(name: str) -> Policy:
     return Policy(name, "marconi", 3, alpha, 1)
   if name == "oracle":
     return Policy(name, "oracle")
+  if name == "offline_bound":
+    return Policy(name, "bound")
   if name in CORE_POLICIES:
     return Policy(name, "core")
   raise ValueError(f"policy must be one of {ALL_POLICIES}, got {name!r}")
