@@ -38,6 +38,14 @@ from hybrid_cache.state import INFO_PROMPT
 from hybrid_cache.state import INFO_SPB
 from hybrid_cache.state import INFO_STATUS
 from hybrid_cache.state import INFO_TOKENS
+from hybrid_cache.state import P_FULL_FIT
+from hybrid_cache.state import P_JUNCTION
+from hybrid_cache.state import P_MAX_BATCHED
+from hybrid_cache.state import P_MAX_MODEL_LEN
+from hybrid_cache.state import P_NUM_BLOCKS
+from hybrid_cache.state import P_PIN_MIN_DROP
+from hybrid_cache.state import P_RETENTION
+from hybrid_cache.state import P_WATERMARK
 from hybrid_cache.state import RG_LAST
 from hybrid_cache.state import RG_LEN
 from hybrid_cache.state import RG_NCACHED
@@ -109,7 +117,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
     drop = (pos > j0) & (pos < k)
     if spec.kind == "swa" and config.pinning:
       need = -(-(spec.window - 1) // spec.block_size)
-      big_enough = (k - 1 - j0) >= config.pin_min_drop_size
+      big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
       to_pin = drop & (pos >= k - need) & big_enough & (state.block_group[row] >= 0)
       state = block_pool.pin(state, jnp.where(to_pin, row, 0))
     ids = jnp.where(drop, row, 0)[::-1]
@@ -163,7 +171,7 @@ def _allocate(
     info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
@@ -373,13 +381,13 @@ def _cache(
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
-        pos, bs, need, lay.sbs, config.retention_interval, spec.eagle, boundaries
+        pos, bs, need, lay.sbs, state.params[P_RETENTION], spec.eagle, boundaries
       )
     elif spec.kind == "mamba":
       if spec.mode == "none":
         sel &= False
       else:
-        sel &= recurrent.retention_mask(pos, bs, lay.sbs, config.retention_interval, boundaries)
+        sel &= recurrent.retention_mask(pos, bs, lay.sbs, state.params[P_RETENTION], boundaries)
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))
@@ -561,7 +569,7 @@ def _entry(
   lookup = _lookup_masked if admit_only else _lookup_or_zero
   lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
   hit = jnp.where(is_new, lk["hit"], 0)
-  spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
+  spb_new = jnp.where(state.params[P_JUNCTION] != 0, lk["spb"], 0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
   num_tokens = info[INFO_TOKENS]
   start = info[INFO_COMPUTED] + hit
@@ -592,21 +600,20 @@ def _entry(
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
     state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
   count, impossible = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
   )
   free = queued[0] + queued[1]  # = block_pool.num_free(state)
   ok = attempt & ~impossible & (count <= free)
-  if config.full_sequence_must_fit:
-    full_main = num_tokens
-    full_need = jnp.minimum(num_tokens, config.max_model_len)
-    fcount, _ = admission.blocks_needed(
-      lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
-    )
-    ok &= ~is_new | (fcount <= free)
+  full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
+  full_need = jnp.minimum(num_tokens, state.params[P_MAX_MODEL_LEN])
+  fcount, _ = admission.blocks_needed(
+    lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
+  )
+  ok &= ~is_new | (fcount <= free) | (state.params[P_FULL_FIT] == 0)
   others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
-  watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
+  watermark = jnp.where(jnp.any(others), state.params[P_WATERMARK], 0)
   ok &= ~is_new | (count + watermark <= free)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
   if one_write:  # column selects, not updates of the row (no copies)
@@ -674,7 +681,7 @@ def stats(lay: Layout, state: CacheState):
   )
   return dict(
     num_free=num_free,
-    num_used=jnp.int32(lay.num_blocks - 1) - num_free,
+    num_used=state.params[P_NUM_BLOCKS] - 1 - num_free,
     num_free_cached=jnp.sum(free_mask & keyed).astype(jnp.int32),
     cached_per_group=per_group,
     num_pinned=jnp.sum(state.queue_key[1] < BIG).astype(jnp.int32),
@@ -790,7 +797,7 @@ def schedule_step(
   if lay.caching:
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
-  carry = (state, jnp.int32(config.max_num_batched_tokens), free_counts(state))
+  carry = (state, state.params[P_MAX_BATCHED], free_counts(state))
   if many:
     # no block joins the normal free queue during an admit-only step (touches and pops only
     # take blocks out): its key order is computed once here and every pop reads its window
@@ -857,7 +864,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   (state, _, _), out = _entry(
     lay,
     config,
-    (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
+    (state, state.params[P_MAX_BATCHED], free_counts(state)),
     (slot, max_tokens, jnp.bool_(True)),
   )
   if lay.partial:
@@ -878,7 +885,7 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
   lay = layout(config)
   nb = lay.num_blocks
-  ok = block_pool.num_free(state) == nb - 1
+  ok = block_pool.num_free(state) == state.params[P_NUM_BLOCKS] - 1  # the real pool
   pinned = state.queue_key[1] < BIG
   order = jnp.argsort(jnp.where(pinned, state.queue_key[1], BIG))
   rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
