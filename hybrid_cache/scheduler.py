@@ -11,8 +11,6 @@ earlier one registered in the same step (same-step rule, §2.4.6).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from hybrid_cache import admission
 from hybrid_cache import block_index
 from hybrid_cache import block_pool
+from hybrid_cache import compile_cache
 from hybrid_cache import coordinator
 from hybrid_cache import eviction
 from hybrid_cache import release as release_lib
@@ -689,7 +688,8 @@ def stats(lay: Layout, state: CacheState):
 
 
 # ---------------------------------------------------------------------------------------------
-# jitted entry points (config static, state donated)
+# jitted entry points (one jitted function per compile key, `compile_cache.entry_point`;
+# state donated)
 
 
 ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
@@ -765,7 +765,7 @@ def release_cows(lay: Layout, state: CacheState, cows: jax.Array) -> CacheState:
   return block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "admit_only"), donate_argnums=(1,))
+@compile_cache.entry_point(static_argnames=("admit_only",), donate_argnums=(0,))
 def schedule_step(
   config: CacheConfig, state: CacheState, slots, max_tokens, valid, admit_only: bool = False
 ):
@@ -814,7 +814,7 @@ def schedule_step(
   return state, _pack_step(lay, rows, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@compile_cache.entry_point()
 def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
   """Read-only lookup for a fresh request (hashes u32[MH, 2]).
 
@@ -831,17 +831,20 @@ def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
   ).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+@compile_cache.entry_point(donate_argnums=(0,))
 def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt):
   """Jitted `register_request` plus the pool counters."""
   state = register_request(state, slot, hashes, num_tokens, num_prompt)
   return state, pack_stats(layout(config), stats(layout(config), state))
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def write_request_only(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
+@compile_cache.entry_point(donate_argnums=(0,))
+def write_request_only(
+  config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt
+) -> CacheState:
   """Jitted `register_request` alone: it changes no pool counter (only `req_info` and
   `req_hashes`), so the host keeps its counters and needs no device read."""
+  del config  # only the compile key: one jitted function per state layout
   return register_request(state, slot, hashes, num_tokens, num_prompt)
 
 
@@ -872,7 +875,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   return state, out
 
 
-@functools.partial(jax.jit, static_argnames=("config", "preempt"), donate_argnums=(1,))
+@compile_cache.entry_point(static_argnames=("preempt",), donate_argnums=(0,))
 def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
   """Jitted `release` plus the pool counters after it."""
   lay = layout(config)
@@ -880,7 +883,7 @@ def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool)
   return state, pack_stats(lay, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+@compile_cache.entry_point(donate_argnums=(0,))
 def reset_prefix_cache(config: CacheConfig, state: CacheState):
   """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
   lay = layout(config)
@@ -904,7 +907,7 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   return state, ok, pack_stats(lay, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@compile_cache.entry_point()
 def pool_stats(config: CacheConfig, state: CacheState):
   lay = layout(config)
   return pack_stats(lay, stats(lay, state))

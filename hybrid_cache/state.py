@@ -20,10 +20,17 @@ Leaves (14, each its own buffer so the state can be donated):
   of a recurrent partial entry the request registered on its running state block (0 = none);
   its next allocation moves the key to a fresh copy-on-write block.
 * `params` i32[NUM_PARAMS] (`P_*`): the config's runtime parameters (`runtime_params`), read
-  inside jit instead of the config so that they need not be static: the real pool size, the
-  token budget per step, max_model_len, watermark blocks, full_sequence_must_fit,
-  retention_interval (-1 = None), pin_min_drop_size, marconi_junction. Written by
-  `init_state`, never changed.
+  inside jit instead of the config so that configs differing only in them share compiled
+  programs (`compile_cache.compile_key`): the real pool size, the token budget per step,
+  max_model_len, watermark blocks, full_sequence_must_fit, retention_interval (-1 = None),
+  pin_min_drop_size, marconi_junction. Written by `init_state`, never changed.
+
+Padded pool (`compile_cache.bucket_num_blocks`): the pool arrays have `Layout.num_blocks`
+entries (the next power of two); the config's blocks `[0, params[P_NUM_BLOCKS])` are the real
+ones, the rest are padding: never free (both queue keys BIG), never held, keyed or indexed, and
+outside every pool count. Table and hash rows are likewise `Layout.max_blocks` /
+`Layout.max_hashes` wide, the widths of the bucketed `max_model_len`; positions past the real
+width are never reached (no request exceeds max_model_len).
 
 Free-queue order is an int32 key per block: head insertions get keys below every existing key,
 tail insertions keys above; popping takes the smallest key (a doubly-linked list, exactly).
@@ -39,6 +46,7 @@ import flax.struct
 import jax
 import numpy as np
 
+from hybrid_cache.compile_cache import compile_key
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 
@@ -132,8 +140,14 @@ class Layout:
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
 
 
-@functools.lru_cache(maxsize=64)
 def layout(config: CacheConfig) -> Layout:
+  """The static layout of `config`'s compile key (`compile_cache.compile_key`): bucketed
+  shapes, so equal for configs that share compiled programs."""
+  return _layout(compile_key(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(config: CacheConfig) -> Layout:
   caching = config.enable_prefix_caching and not any(
     g.kind == "mamba" and g.mode == "none" for g in config.resolved_groups
   )
@@ -200,13 +214,16 @@ def runtime_params(config: CacheConfig) -> np.ndarray:
   return p
 
 
-def init_state(config: CacheConfig) -> CacheState:
+def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   """A fresh state: every block but the null block 0 free, in id order; no keys, no requests.
 
-  Blocks past `config.num_blocks` (none unless the pool arrays are longer) are never free.
-  Built in NumPy and transferred once (no per-shape programs to compile).
+  The arrays have the shapes of `layout(config)` (padded pool, bucketed widths); the padding
+  blocks past `config.num_blocks` are never free. `bucketed=False`: the config's own shapes
+  (no padding; for unit tests of the pool and index primitives, which read sizes from the
+  arrays; the jitted entry points need the bucketed state). Built in NumPy and transferred
+  once (no per-shape programs to compile).
   """
-  lay = layout(config)
+  lay = layout(config) if bucketed else _layout(config)
   nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
   real = config.num_blocks
   qk = np.full((2, nb), BIG, np.int32)
