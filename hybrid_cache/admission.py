@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache.state import C_STEP
+from hybrid_cache.state import P_MAX_BATCHED
+from hybrid_cache.state import P_MAX_MODEL_LEN
 from hybrid_cache.state import RG_LEN
 from hybrid_cache.state import CacheState
 from hybrid_cache.state import Layout
@@ -97,7 +99,9 @@ def blocks_needed(
       extra = bs * s if spec.kind == "mamba" else 0
       target = cdiv(need_tokens + extra, bs)
       if swa_cap and spec.kind == "swa":
-        bound = cdiv(min(spec.window - 1 + config.max_num_batched_tokens, config.max_model_len), bs)
+        # min(W - 1 + max_num_batched_tokens, max_model_len) without int32 overflow
+        budget, mml = state.params[P_MAX_BATCHED], state.params[P_MAX_MODEL_LEN]
+        bound = cdiv(jnp.minimum(budget, mml - (spec.window - 1)) + (spec.window - 1), bs)
         target = jnp.minimum(target, bound + 1)
       skip = skipped_blocks(spec, hit)
       k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)

@@ -51,6 +51,7 @@ from hybrid_cache.state import AUX_END
 from hybrid_cache.state import BIG
 from hybrid_cache.state import C_ALPHA_MILLI
 from hybrid_cache.state import C_TAIL
+from hybrid_cache.state import P_NUM_BLOCKS
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS
@@ -64,6 +65,14 @@ def window(num_blocks: int) -> tuple[int, int, int, int]:
   shift = (p // k).bit_length() - 1
   w0 = num_blocks
   return w0, k, shift, w0 + num_blocks * k
+
+
+def state_window(lay, state):
+  """`window` of the real pool (`CacheState.params[P_NUM_BLOCKS]`, traced): K and SHIFT only
+  depend on its next power of two, the (padded) pool arrays' length `lay.num_blocks`."""
+  _, k, shift, _ = window(lay.num_blocks)
+  w0 = state.params[P_NUM_BLOCKS]
+  return w0, k, shift, w0 + w0 * k
 
 
 def set_alpha(state, alpha: float):
@@ -136,8 +145,7 @@ def stable_argsort(x: jax.Array) -> jax.Array:
 
 def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
   """The re-keyed normal free-queue row (i32[NB]); see the module docstring."""
-  nb = lay.num_blocks
-  w0, k, shift, w_end = window(nb)
+  w0, k, shift, w_end = state_window(lay, state)
   qk0 = state.queue_key[0]
   grp = state.block_group
   free = qk0 < BIG
@@ -172,7 +180,7 @@ def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
   # stable order of the recency-ordered list by primary: ties keep recency order
   slot = _rank(perm[stable_argsort(primary[perm])])
   moved = stray | keyed
-  l_digit = jnp.clip(r_all, 0, nb) >> shift
+  l_digit = jnp.clip(r_all, 0, w0) >> shift
   new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
   return jnp.where(moved, new_key, qk0)
 
@@ -185,7 +193,7 @@ def prepare(lay, config: CacheConfig, state):
   """
   if config.eviction != "flop_aware":
     return state
-  _, _, _, w_end = window(lay.num_blocks)
+  _, _, _, w_end = state_window(lay, state)
   c = state.counters
   state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
   alpha = jnp.clip(c[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)

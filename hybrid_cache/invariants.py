@@ -7,7 +7,9 @@ it, and all those entries are in one group; table entries past a row's length ar
 index entry points at a block carrying that key (lanes, group and bucket); every keyed block is
 indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
 `Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
-keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag.
+keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
+blocks past the real pool (`state.init_state`) are never free, held, keyed or in a table, and
+the runtime parameters (`CacheState.params`) are the config's.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.state import BIG
 from hybrid_cache.state import C_OVERFLOW
 from hybrid_cache.state import INFO_STATUS
+from hybrid_cache.state import P_NUM_BLOCKS
 from hybrid_cache.state import RG_LEN
 from hybrid_cache.state import STATUS_EMPTY
 from hybrid_cache.state import CacheState
 from hybrid_cache.state import layout
+from hybrid_cache.state import runtime_params
 
 
 def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
@@ -31,9 +35,17 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   lay = layout(config)
   s = jax.device_get(state)
   errs: list[str] = []
-  nb = lay.num_blocks
+  params = np.asarray(s.params)
+  if not np.array_equal(params, runtime_params(config)):
+    errs.append(f"runtime params {params.tolist()} differ from the config's")
+  nb = int(params[P_NUM_BLOCKS])  # the real pool; [nb, lay.num_blocks) is padding
   ref = np.asarray(s.ref_cnt)
   qk = np.asarray(s.queue_key)
+  pad_ref, pad_qk = ref[nb:], qk[:, nb:]
+  pad_keyed = np.asarray(s.block_group)[nb:] >= 0
+  if (pad_ref != 0).any() or (pad_qk < BIG).any() or pad_keyed.any():
+    errs.append("a padding block past the real pool is held, free or keyed")
+  ref, qk = ref[:nb], qk[:, :nb]
   in_free = qk[0] < BIG
   in_pin = qk[1] < BIG
   held = ref > 0
@@ -52,15 +64,15 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   for row_name, keys in (("free", qk[0][in_free]), ("pinned", qk[1][in_pin])):
     if len(np.unique(keys)) != len(keys):
       errs.append(f"duplicate {row_name}-queue keys")
-  aux = np.asarray(s.block_aux)
+  aux = np.asarray(s.block_aux)[:nb]
   if (aux[in_pin, 1] == 0).any():
     errs.append("a pinned-tier block lacks the pinned flag")
   # tables
   tables = np.asarray(s.tables)
   info = np.asarray(s.req_info)
   rg = np.asarray(s.req_group)
-  count = np.zeros(nb, np.int64)
-  owner = np.full(nb, -1)
+  count = np.zeros(lay.num_blocks, np.int64)
+  owner = np.full(lay.num_blocks, -1)
   pos = np.arange(lay.max_blocks)
   for r in range(lay.max_requests):
     if info[r, INFO_STATUS] == STATUS_EMPTY and tables[r].any():
@@ -75,6 +87,9 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
       if clash.any():
         errs.append(f"blocks {ids[clash].tolist()} held by two groups")
       owner[ids] = g
+  if count[nb:].any():
+    errs.append(f"tables name padding blocks {np.nonzero(count[nb:])[0] + nb}")
+  count = count[:nb]
   mism = np.nonzero(count[1:] != ref[1:])[0] + 1
   if mism.size:
     errs.append(f"ref counts differ from table references at blocks {mism.tolist()[:10]}")
@@ -99,7 +114,7 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     extra_ok = np.isin(grp[b_ids], np.asarray(lay.tail_groups, np.int32))
     if (~own & ~extra_ok).any():
       errs.append("index entry lanes differ from the block's key")
-    if (np.bincount(b_ids[~own], minlength=nb) > 1).any():
+    if (np.bincount(b_ids[~own], minlength=lay.num_blocks) > 1).any():
       errs.append("a block carries two extra keys")
   elif (~own).any():
     errs.append("index entry lanes differ from the block's key")
@@ -107,7 +122,7 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   where_b = np.nonzero(used)[0]
   if (buckets != where_b).any():
     errs.append("index entry in the wrong bucket")
-  per_block = np.bincount(b_ids[own], minlength=nb)
+  per_block = np.bincount(b_ids[own], minlength=lay.num_blocks)
   if (per_block > 1).any():
     errs.append("a block is indexed twice")
   keyed = np.nonzero(grp >= 0)[0]

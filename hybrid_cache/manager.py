@@ -118,6 +118,7 @@ class JaxCacheManager:
     # registering a request changes no pool counter: `self._stats` stays valid, so no device
     # read (and no wait for the device) here
     self.state = scheduler.write_request_only(
+      self.config,
       self.state,
       np.int32(r.slot),
       self._hash_row(r.hashes),

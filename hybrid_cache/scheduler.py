@@ -11,8 +11,6 @@ earlier one registered in the same step (same-step rule, §2.4.6).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from hybrid_cache import admission
 from hybrid_cache import block_index
 from hybrid_cache import block_pool
+from hybrid_cache import compile_cache
 from hybrid_cache import coordinator
 from hybrid_cache import eviction
 from hybrid_cache import release as release_lib
@@ -38,6 +37,14 @@ from hybrid_cache.state import INFO_PROMPT
 from hybrid_cache.state import INFO_SPB
 from hybrid_cache.state import INFO_STATUS
 from hybrid_cache.state import INFO_TOKENS
+from hybrid_cache.state import P_FULL_FIT
+from hybrid_cache.state import P_JUNCTION
+from hybrid_cache.state import P_MAX_BATCHED
+from hybrid_cache.state import P_MAX_MODEL_LEN
+from hybrid_cache.state import P_NUM_BLOCKS
+from hybrid_cache.state import P_PIN_MIN_DROP
+from hybrid_cache.state import P_RETENTION
+from hybrid_cache.state import P_WATERMARK
 from hybrid_cache.state import RG_LAST
 from hybrid_cache.state import RG_LEN
 from hybrid_cache.state import RG_NCACHED
@@ -123,7 +130,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
     drop = (pos > j0) & (pos < k)
     if spec.kind == "swa" and config.pinning:
       need = -(-(spec.window - 1) // spec.block_size)
-      big_enough = (k - 1 - j0) >= config.pin_min_drop_size
+      big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
       to_pin = drop & (pos >= k - need) & big_enough & (state.block_group[row] >= 0)
       state = block_pool.pin(state, jnp.where(to_pin, row, 0))
     ids = jnp.where(drop, row, 0)[::-1]
@@ -177,7 +184,7 @@ def _allocate(
     info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
@@ -387,14 +394,14 @@ def _cache(
     if spec.kind == "swa":
       need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
       sel &= sliding_window.retention_mask(
-        pos, bs, need, lay.hit_align, config.retention_interval, spec.eagle, boundaries
+        pos, bs, need, lay.hit_align, state.params[P_RETENTION], spec.eagle, boundaries
       )
     elif spec.kind == "mamba":
       if spec.mode == "none":
         sel &= False
       else:
         sel &= recurrent.retention_mask(
-          pos, bs, lay.hit_align, config.retention_interval, boundaries
+          pos, bs, lay.hit_align, state.params[P_RETENTION], boundaries
         )
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
@@ -594,7 +601,7 @@ def _entry(
   lookup = _lookup_masked if admit_only else _lookup_or_zero
   lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
   hit = jnp.where(is_new, lk["hit"], 0)
-  spb_new = lk["spb"] if config.marconi_junction else jnp.int32(0)
+  spb_new = jnp.where(state.params[P_JUNCTION] != 0, lk["spb"], 0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
   num_tokens = info[INFO_TOKENS]
   start = info[INFO_COMPUTED] + hit
@@ -603,8 +610,9 @@ def _entry(
   n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
   # a running request never reaches max_model_len (vLLM's running loop leaves the last
   # position for the token it samples)
-  n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, config.max_model_len - start - 1), 0))
-  max_chunk = jnp.where(max_tok >= 0, max_tok, config.max_num_batched_tokens)
+  mml = state.params[P_MAX_MODEL_LEN]
+  n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, mml - start - 1), 0))
+  max_chunk = jnp.where(max_tok >= 0, max_tok, state.params[P_MAX_BATCHED])
   n = split(lay, start, n0, num_tokens, info[INFO_PROMPT], spb, max_chunk)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
@@ -629,21 +637,20 @@ def _entry(
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
     state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, config.max_model_len)
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
   count, impossible = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
   )
   free = queued[0] + queued[1]  # = block_pool.num_free(state)
   ok = attempt & ~impossible & (count <= free)
-  if config.full_sequence_must_fit:
-    full_main = num_tokens
-    full_need = jnp.minimum(num_tokens, config.max_model_len)
-    fcount, _ = admission.blocks_needed(
-      lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
-    )
-    ok &= ~is_new | (fcount <= free)
+  full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
+  full_need = jnp.minimum(num_tokens, state.params[P_MAX_MODEL_LEN])
+  fcount, _ = admission.blocks_needed(
+    lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
+  )
+  ok &= ~is_new | (fcount <= free) | (state.params[P_FULL_FIT] == 0)
   others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
-  watermark = jnp.where(jnp.any(others), config.watermark_blocks, 0)
+  watermark = jnp.where(jnp.any(others), state.params[P_WATERMARK], 0)
   ok &= ~is_new | (count + watermark <= free)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
   if one_write:  # column selects, not updates of the row (no copies)
@@ -711,7 +718,7 @@ def stats(lay: Layout, state: CacheState):
   )
   return dict(
     num_free=num_free,
-    num_used=jnp.int32(lay.num_blocks - 1) - num_free,
+    num_used=state.params[P_NUM_BLOCKS] - 1 - num_free,
     num_free_cached=jnp.sum(free_mask & keyed).astype(jnp.int32),
     cached_per_group=per_group,
     num_pinned=jnp.sum(state.queue_key[1] < BIG).astype(jnp.int32),
@@ -719,7 +726,8 @@ def stats(lay: Layout, state: CacheState):
 
 
 # ---------------------------------------------------------------------------------------------
-# jitted entry points (config static, state donated)
+# jitted entry points (one jitted function per compile key, `compile_cache.entry_point`;
+# state donated)
 
 
 ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
@@ -795,7 +803,7 @@ def release_cows(lay: Layout, state: CacheState, cows: jax.Array) -> CacheState:
   return block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "admit_only"), donate_argnums=(1,))
+@compile_cache.entry_point(static_argnames=("admit_only",), donate_argnums=(0,))
 def schedule_step(
   config: CacheConfig, state: CacheState, slots, max_tokens, valid, admit_only: bool = False
 ):
@@ -827,7 +835,7 @@ def schedule_step(
   if lay.caching:
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
-  carry = (state, jnp.int32(config.max_num_batched_tokens), free_counts(state))
+  carry = (state, state.params[P_MAX_BATCHED], free_counts(state))
   if many:
     # no block joins the normal free queue during an admit-only step (touches and pops only
     # take blocks out): its key order is computed once here and every pop reads its window
@@ -844,7 +852,7 @@ def schedule_step(
   return state, _pack_step(lay, rows, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@compile_cache.entry_point()
 def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
   """Read-only lookup for a fresh request (hashes u32[MH, 2]).
 
@@ -861,17 +869,20 @@ def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
   ).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+@compile_cache.entry_point(donate_argnums=(0,))
 def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt):
   """Jitted `register_request` plus the pool counters."""
   state = register_request(state, slot, hashes, num_tokens, num_prompt)
   return state, pack_stats(layout(config), stats(layout(config), state))
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
-def write_request_only(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
+@compile_cache.entry_point(donate_argnums=(0,))
+def write_request_only(
+  config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt
+) -> CacheState:
   """Jitted `register_request` alone: it changes no pool counter (only `req_info` and
   `req_hashes`), so the host keeps its counters and needs no device read."""
+  del config  # only the compile key: one jitted function per state layout
   return register_request(state, slot, hashes, num_tokens, num_prompt)
 
 
@@ -894,7 +905,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   (state, _, _), out = _entry(
     lay,
     config,
-    (state, jnp.int32(config.max_num_batched_tokens), free_counts(state)),
+    (state, state.params[P_MAX_BATCHED], free_counts(state)),
     (slot, max_tokens, jnp.bool_(True)),
   )
   if lay.partial:
@@ -902,7 +913,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   return state, out
 
 
-@functools.partial(jax.jit, static_argnames=("config", "preempt"), donate_argnums=(1,))
+@compile_cache.entry_point(static_argnames=("preempt",), donate_argnums=(0,))
 def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
   """Jitted `release` plus the pool counters after it."""
   lay = layout(config)
@@ -910,12 +921,12 @@ def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool)
   return state, pack_stats(lay, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+@compile_cache.entry_point(donate_argnums=(0,))
 def reset_prefix_cache(config: CacheConfig, state: CacheState):
   """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
   lay = layout(config)
   nb = lay.num_blocks
-  ok = block_pool.num_free(state) == nb - 1
+  ok = block_pool.num_free(state) == state.params[P_NUM_BLOCKS] - 1  # the real pool
   pinned = state.queue_key[1] < BIG
   order = jnp.argsort(jnp.where(pinned, state.queue_key[1], BIG))
   rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
@@ -934,7 +945,7 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   return state, ok, pack_stats(lay, stats(lay, state))
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@compile_cache.entry_point()
 def pool_stats(config: CacheConfig, state: CacheState):
   lay = layout(config)
   return pack_stats(lay, stats(lay, state))

@@ -1,6 +1,6 @@
 """`CacheState`: the one pytree the jitted core reads and writes, and its static layout.
 
-Leaves (13, each its own buffer so the state can be donated):
+Leaves (14, each its own buffer so the state can be donated):
 
 * pool, per block `[num_blocks]`: `ref_cnt` i32; `queue_key` i32[2, NB] (row 0: position in
   vLLM's free queue, row 1: position in the pinned tier; `BIG` = not in that queue);
@@ -19,6 +19,18 @@ Leaves (13, each its own buffer so the state can be donated):
 * `req_partial` i32[R, G] (i32[R, 0] without partial hits, vLLM §2.5): 1 + the table position
   of a recurrent partial entry the request registered on its running state block (0 = none);
   its next allocation moves the key to a fresh copy-on-write block.
+* `params` i32[NUM_PARAMS] (`P_*`): the config's runtime parameters (`runtime_params`), read
+  inside jit instead of the config so that configs differing only in them share compiled
+  programs (`compile_cache.compile_key`): the real pool size, the token budget per step,
+  max_model_len, watermark blocks, full_sequence_must_fit, retention_interval (-1 = None),
+  pin_min_drop_size, marconi_junction. Written by `init_state`, never changed.
+
+Padded pool (`compile_cache.bucket_num_blocks`): the pool arrays have `Layout.num_blocks`
+entries (the next power of two); the config's blocks `[0, params[P_NUM_BLOCKS])` are the real
+ones, the rest are padding: never free (both queue keys BIG), never held, keyed or indexed, and
+outside every pool count. Table and hash rows are likewise `Layout.max_blocks` /
+`Layout.max_hashes` wide, the widths of the bucketed `max_model_len`; positions past the real
+width are never reached (no request exceeds max_model_len).
 
 Free-queue order is an int32 key per block: head insertions get keys below every existing key,
 tail insertions keys above; popping takes the smallest key (a doubly-linked list, exactly).
@@ -32,9 +44,9 @@ import math
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.compile_cache import compile_key
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 
@@ -52,6 +64,19 @@ C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW, C_REC_ADMITTED, C_REC_EVICTED,
 )
 NUM_COUNTERS = 16
 AUX_STEP, AUX_PINNED, AUX_END = range(3)
+# params columns (`runtime_params`)
+(
+  P_NUM_BLOCKS,
+  P_MAX_BATCHED,
+  P_MAX_MODEL_LEN,
+  P_WATERMARK,
+  P_FULL_FIT,
+  P_RETENTION,
+  P_PIN_MIN_DROP,
+  P_JUNCTION,
+) = range(8)
+NUM_PARAMS = 8
+RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
 
 
 @flax.struct.dataclass
@@ -71,6 +96,7 @@ class CacheState:
   req_group: jax.Array
   counters: jax.Array
   req_partial: jax.Array
+  params: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +140,14 @@ class Layout:
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
 
 
-@functools.lru_cache(maxsize=64)
 def layout(config: CacheConfig) -> Layout:
+  """The static layout of `config`'s compile key (`compile_cache.compile_key`): bucketed
+  shapes, so equal for configs that share compiled programs."""
+  return _layout(compile_key(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(config: CacheConfig) -> Layout:
   caching = config.enable_prefix_caching and not any(
     g.kind == "mamba" and g.mode == "none" for g in config.resolved_groups
   )
@@ -167,36 +199,61 @@ def layout(config: CacheConfig) -> Layout:
   )
 
 
-def init_state(config: CacheConfig) -> CacheState:
-  """A fresh state: every block but the null block 0 free, in id order; no keys, no requests."""
-  lay = layout(config)
+def runtime_params(config: CacheConfig) -> np.ndarray:
+  """i32[NUM_PARAMS]: the `params` leaf of `config` (`P_*` columns, module docstring)."""
+  p = np.zeros(NUM_PARAMS, np.int32)
+  r = config.retention_interval
+  p[P_NUM_BLOCKS] = config.num_blocks
+  p[P_MAX_BATCHED] = config.max_num_batched_tokens
+  p[P_MAX_MODEL_LEN] = config.max_model_len
+  p[P_WATERMARK] = config.watermark_blocks
+  p[P_FULL_FIT] = int(config.full_sequence_must_fit)
+  p[P_RETENTION] = RETENTION_NONE if r is None else r
+  p[P_PIN_MIN_DROP] = config.pin_min_drop_size
+  p[P_JUNCTION] = int(config.marconi_junction)
+  return p
+
+
+def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
+  """A fresh state: every block but the null block 0 free, in id order; no keys, no requests.
+
+  The arrays have the shapes of `layout(config)` (padded pool, bucketed widths); the padding
+  blocks past `config.num_blocks` are never free. `bucketed=False`: the config's own shapes
+  (no padding; for unit tests of the pool and index primitives, which read sizes from the
+  arrays; the jitted entry points need the bucketed state). Built in NumPy and transferred
+  once (no per-shape programs to compile).
+  """
+  lay = layout(config) if bucketed else _layout(config)
   nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
+  real = config.num_blocks
   qk = np.full((2, nb), BIG, np.int32)
-  qk[0, 1:] = np.arange(1, nb, dtype=np.int32)
+  qk[0, 1:real] = np.arange(1, real, dtype=np.int32)
   counters = np.zeros(NUM_COUNTERS, np.int32)
   counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
-  counters[C_TAIL] = nb  # next tail key
+  counters[C_TAIL] = real  # next tail key
   counters[C_PIN] = 0
   aux = np.zeros((nb, 3), np.int32)
   aux[:, AUX_STEP] = -1
   aux[:, AUX_END] = -1
   rg = np.zeros((r, g, 3), np.int32)
   rg[:, :, RG_LAST] = -1
-  return CacheState(
-    ref_cnt=jnp.zeros((nb,), jnp.int32),
-    queue_key=jnp.asarray(qk),
-    block_group=jnp.full((nb,), -1, jnp.int32),
-    block_hash=jnp.zeros((nb, 2), jnp.uint32),
-    block_aux=jnp.asarray(aux),
-    index_entry=jnp.full((lay.buckets, WAYS, 2), -1, jnp.int32),
-    index_hash=jnp.zeros((lay.buckets, WAYS, 2), jnp.uint32),
-    tables=jnp.zeros((r, g, lay.max_blocks), jnp.int32),
-    req_hashes=jnp.zeros((r, lay.max_hashes, 2), jnp.uint32),
-    req_info=jnp.zeros((r, 5), jnp.int32),
-    req_group=jnp.asarray(rg),
-    counters=jnp.asarray(counters),
-    req_partial=jnp.zeros((r, g if lay.partial else 0), jnp.int32),
+  state = CacheState(
+    ref_cnt=np.zeros((nb,), np.int32),
+    queue_key=qk,
+    block_group=np.full((nb,), -1, np.int32),
+    block_hash=np.zeros((nb, 2), np.uint32),
+    block_aux=aux,
+    index_entry=np.full((lay.buckets, WAYS, 2), -1, np.int32),
+    index_hash=np.zeros((lay.buckets, WAYS, 2), np.uint32),
+    tables=np.zeros((r, g, lay.max_blocks), np.int32),
+    req_hashes=np.zeros((r, lay.max_hashes, 2), np.uint32),
+    req_info=np.zeros((r, 5), np.int32),
+    req_group=rg,
+    counters=counters,
+    req_partial=np.zeros((r, g if lay.partial else 0), np.int32),
+    params=runtime_params(config),
   )
+  return jax.device_put(state)
 
 
 def cdiv(a, b):

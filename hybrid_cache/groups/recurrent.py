@@ -24,13 +24,16 @@ def num_skipped_tokens(c):
 
 
 def retention_mask(pos, bs, sbs, retention, boundaries):
-  """bool[MB]: recurrent states worth caching (vLLM §2.4.7)."""
-  if retention is None:
-    return jnp.ones(pos.shape, bool)
+  """bool[MB]: recurrent states worth caching (vLLM §2.4.7).
+
+  `retention` (traced i32 from `CacheState.params`, or a Python int / None): < 0 or None =
+  dense (every state), 0 = replay boundaries only, k * sbs = one state per `retention` tokens
+  plus the boundaries.
+  """
+  retention = -1 if retention is None else retention  # RETENTION_NONE
   per = retention // bs
-  if retention > 0 and per <= 1:
-    return jnp.ones(pos.shape, bool)
-  mask = ((pos + 1) % per == 0) if retention > 0 else jnp.zeros(pos.shape, bool)
+  dense = (retention < 0) | ((retention > 0) & (per <= 1))
+  mask = dense | ((retention > 0) & ((pos + 1) % jnp.maximum(per, 1) == 0))
   for b in boundaries:
     mask |= (b > 0) & (pos == floor_to(b, sbs) // bs - 1)
   return mask

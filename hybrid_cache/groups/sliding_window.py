@@ -45,19 +45,19 @@ def num_skipped_tokens(c, window: int):
 
 
 def retention_mask(pos, bs, need, sbs, retention, eagle, boundaries):
-  """bool[MB]: SWA blocks worth caching (vLLM §2.3.4) for reachable `boundaries` (i32[k])."""
+  """bool[MB]: SWA blocks worth caching (vLLM §2.3.4) for reachable `boundaries` (i32[k]).
+
+  `retention` (traced i32 from `CacheState.params`, or a Python int / None): < 0 or None =
+  the last `need` blocks of every scheduler block, no boundaries; 0 = boundaries only;
+  k * sbs = the last `need` blocks of every `retention` tokens plus the boundaries.
+  """
+  retention = -1 if retention is None else retention  # RETENTION_NONE
   shift = 1 if eagle else 0
-  segment = sbs if retention is None else retention
-  if segment > 0:
-    per = segment // bs
-    if need >= per:
-      mask = jnp.ones(pos.shape, bool)
-    else:
-      mask = (pos >= shift) & ((pos - shift) % per >= per - need)
-  else:
-    mask = jnp.zeros(pos.shape, bool)
-  if retention is not None:
-    for b in boundaries:
-      e = floor_to(b, sbs) // bs + shift
-      mask |= (b > 0) & (pos >= e - need) & (pos < e)
+  segment = jnp.where(retention < 0, sbs, retention)
+  per = jnp.maximum(segment // bs, 1)  # segment is a multiple of bs when > 0
+  periodic = (need >= per) | ((pos >= shift) & ((pos - shift) % per >= per - need))
+  mask = (segment > 0) & periodic
+  for b in boundaries:
+    e = floor_to(b, sbs) // bs + shift
+    mask |= (retention >= 0) & (b > 0) & (pos >= e - need) & (pos < e)
   return mask

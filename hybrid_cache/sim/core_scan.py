@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache import block_pool
+from hybrid_cache import compile_cache
 from hybrid_cache import eviction
 from hybrid_cache import release as release_lib
 from hybrid_cache import scheduler
@@ -245,7 +246,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
   return jax.lax.cond(valid, live, skip, state)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnums=(1,))
+@compile_cache.entry_point(donate_argnums=(0,))
 def replay_chunk(config: CacheConfig, state: CacheState, hashes, n_in, n_total, hash_off, valid):
   """Scans one chunk of requests (i32[C] each, bool[C] valid); returns (state, i32[C, 6])."""
   return jax.lax.scan(

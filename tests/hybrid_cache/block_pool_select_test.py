@@ -54,7 +54,7 @@ def pools(draw):
 @given(pools())
 def test_pop_many_matches_sorted_queue(pool):
   qk, count = pool
-  state = init_state(CFG).replace(queue_key=jnp.asarray(qk))
+  state = init_state(CFG, bucketed=False).replace(queue_key=jnp.asarray(qk))
   norm = np.nonzero(qk[0] < BIG)[0]
   pin = np.nonzero(qk[1] < BIG)[0]
   want = list(norm[np.argsort(qk[0, norm])]) + list(pin[np.argsort(qk[1, pin])])
@@ -83,7 +83,7 @@ def test_compact_and_prefix_match_numpy(bits, size):
 @given(st.integers(0, 2**31 - 1))
 def test_evict_ids_equals_evict(seed):
   rng = np.random.default_rng(seed)
-  state = init_state(CFG)
+  state = init_state(CFG, bucketed=False)
   ids = rng.permutation(np.arange(1, NB))[:40].astype(np.int32)
   keys = rng.integers(0, 2**32, size=(40, 2), dtype=np.uint32)
   keys[20:30] = keys[:10]  # duplicate keys in the same bucket
@@ -110,7 +110,7 @@ def test_pops_from_the_queue_order_equal_plain_pops(pool, data):
   (`block_pool.queue_order`); with touches (hits leaving the queue) between the pops, every pop
   must equal the plain `pop_many` on the same state: the dense, squeeze and rank paths."""
   qk, _ = pool
-  state = init_state(CFG).replace(queue_key=jnp.asarray(qk))
+  state = init_state(CFG, bucketed=False).replace(queue_key=jnp.asarray(qk))
   order, head = block_pool.queue_order(state, KMAX), jnp.int32(0)
   for _ in range(data.draw(st.integers(1, 12))):
     free_norm = np.nonzero(np.asarray(state.queue_key[0]) < BIG)[0]

@@ -131,12 +131,12 @@ def test_batch_sizes_compile_once_per_power_of_two():
   m = JaxCacheManager(SMALL)
   for name in "ABC":
     m.add_request(name, list(range(10)))
-  before = scheduler.schedule_step._cache_size()
+  before = scheduler.schedule_step.cache_size(SMALL)
   m.schedule([E("A", 4)])
   m.schedule([E("A", 4), E("B", 4)])
   m.schedule([E("A", 1), E("B", 4), E("C", 4)])
   m.schedule([E("C", 1), E("B", 1), E("A", 1)])
-  assert scheduler.schedule_step._cache_size() - before <= 3  # sizes 1, 2, 4
+  assert scheduler.schedule_step.cache_size(SMALL) - before <= 3  # sizes 1, 2, 4
 
 
 PIN = CacheConfig(
