@@ -39,8 +39,8 @@ class Family:
   name: str
   groups: tuple[tuple[str, int, int], ...]
   hash_block_size: int | None = None
-  num_blocks: tuple[int, int] = (20, 64)
-  max_model_len: tuple[int, int] = (72, 128)
+  num_blocks: tuple[int, int] = (33, 64)  # one pool bucket (64): one set of programs
+  max_model_len: tuple[int, int] = (72, 128)  # one table-width bucket
   windows: tuple[int, ...] = (2, 3, 4, 5, 7, 8, 9, 12, 16)
 
 
