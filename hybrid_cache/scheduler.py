@@ -648,9 +648,11 @@ def _entry(
   fcount, _ = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
   )
-  ok &= ~is_new | (fcount <= free) | (state.params[P_FULL_FIT] == 0)
   others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
   watermark = jnp.where(jnp.any(others), state.params[P_WATERMARK], 0)
+  # the watermark applies to the full-sequence gate too (vLLM `allocate_slots`: both counts
+  # are checked against the free blocks less the watermark)
+  ok &= ~is_new | (fcount + watermark <= free) | (state.params[P_FULL_FIT] == 0)
   ok &= ~is_new | (count + watermark <= free)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
   if one_write:  # column selects, not updates of the row (no copies)
