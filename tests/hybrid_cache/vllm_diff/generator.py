@@ -32,8 +32,10 @@ from typing import Any
 class Family:
   """A compile family: fixed groups and block sizes, a pool and model-length range.
 
-  `groups`: (type, block_size, window) triples; a `window` of 0 on an swa group means "drawn per
-  scenario" from `windows`. `num_blocks` and `max_model_len`: inclusive ranges drawn from.
+  `groups`: (type, block_size, window) triples; a window is static in the compiled programs, so
+  each family fixes its own (families differ: W below, at and above the block, 2 and 3 blocks
+  of need); a `window` of 0 on an swa group means "drawn per scenario" from `windows`.
+  `num_blocks` and `max_model_len`: inclusive ranges drawn from (each inside one bucket).
   """
 
   name: str
@@ -46,17 +48,19 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
   Family("full_mamba", (("full", 4, 0), ("mamba", 4, 0))),
-  Family("full_swa_mamba", (("full", 4, 0), ("swa", 4, 0), ("mamba", 4, 0))),
-  Family("two_windows", (("full", 4, 0), ("swa", 4, 0), ("swa", 4, 0), ("mamba", 4, 0))),
-  Family("full_swa", (("full", 4, 0), ("swa", 4, 0))),
+  Family("full_swa_mamba", (("full", 4, 0), ("swa", 4, 7), ("mamba", 4, 0))),
+  Family("two_windows", (("full", 4, 0), ("swa", 4, 3), ("swa", 4, 9), ("mamba", 4, 0))),
+  # two equal windows: one spec group (vLLM looks them up together)
+  Family("equal_windows", (("full", 4, 0), ("swa", 4, 5), ("swa", 4, 5), ("mamba", 4, 0))),
+  Family("full_swa", (("full", 4, 0), ("swa", 4, 4))),
   # mixed block sizes without partial hits: scheduler block 8, hash block 4, recurrent block 4
-  Family("mixed_sizes", (("full", 4, 0), ("swa", 8, 0), ("mamba", 4, 0))),
+  Family("mixed_sizes", (("full", 4, 0), ("swa", 8, 12), ("mamba", 4, 0))),
   # partial (fine-grained) hits, vLLM §2.5: recurrent block 8 > hash block 4
   Family("partial", (("full", 4, 0), ("mamba", 8, 0))),
   # partial hits with a window whose block equals the hash block (vLLM keeps them on)
-  Family("partial_swa_eq", (("full", 4, 0), ("swa", 4, 0), ("mamba", 8, 0))),
+  Family("partial_swa_eq", (("full", 4, 0), ("swa", 4, 6), ("mamba", 8, 0))),
   # a window whose block differs from the hash block turns partial hits off (vLLM)
-  Family("partial_swa_ne", (("full", 4, 0), ("swa", 8, 0), ("mamba", 8, 0))),
+  Family("partial_swa_ne", (("full", 4, 0), ("swa", 8, 9), ("mamba", 8, 0))),
   # equal group blocks, finer hash block: partial hits with the full group looked up finely
   Family("partial_hbs", (("full", 8, 0), ("mamba", 8, 0)), hash_block_size=4),
 )
