@@ -307,20 +307,15 @@ def _spec_index(lay: Layout) -> tuple[int, ...]:
   return tuple(out)
 
 
-def _swa_need(spec) -> int:
-  """Contiguous blocks a sliding-window hit needs before its end (EAGLE one more), at least 1."""
-  return max(-(-(spec.window - 1) // spec.block_size) + (1 if spec.eagle else 0), 1)
-
-
 def _swa_valid_fine(lay: Layout, spec, cached):
   """bool[MH]: hash-block indices where a sliding-window hit may end, with partial hits.
 
   A window group beside partial hits has the hash block as its block (vLLM turns partial hits
-  off otherwise), so block position i ends at hash index i: valid where the `_swa_need` blocks
-  before the end are cached, or inside the leading cached run (§2.3).
+  off otherwise), so block position i ends at hash index i: valid where the `swa_need` blocks
+  (at least one) before the end are cached, or inside the leading cached run (§2.3).
   """
   mb, mh = cached.shape[0], lay.max_hashes
-  k = _swa_need(spec)
+  k = max(spec.swa_need, 1)
   pos = jnp.arange(mb)
   cs = jnp.cumsum(cached.astype(jnp.int32))
   before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
@@ -368,16 +363,17 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
       return c, None
     return c, jnp.all(jnp.stack([fine_of(g) >= 0 for g in members]), axis=0)
 
-  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`)
-  sg_alone = []
-  for s in lay.spec_groups:
+  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`);
+  # `valid[j]`: the valid ends of non-full spec group j (independent of the cap, reused below)
+  sg_alone, valid = [], {}
+  for j, s in enumerate(lay.spec_groups):
     spec = s.spec
     c, fc = merged(s)
     if spec.kind == "full":
       length, _, _ = _full_find_fine(lay, c, fc, max_len, jnp.asarray(spec.eagle), spec.block_size)
     else:
-      v = _rec_valid(lay, spec, fc, c)
-      f = jnp.max(jnp.where(v & ((fpos + 1) * hbs <= max_len), fpos, -1))
+      valid[j] = _rec_valid(lay, spec, fc, c)
+      f = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= max_len), fpos, -1))
       length = ((f + 1) * hbs).astype(jnp.int32)
     sg_alone.append(length)
   alone = jnp.stack([sg_alone[j] for j in _spec_index(lay)])
@@ -386,13 +382,11 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
   longest = None
   fa_state = {}
   common = jnp.ones((mh,), bool)
-  for s in lay.spec_groups:
+  for j, s in enumerate(lay.spec_groups):
     spec = s.spec
     members = list(s.members)
     if spec.kind == "full":
-      sg_cached = jnp.all(cached[jnp.asarray(members)], axis=0)
-      fcs = [fine_of(g) for g in members]
-      sg_fine = None if fcs[0] is None else jnp.all(jnp.stack([fc >= 0 for fc in fcs]), axis=0)
+      sg_cached, sg_fine = merged(s)
       length, run, f = _full_find_fine(
         lay, sg_cached, sg_fine, cur, jnp.asarray(spec.eagle), spec.block_size
       )
@@ -402,17 +396,10 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
       if longest is None:
         longest = length
     else:
-      if spec.kind == "swa":  # equal windows merged: a hit needs the key in every member
-        vs = [_swa_valid_fine(lay, spec, jnp.all(cached[jnp.asarray(members)], axis=0))]
-      else:
-        vs = [
-          _mamba_valid(lay, spec, None if fine_of(g) is None else fine_of(g) >= 0, cached[g])
-          for g in members
-        ]
-      common &= jnp.all(jnp.stack(vs), axis=0)
+      # equal specs merged: a hit needs the key in every member
+      common &= valid[j]
       if longest is None:  # no full attention: the first group's own lookup
-        v0 = jnp.all(jnp.stack(vs), axis=0)
-        f0 = jnp.max(jnp.where(v0 & ((fpos + 1) * hbs <= cur), fpos, -1))
+        f0 = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= cur), fpos, -1))
         longest = ((f0 + 1) * hbs).astype(jnp.int32)
   has_rec = any(s.spec.kind != "full" for s in lay.spec_groups)
   if has_rec:
@@ -435,7 +422,7 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
         blk = jnp.where((pos == run) & (f >= 0), pb, blk)
     elif spec.kind == "swa":  # the window's blocks before the hit (§2.3)
       hi = hit // bs
-      m = (pos >= jnp.maximum(hi - _swa_need(spec), 0)) & (pos < hi) & cached[g]
+      m = (pos >= jnp.maximum(hi - max(spec.swa_need, 1), 0)) & (pos < hi) & cached[g]
       blk = found[g]
     else:
       p = (hit - 1) // bs

@@ -281,11 +281,12 @@ class ReferencePolicy:
       return empty
     # each group alone, as vLLM's `find_longest_cache_hit_per_group`: groups of equal specs are
     # looked up together (a hit needs the key in every member), each member reports that hit
-    per_group = []
-    for gid in range(ng):
-      sg = next(s for s in self._spec_groups if gid in s.members)
-      drop = self._groups[gid].eagle and sg.kind != "mamba"
-      per_group.append(self._find(sg, fine, sg.members, max_len, drop)[1])
+    per_group = [0] * ng
+    for sg in self._spec_groups:
+      drop = self._groups[sg.members[0]].eagle and sg.kind != "mamba"
+      hit_alone = self._find(sg, fine, sg.members, max_len, drop)[1]
+      for gid in sg.members:
+        per_group[gid] = hit_alone
     hit, entries, longest = self._reconcile(fine, max_len)
     rows = [[] for _ in range(ng)]
     for sg, ent in zip(self._spec_groups, entries):
@@ -537,7 +538,7 @@ class ReferencePolicy:
         i,
         block_size=self._bs[gid],
         need=rules.swa_need(g.window, self._bs[gid], g.eagle),
-        scheduler_block_size=self._align,
+        alignment_tokens=self._align,
         eagle=g.eagle,
         retention_interval=r,
         boundaries=boundaries,
@@ -546,7 +547,7 @@ class ReferencePolicy:
       return rules.mamba_cacheable(
         i,
         block_size=self._bs[gid],
-        scheduler_block_size=self._align,
+        alignment_tokens=self._align,
         retention_interval=r,
         boundaries=boundaries,
       )
@@ -610,7 +611,8 @@ class ReferencePolicy:
     if kind != "mamba" or self._mode[gid] != "align" or bs == hbs:
       return
     # vLLM MambaManager._cache_partial_tail_block: only when the chunk ends exactly at the
-    # prompt's checkpoint position floor((P-1)/HBS)*HBS (EAGLE: floor(P/HBS)*HBS, hand-derived)
+    # prompt's checkpoint position (`rules.checkpoint_position`: floor((P-1)/HBS)*HBS, EAGLE
+    # floor(P/HBS)*HBS - HBS)
     t = self._tail_boundary(req, gid)
     j = rules.cdiv(t, bs) - 1
     if t <= 0 or n != t or j >= len(row) or row[j] == NULL:

@@ -23,17 +23,18 @@ def num_skipped_tokens(c):
   return jnp.maximum(c - 1, 0)
 
 
-def retention_mask(pos, bs, sbs, retention, boundaries):
+def retention_mask(pos, bs, align, retention, boundaries):
   """bool[MB]: recurrent states worth caching (vLLM §2.4.7).
 
   `retention` (traced i32 from `CacheState.params`, or a Python int / None): < 0 or None =
   dense (every state), 0 = replay boundaries only, k * sbs = one state per `retention` tokens
-  plus the boundaries.
+  plus the boundaries. `align`: the hit alignment the boundaries are floored to (the hash block
+  with partial hits, else the scheduler block; vLLM `reachable_block_mask`).
   """
   retention = -1 if retention is None else retention  # RETENTION_NONE
   per = retention // bs
   dense = (retention < 0) | ((retention > 0) & (per <= 1))
   mask = dense | ((retention > 0) & ((pos + 1) % jnp.maximum(per, 1) == 0))
   for b in boundaries:
-    mask |= (b > 0) & (pos == floor_to(b, sbs) // bs - 1)
+    mask |= (b > 0) & (pos == floor_to(b, align) // bs - 1)
   return mask

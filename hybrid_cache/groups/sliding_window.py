@@ -44,20 +44,22 @@ def num_skipped_tokens(c, window: int):
   return jnp.maximum(c - window + 1, 0)
 
 
-def retention_mask(pos, bs, need, sbs, retention, eagle, boundaries):
+def retention_mask(pos, bs, need, align, retention, eagle, boundaries):
   """bool[MB]: SWA blocks worth caching (vLLM §2.3.4) for reachable `boundaries` (i32[k]).
 
   `retention` (traced i32 from `CacheState.params`, or a Python int / None): < 0 or None =
-  the last `need` blocks of every scheduler block, no boundaries; 0 = boundaries only;
-  k * sbs = the last `need` blocks of every `retention` tokens plus the boundaries.
+  the last `need` blocks of every `align` tokens, no boundaries; 0 = boundaries only;
+  k * sbs = the last `need` blocks of every `retention` tokens plus the boundaries. `align`:
+  the hit alignment (the hash block with partial hits, else the scheduler block; vLLM
+  `reachable_block_mask`), also what the boundaries are floored to.
   """
   retention = -1 if retention is None else retention  # RETENTION_NONE
   shift = 1 if eagle else 0
-  segment = jnp.where(retention < 0, sbs, retention)
+  segment = jnp.where(retention < 0, align, retention)
   per = jnp.maximum(segment // bs, 1)  # segment is a multiple of bs when > 0
   periodic = (need >= per) | ((pos >= shift) & ((pos - shift) % per >= per - need))
   mask = (segment > 0) & periodic
   for b in boundaries:
-    e = floor_to(b, sbs) // bs + shift
+    e = floor_to(b, align) // bs + shift
     mask |= (retention >= 0) & (b > 0) & (pos >= e - need) & (pos < e)
   return mask

@@ -226,14 +226,18 @@ def swa_cacheable(
   *,
   block_size: int,
   need: int,
-  scheduler_block_size: int,
+  alignment_tokens: int,
   eagle: bool,
   retention_interval: int | None,
   boundaries: Iterable[int] = (),
 ) -> bool:
-  """Whether SWA block i may be registered (`need` includes the EAGLE +1)."""
+  """Whether SWA block i may be registered (`need` includes the EAGLE +1).
+
+  `alignment_tokens`: vLLM's hit alignment (the hash block with partial hits, else the
+  scheduler block): the dense segment and the grid boundaries are floored to.
+  """
   shift = 1 if eagle else 0
-  segment = scheduler_block_size if retention_interval is None else retention_interval
+  segment = alignment_tokens if retention_interval is None else retention_interval
   if segment > 0:
     per = segment // block_size
     if need >= per:
@@ -245,7 +249,7 @@ def swa_cacheable(
   for b in boundaries:
     if b <= 0:
       continue
-    end = floor_to(b, scheduler_block_size) // block_size + shift
+    end = floor_to(b, alignment_tokens) // block_size + shift
     if end - need <= i < end:
       return True
   return False
@@ -255,11 +259,14 @@ def mamba_cacheable(
   i: int,
   *,
   block_size: int,
-  scheduler_block_size: int,
+  alignment_tokens: int,
   retention_interval: int | None,
   boundaries: Iterable[int] = (),
 ) -> bool:
-  """Whether recurrent block i may be registered (dense, 0 = boundaries only, or k·B)."""
+  """Whether recurrent block i may be registered (dense, 0 = boundaries only, or k·B).
+
+  `alignment_tokens`: vLLM's hit alignment, the grid boundaries are floored to.
+  """
   r = retention_interval
   if r is None:
     return True
@@ -272,7 +279,7 @@ def mamba_cacheable(
   for b in boundaries:
     if b <= 0:
       continue
-    if i == floor_to(b, scheduler_block_size) // block_size - 1:
+    if i == floor_to(b, alignment_tokens) // block_size - 1:
       return True
   return False
 

@@ -408,7 +408,7 @@ def test_s21_mamba_masks(r, extra, expected):
     i
     for i in range(16)
     if rules.mamba_cacheable(
-      i, block_size=16, scheduler_block_size=16, retention_interval=r, boundaries=[255, *extra]
+      i, block_size=16, alignment_tokens=16, retention_interval=r, boundaries=[255, *extra]
     )
   }
   assert got == expected
@@ -433,7 +433,7 @@ def test_s22_swa_masks(window, r, b, expected):
       i,
       block_size=16,
       need=need,
-      scheduler_block_size=16,
+      alignment_tokens=16,
       eagle=False,
       retention_interval=r,
       boundaries=[255, b],
