@@ -186,22 +186,20 @@ def generate(seed: int, family_name: str | None = None) -> dict[str, Any]:
   mml = cfg["max_model_len"]
 
   # request lifecycle, tracked as the replay sees it
-  active: dict[str, dict[str, Any]] = {}  # name -> {"tokens": n, "prompt": p, "computed": bool}
+  active: dict[str, dict[str, int]] = {}  # added, not freed: name -> {"tokens": n}
   actions: list[dict[str, Any]] = []
   uses = 0
 
   def chunk():
     return rng.choice([None, None, None, rng.choice([1, 2, 3, sbs - 1, sbs, sbs + 1, 2 * sbs, 13])])
 
-  def new_entry(name: str) -> dict[str, Any]:
+  def new_entry() -> dict[str, Any]:
     nonlocal uses
     uses += 1
     prompt = rng.choice(names)
     req = f"{prompt}_{uses}"
-    active[req] = {"tokens": lengths[prompt], "prompt": prompt, "done": False}
-    d = {"req": req, "prompt": prompt}
-    del name
-    return d
+    active[req] = {"tokens": lengths[prompt]}
+    return {"req": req, "prompt": prompt}
 
   def put(a: dict[str, Any]) -> None:
     c = chunk()
@@ -211,12 +209,12 @@ def generate(seed: int, family_name: str | None = None) -> dict[str, Any]:
 
   for _ in range(rng.randint(6, 22)):
     r = rng.random()
-    running = [n for n, s in active.items() if s.get("admitted")]
+    # a schedule entry of an active request continues it when it runs, or (re)admits it when
+    # its admission failed or it was preempted: every active request may join a step
+    running = list(active)
     if r < 0.30 or not active:
-      e = new_entry("")
-      a = {"op": "prefill", "req": e["req"], "prompt": e["prompt"]}
-      put(a)
-      active[e["req"]]["admitted"] = None  # unknown: may fail
+      e = new_entry()
+      put({"op": "prefill", "req": e["req"], "prompt": e["prompt"]})
     elif r < 0.45:
       k = rng.randint(2, 4)
       entries, seen = [], set()
@@ -228,10 +226,9 @@ def generate(seed: int, family_name: str | None = None) -> dict[str, Any]:
           seen.add(n)
           ent: dict[str, Any] = {"req": n}
         else:
-          e = new_entry("")
+          e = new_entry()
           seen.add(e["req"])
           ent = {"req": e["req"], "prompt": e["prompt"]}
-          active[e["req"]]["admitted"] = None
         if rng.random() < 0.4:
           ent["chunk"] = rng.choice([1, 3, sbs, 2 * sbs, 5])
         entries.append(ent)
