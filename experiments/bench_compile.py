@@ -2,7 +2,7 @@
 
 Builds N scenario configs that all differ (pool size, block sizes, group mix, windows,
 retention, token budget, watermark, full-sequence gate, max_model_len), replays one small
-scenario per config through `hybrid_cache.replay.replay(sc, backend="jax")` and reports per
+scenario per config through `hybrid_cache.replay.replay.replay(sc, backend="jax")` and reports per
 config: the process's memory mappings (`/proc/self/maps` lines), RSS (`VmRSS` of
 `/proc/self/status`), wall seconds and XLA compilations.
 
@@ -33,9 +33,9 @@ import time
 
 import jax
 
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

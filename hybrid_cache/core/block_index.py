@@ -1,0 +1,318 @@
+"""Set-associative block index: (hash lanes, group) -> block, duplicates kept, oldest wins.
+
+`index_entry[b, w] = (block, seq)` (block -1 = empty way) and `index_hash[b, w]` = the key's two
+uint32 lanes; the bucket is a mix of both lanes and the group. A hit needs equal lanes and equal
+group (the block's `block_group`); among duplicates the smallest insertion sequence wins (vLLM
+returns the first-inserted block). A full bucket drops the insertion and counts it in
+`counters[C_OVERFLOW]` (a miss later, never a wrong hit); pools are sized so this is rare.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_OVERFLOW
+from hybrid_cache.core.state import C_SEQ
+from hybrid_cache.core.state import CacheState
+
+_RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
+_PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
+
+
+def _row_count(mask: jax.Array) -> jax.Array:
+  """i32[k]: set entries per row of `mask` (bool[k, n], n < 2^24) by one exact f32
+  matrix-vector product (XLA:CPU splits an integer reduction over more than 32 elements into
+  a reduce-window plus a reduce, each a separate thunk)."""
+  ones = jnp.ones((mask.shape[1],), jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+  return jnp.matmul(mask.astype(jnp.float32), ones, precision=hi).astype(jnp.int32)
+
+
+def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
+  """Bucket of keys `h` (u32[..., 2]) in `group` (i32[...])."""
+  x = (
+    h[..., 0]
+    ^ (h[..., 1] * jnp.uint32(0x9E3779B1))
+    ^ ((group.astype(jnp.uint32) + jnp.uint32(1)) * jnp.uint32(0x85EBCA77))
+  )
+  x = x ^ (x >> jnp.uint32(15))
+  return (x & jnp.uint32(buckets - 1)).astype(jnp.int32)
+
+
+def _entry_groups(state: CacheState) -> jax.Array:
+  """i32[BK, W]: group of each index entry's block (-2 = empty way), in its own buffer."""
+  blk = state.index_entry[..., 0]
+  grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+  return materialise(grp.reshape(-1)).reshape(blk.shape)
+
+
+def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None = None):
+  """Block carrying key (h, group) for every query (u32[..., 2], i32[...]) or -1.
+
+  `b` (optional, i32[...]): the queries' buckets (`bucket_of(h, group, buckets)`), computed
+  by the caller once for several uses.
+  """
+  buckets = state.index_entry.shape[0]
+  if b is None:
+    b = bucket_of(h, group, buckets)
+    b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
+  ent = state.index_entry[b]  # [..., W, 2]
+  hh = state.index_hash[b]  # [..., W, 2]
+  blk = ent[..., 0]
+  if b.size < buckets:
+    # fewer queries than buckets (static): the groups of the gathered ways only (Q * W
+    # gathers instead of BK * W for every index slot), fused into the one `same` mask below
+    grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+  else:
+    grp = _entry_groups(state)[b]
+  same = jnp.all(hh == h[..., None, :], axis=-1) & (grp == group[..., None])
+  seq = jnp.where(same, ent[..., 1], BIG)
+  # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
+  # sequence numbers are unique, so the oldest matching way is the one at the minimum
+  oldest = same & (seq == jnp.min(seq, axis=-1, keepdims=True))
+  return jnp.max(jnp.where(oldest, blk, -1), axis=-1)
+
+
+def materialise(x: jax.Array) -> jax.Array:
+  """`x` (1-D) written to its own buffer: a fusion boundary.
+
+  XLA:CPU fuses a cheap elementwise producer into a pairwise [N, N] consumer and recomputes
+  it N times per element (`lax.optimization_barrier` is expanded away before fusion); an
+  identity scatter is not fused into its consumers.
+  """
+  n = x.shape[0]
+  return jnp.zeros_like(x).at[jnp.arange(n)].set(x, unique_indices=True, indices_are_sorted=True)
+
+
+def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
+  """bool[N]: some block carries key (h[i], group) (`probe(...) >= 0` for one static group,
+  without picking the oldest duplicate). h: u32[N, 2]."""
+  buckets = state.index_entry.shape[0]
+  mine = _entry_groups(state) == group  # [BK, W], once per index slot
+  b = materialise(bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets))
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & mine[b]
+  return jnp.any(same, axis=-1)
+
+
+def inclusive_count(mask: jax.Array, width: int = 32) -> jax.Array:
+  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
+
+  XLA:CPU lowers `cumsum` to a reduce-window (quadratic in N); a [N/w, w] x [w, w] triangular
+  matmul plus a [N/w, N/w] one for the row offsets is exact (counts < 2^24, HIGHEST precision).
+  """
+  n = mask.shape[0]
+  rows = -(-n // width)
+  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
+  x = x.reshape(rows, width)
+  hi = jax.lax.Precision.HIGHEST
+  up = jnp.asarray(np.arange(width)[:, None] <= np.arange(width)[None, :], jnp.float32)
+  within = jnp.matmul(x, up, precision=hi)
+  low = jnp.asarray(np.arange(rows)[None, :] < np.arange(rows)[:, None], jnp.float32)
+  off = jnp.matmul(low, within[:, -1], precision=hi)
+  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
+
+
+def _rank_in_bucket(bks: jax.Array, buckets: int, chunk: int = _RANK_CHUNK) -> jax.Array:
+  """i32[k]: for each i, the number of j < i with bks[j] == bks[i] (bks in [0, buckets]).
+
+  Blocked instead of one [k, k] compare: inside each chunk of `chunk` keys a [chunk, chunk]
+  compare; across chunks a per-chunk bucket histogram (scatter-add) and its exclusive prefix
+  over chunks (one small exact matmul), read at (chunk of i, bks[i]).
+  """
+  k = bks.shape[0]
+  i = jnp.arange(chunk if k > 2 * chunk else k)
+  if k <= 2 * chunk:
+    earlier = (bks[None, :] == bks[:, None]) & (i[None, :] < i[:, None])
+    return jnp.sum(earlier, axis=1).astype(jnp.int32)
+  m = -(-k // chunk)
+  b = jnp.full((m * chunk,), buckets, jnp.int32).at[:k].set(bks)
+  b2 = b.reshape(m, chunk)
+  earlier = (b2[:, None, :] == b2[:, :, None]) & (i[None, :] < i[:, None])[None]
+  within = jnp.matmul(
+    earlier.astype(jnp.float32),
+    jnp.ones((chunk,), jnp.float32),
+    precision=jax.lax.Precision.HIGHEST,
+  )
+  row = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), chunk))
+  hist = jnp.zeros((m, buckets + 1), jnp.float32).at[row, b].add(1.0)
+  low = jnp.asarray(np.arange(m)[None, :] < np.arange(m)[:, None], jnp.float32)
+  before = jnp.matmul(low, hist, precision=jax.lax.Precision.HIGHEST)
+  across = before[row, b]
+  return (within.reshape(-1) + across).astype(jnp.int32)[:k]
+
+
+def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
+  """(way, ok) i32[k], bool[k]: the `rank[i]`-th (0-based) empty way of bucket `bks[i]`.
+
+  `empty` bool[BK, W] (W <= 32); `bks` may be BK (no bucket: ok False). Each bucket's empty
+  ways become one uint32 bit mask; the rank-th set bit is found by a binary search on
+  population counts (log2 W elementwise rounds, no [k, W] gather or prefix count).
+  """
+  buckets, ways = empty.shape
+  if ways > 32:
+    raise ValueError(f"index ways must be <= 32, got {ways}")
+  u = jnp.uint32
+  shift = u(1) << jnp.arange(ways, dtype=u)
+  if bks.shape[0] < buckets:
+    # fewer keys than buckets (static): the masks of the gathered buckets only (k * W reads
+    # instead of BK * W)
+    e = empty[jnp.minimum(bks, buckets - 1)]
+    m = jnp.sum(jnp.where(e, shift, u(0)), axis=1, dtype=u)
+  else:
+    bits = jnp.sum(jnp.where(empty, shift, u(0)), axis=1, dtype=u)
+    bits = materialise(bits)  # else the per-bucket reduction is redone per gathered key
+    m = bits[jnp.minimum(bks, buckets - 1)]
+  m = jnp.where(bks < buckets, m, u(0))
+  ok = rank < jax.lax.population_count(m).astype(jnp.int32)
+  r = rank
+  way = jnp.zeros_like(rank)
+  width = 1 << max(0, (ways - 1).bit_length() - 1)
+  while width >= 1:
+    low = m & u((1 << width) - 1)
+    cnt = jax.lax.population_count(low).astype(jnp.int32)
+    up = r >= cnt
+    r = jnp.where(up, r - cnt, r)
+    m = jnp.where(up, m >> u(width), low)
+    way = way + jnp.where(up, width, 0)
+    width //= 2
+  return way, ok
+
+
+def insert(
+  state: CacheState,
+  ids: jax.Array,
+  keys: jax.Array,
+  group: jax.Array,
+  buckets_of_keys: jax.Array | None = None,
+) -> CacheState:
+  """Registers block `ids[i]` (> 0 = insert, in list order) under (keys[i], group[i]).
+
+  Sets the block's `block_group`/`block_hash` and adds index entries without a per-key loop:
+  keys landing in one bucket are ranked in list order (`_rank_in_bucket`, no sort) and take
+  that bucket's empty ways in order; insertion sequence numbers follow list order.
+  `buckets_of_keys` (optional i32[k]): `bucket_of(keys, group, buckets)` from the caller.
+  """
+  nb = state.ref_cnt.shape[0]
+  buckets, ways = state.index_entry.shape[:2]
+  valid = ids > 0
+  idx = jnp.where(valid, ids, nb)
+  state = state.replace(
+    block_group=state.block_group.at[idx].set(group, mode="drop"),
+    block_hash=state.block_hash.at[idx].set(keys, mode="drop"),
+  )
+  c = state.counters
+  if buckets_of_keys is None:
+    bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
+    bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
+  else:
+    bks = jnp.where(valid, buckets_of_keys, buckets)
+  k = ids.shape[0]
+  if k <= _PAIRWISE_MAX:
+    # few keys (static): rank in bucket and insertion order from one [k, k] "earlier" mask
+    # (two row counts, one fusion) instead of the blocked rank and a prefix-count matmul
+    i = np.arange(k)
+    earlier = jnp.asarray(i[None, :] < i[:, None])
+    both = jnp.stack([(bks[None, :] == bks[:, None]) & earlier, valid[None, :] & earlier])
+    rank, before = _row_count(both.reshape(2 * k, k)).reshape(2, k)
+    # before = inclusive_count(valid) - 1 where valid
+  else:
+    rank = _rank_in_bucket(bks, buckets)
+    before = inclusive_count(valid) - 1
+  way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
+  ok &= valid
+  seq = c[C_SEQ] + before
+  bi = jnp.where(ok, bks, buckets)
+  ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
+  hsh = state.index_hash.at[bi, way].set(keys, mode="drop")
+  nvalid = jnp.sum(valid).astype(jnp.int32)
+  novf = jnp.sum(valid & ~ok).astype(jnp.int32)
+  counters = c.at[C_SEQ].add(nvalid).at[C_OVERFLOW].add(novf)
+  return state.replace(index_entry=ent, index_hash=hsh, counters=counters)
+
+
+def has_entry(state: CacheState, h: jax.Array, group: jax.Array, ids: jax.Array) -> jax.Array:
+  """bool[k]: the index holds key (h[i], group[i]) for block ids[i] (u32[k, 2], i32[k], i32[k])."""
+  b = bucket_of(h, group, state.index_entry.shape[0])
+  ent = state.index_entry[b]  # [k, W, 2]
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (ent[..., 0] == ids[:, None])
+  return jnp.any(same, axis=-1) & (ids > 0)
+
+
+def insert_extra(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.Array):
+  """Index entries for extra keys of already keyed blocks `ids` (> 0 = insert; vLLM
+  `cached_block_hashes_by_block`): the blocks' own key, group and aux are left as they are."""
+  bg, bh = state.block_group, state.block_hash
+  state = insert(state, ids, keys, group)
+  return state.replace(block_group=bg, block_hash=bh)
+
+
+def evict(state: CacheState, mask: jax.Array) -> CacheState:
+  """Removes every key of the blocks where `mask` (bool[NB]) is set."""
+  blk = state.index_entry[..., 0]
+  hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
+  ent = jnp.where(hit[..., None], -1, state.index_entry)
+  return state.replace(
+    index_entry=ent,
+    block_group=jnp.where(mask, -1, state.block_group),
+    block_aux=state.block_aux.at[:, 0]
+    .set(jnp.where(mask, -1, state.block_aux[:, 0]))
+    .at[:, 2]
+    .set(jnp.where(mask, -1, state.block_aux[:, 2])),
+  )
+
+
+def evict_ids(
+  state: CacheState,
+  ids: jax.Array,
+  grp: jax.Array | None = None,
+  clear_pinned: bool = False,
+  scan_all: bool = False,
+) -> CacheState:
+  """`evict` for the blocks `ids` (i32[k], unique, 0 = skip).
+
+  A block carries at most one key and its entry (if it was not dropped by a full bucket) lies
+  in the bucket of its `block_hash`/`block_group`. With fewer buckets than ids (static) the
+  whole index is scanned against a bool[NB] mask of the ids (BK * W gathers), else only the k
+  buckets of the keyed ids are searched (k * W); both clear exactly those entries.
+  `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
+  `clear_pinned` (static): also clear the blocks' pinned flag (block_aux column 1), in the same
+  row write. `scan_all` (static): always scan the whole index (partial hits, vLLM §2.5: a block
+  may also carry an extra partial key, indexed under another bucket).
+  """
+  nb = state.ref_cnt.shape[0]
+  buckets, ways = state.index_entry.shape[:2]
+  valid = ids > 0
+  idx = jnp.where(valid, ids, nb)
+  if scan_all or buckets <= ids.shape[0]:
+    mask = jnp.zeros((nb,), bool).at[idx].set(True, mode="drop")
+    blk = state.index_entry[..., 0]
+    hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
+    ent = jnp.where(hit[..., None], -1, state.index_entry)
+  else:
+    safe = jnp.where(valid, ids, 0)
+    if grp is None:
+      grp = state.block_group[safe]
+    keyed = valid & (grp >= 0)
+    b = bucket_of(state.block_hash[safe], grp, buckets)
+    # the scatters below update block_group in place (and insert's later block_hash scatter
+    # too) only if XLA sees the gathers above ordered before them: the indices depend on the
+    # gathered values (block_group >= -1 and buckets >= 0 always, so this is the identity);
+    # without it XLA copies block_group and block_hash twice per scheduled entry
+    idx = jnp.where(valid & (grp >= -1) & (b >= 0), ids, nb)
+    hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
+    # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
+    way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
+    bi = jnp.where(way < ways, b, buckets)
+    ent = state.index_entry.at[bi, way].set(-1, mode="drop")
+  return state.replace(
+    index_entry=ent,
+    block_group=state.block_group.at[idx].set(-1, mode="drop"),
+    block_aux=(
+      state.block_aux.at[idx].set(jnp.asarray([-1, 0, -1], jnp.int32), mode="drop")
+      if clear_pinned
+      else state.block_aux.at[idx, 0].set(-1, mode="drop").at[idx, 2].set(-1, mode="drop")
+    ),
+  )

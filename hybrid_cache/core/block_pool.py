@@ -1,0 +1,362 @@
+"""The shared block pool: ref counts, vLLM's free queue as int32 keys, the pinned tier.
+
+Free queue (vLLM §1.6): a block is free iff `queue_key[0, b] < BIG` (normal queue) or
+`queue_key[1, b] < BIG` (pinned tier, SPEC B1). Popping takes the smallest normal key; when the
+normal queue is empty the oldest pinned block is demoted (equivalently popped). Freeing puts
+unhashed blocks at the head (a batch keeps its order), hashed blocks at the tail, pinned blocks at
+the pinned tail. Touching unlinks a free block. All functions are pure and jittable.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.core import block_index
+from hybrid_cache.core import eviction
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_HEAD
+from hybrid_cache.core.state import C_PIN
+from hybrid_cache.core.state import C_REC_EVICTED
+from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import CacheState
+
+
+def num_free(state: CacheState) -> jax.Array:
+  """Free capacity: normal queue + pinned tier (int32 scalar)."""
+  return jnp.sum(state.queue_key < BIG).astype(jnp.int32)
+
+
+def _drop_idx(ids: jax.Array, nb: int) -> jax.Array:
+  """Null (0) ids become out-of-bounds so masked scatters drop them."""
+  return jnp.where(ids > 0, ids, nb)
+
+
+def touch(state: CacheState, ids: jax.Array) -> CacheState:
+  """ref += 1 for the non-null `ids` (unique), unlinking free ones from their queue."""
+  nb = state.ref_cnt.shape[0]
+  idx = _drop_idx(ids, nb)
+  ref = state.ref_cnt.at[idx].add(1, mode="drop")
+  qk = state.queue_key.at[:, idx].set(BIG, mode="drop")
+  return state.replace(ref_cnt=ref, queue_key=qk)
+
+
+def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheState:
+  """Frees `ids` (unique, 0 = skip) in list order (vLLM `free_blocks`, one call per batch).
+
+  `batch` (same shape, non-decreasing) numbers the `free_blocks` calls: blocks reaching ref 0
+  without a key go to the head, a later batch in front of an earlier one, each batch keeping its
+  order; keyed blocks go to the tail in list order; pinned ones to the pinned tier's tail.
+  """
+  nb = state.ref_cnt.shape[0]
+  valid = ids > 0
+  idx = _drop_idx(ids, nb)
+  ref = state.ref_cnt.at[idx].add(-1, mode="drop")
+  new_ref = jnp.where(valid, ref[jnp.where(valid, ids, 0)], 1)
+  freed = valid & (new_ref == 0)
+  safe = jnp.where(valid, ids, 0)
+  pinned = freed & (state.block_aux[safe, 1] > 0)
+  hashed = freed & ~pinned & (state.block_group[safe] >= 0)
+  head = freed & ~pinned & ~hashed
+  c = state.counters
+  # tail and pinned tail: increasing keys in list order
+  tail_rank = jnp.cumsum(hashed) - 1
+  pin_rank = jnp.cumsum(pinned) - 1
+  # head: batch b lands in front of batches < b; inside a batch the order is kept
+  nbatch = ids.shape[0]
+  tot = jnp.zeros((nbatch + 1,), jnp.int32).at[batch].add(head.astype(jnp.int32))
+  cum_le = jnp.cumsum(tot)
+  cum_lt = cum_le - tot
+  excl = jnp.cumsum(head) - head
+  head_key = c[C_HEAD] - cum_le[batch] + (excl - cum_lt[batch])
+  k0 = jnp.where(hashed, c[C_TAIL] + tail_rank, jnp.where(head, head_key, BIG))
+  k1 = jnp.where(pinned, c[C_PIN] + pin_rank, BIG)
+  fidx = jnp.where(freed, ids, nb)
+  qk = state.queue_key.at[0, fidx].set(k0, mode="drop").at[1, fidx].set(k1, mode="drop")
+  c = (
+    c.at[C_HEAD]
+    .add(-jnp.sum(head).astype(jnp.int32))
+    .at[C_TAIL]
+    .add(jnp.sum(hashed).astype(jnp.int32))
+    .at[C_PIN]
+    .add(jnp.sum(pinned).astype(jnp.int32))
+  )
+  return state.replace(ref_cnt=ref, queue_key=qk, counters=c)
+
+
+def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Array):
+  """Pops `count` blocks from the head into `row[start:start+count]` and evicts their keys.
+
+  Returns (state, row). The caller has checked capacity. When the normal queue is empty the
+  oldest pinned block is taken (demotion then pop).
+  """
+  nb = state.ref_cnt.shape[0]
+
+  def body(carry):
+    i, qk, row, popped = carry
+    b = eviction.select_victim(qk)
+    qk = qk.at[:, b].set(BIG)
+    row = row.at[start + i].set(b)
+    popped = popped.at[b].set(True)
+    return i + 1, qk, row, popped
+
+  _, qk, row, popped = jax.lax.while_loop(
+    lambda c: c[0] < count,
+    body,
+    (jnp.int32(0), state.queue_key, row, jnp.zeros((nb,), bool)),
+  )
+  state = state.replace(
+    queue_key=qk,
+    ref_cnt=jnp.where(popped, 1, state.ref_cnt),
+    block_aux=state.block_aux.at[:, 1].set(jnp.where(popped, 0, state.block_aux[:, 1])),
+  )
+  state = block_index.evict(state, popped)
+  return state, row
+
+
+def pin(state: CacheState, ids: jax.Array) -> CacheState:
+  """Marks the non-null `ids` pinned (they go to the pinned tier when freed)."""
+  nb = state.ref_cnt.shape[0]
+  return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))
+
+
+def _smallest(keys: jax.Array, k: jax.Array, pivots: int = 3):
+  """(mask, min, hi): bool mask of the `k` smallest keys (< BIG, unique), the smallest valid
+  key and the largest selected key.
+
+  A (pivots+1)-ary search on the key value: each round counts keys below `pivots` thresholds
+  at once (one [pivots, NB] compare), so a key range R takes about log_{pivots+1}(R) rounds.
+  Keys are unique, so the search stops as soon as a threshold has exactly `k` keys at or below
+  it; the first round tries `min + k - 1` (exact when the queue head has no gaps).
+  """
+  valid = keys < BIG
+  # two plain reductions (XLA:CPU runs one min over a stacked [2, N] about 2x slower)
+  mn = jnp.min(jnp.where(valid, keys, BIG))
+  lo = mn - 1  # count(<= lo) = 0 < k
+  hi = jnp.max(jnp.where(valid, keys, -BIG))  # max valid key, -BIG if none: count(<= hi) >= k
+  guess = jnp.minimum(mn + k - 1, hi)
+  c_guess = jnp.sum(valid & (keys <= guess))
+  lo = jnp.where(c_guess >= k, lo, guess)
+  hi = jnp.where(c_guess >= k, guess, hi)
+  done = (c_guess == k) | (k <= 0)
+  j = jnp.arange(1, pivots + 1, dtype=jnp.int32)
+
+  def body(c):
+    lo, hi, _ = c
+    step = jnp.maximum((hi - lo) // (pivots + 1), 1)
+    mids = jnp.minimum(lo + step * j, hi)
+    counts = jnp.sum(valid[None, :] & (keys[None, :] <= mids[:, None]), axis=1)
+    enough = counts >= k
+    new_hi = jnp.min(jnp.where(enough, mids, hi))
+    new_lo = jnp.max(jnp.where(enough, lo, mids))
+    return new_lo, new_hi, jnp.any(counts == k)
+
+  _, hi, _ = jax.lax.while_loop(lambda c: (c[1] - c[0] > 1) & ~c[2], body, (lo, hi, done))
+  return valid & (keys <= hi) & (k > 0), mn, hi
+
+
+def _smallest_mask(keys: jax.Array, k: jax.Array, pivots: int = 3) -> jax.Array:
+  """bool mask of the `k` smallest keys (< BIG, unique); see `_smallest`."""
+  return _smallest(keys, k, pivots)[0]
+
+
+def _inclusive_prefix(mask: jax.Array, width: int = 64) -> jax.Array:
+  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
+
+  XLA:CPU lowers `cumsum` over thousands of elements to a slow reduce-window; a [N/w, w] x
+  [w, w] triangular matmul is several times cheaper and exact (counts < 2^24, HIGHEST precision
+  so no TF32 on GPUs).
+  """
+  n = mask.shape[0]
+  rows = -(-n // width)
+  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
+  x = x.reshape(rows, width)
+  hi = jax.lax.Precision.HIGHEST
+  up = (jnp.arange(width)[:, None] <= jnp.arange(width)[None, :]).astype(jnp.float32)
+  within = jnp.matmul(x, up, precision=hi)
+  low = (jnp.arange(rows)[None, :] < jnp.arange(rows)[:, None]).astype(jnp.float32)
+  off = jnp.matmul(low, within[:, -1], precision=hi)
+  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
+
+
+def _compact(mask: jax.Array, size: int) -> jax.Array:
+  """i32[size]: indices of the set entries of `mask` in increasing order, 0-padded.
+
+  Same result as `jnp.nonzero(mask, size=size, fill_value=0)[0]` without a cumsum over N: each
+  set entry is scattered to its prefix count (unique destinations, extra entries dropped).
+  """
+  n = mask.shape[0]
+  p = _inclusive_prefix(mask)
+  dest = jnp.where(mask & (p <= size), p - 1, size)
+  return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
+
+
+def _by_key_offset(keys: jax.Array, size: int) -> jax.Array:
+  """i32[size]: each normal-queue block (`keys` i32[NB], BIG = not queued) at its key's offset
+  from the smallest key, for offsets < size; 0 marks a hole (keys are unique and block 0 is
+  never free). The entries are in pop order."""
+  valid = keys < BIG
+  mn = jnp.min(jnp.where(valid, keys, BIG))
+  off = keys - mn  # >= 0 where valid (keys lie inside (-2^30, 2^30))
+  slot = jnp.where(valid & (off < size), off, size)
+  ids = jnp.arange(keys.shape[0], dtype=jnp.int32)
+  return jnp.zeros((size,), jnp.int32).at[slot].set(ids, mode="drop")
+
+
+def pop_many(
+  state: CacheState,
+  count: jax.Array,
+  kmax: int,
+  count_groups: tuple[int, ...] = (),
+  n_norm: jax.Array | None = None,
+  scan_all: bool = False,
+  order: tuple[jax.Array, jax.Array] | None = None,
+):
+  """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
+
+  `n_norm` (optional i32): the caller's count of normal-queue blocks (`queue_key[0] < BIG`),
+  saving one reduction over the pool.
+  `order` (optional): (`queue_order(...)`, head i32) for a sequence of pops with no block
+  joining the normal queue in between (see `queue_order`); the window is then read from the
+  precomputed order at `head` instead of scattering the pool by key, and the result is
+  (state, ids, new head).
+
+  Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
+  pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
+  and their pinned flag. Keyed blocks of the groups in `count_groups` (static) that are popped
+  add to `counters[C_REC_EVICTED]`. `scan_all` (static): see `block_index.evict_ids`.
+  """
+  nb = state.ref_cnt.shape[0]
+  qk = state.queue_key
+  if n_norm is None:
+    n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+  k1 = jnp.minimum(count, n_norm)
+  k2 = count - k1
+  win = 2 * kmax
+
+  def by_rank():
+    sel1 = _smallest_mask(qk[0], k1)
+    sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
+    sel = sel1 | sel2
+    ids = _compact(sel, kmax)
+    cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
+    cls = jnp.where(jnp.arange(kmax) < jnp.sum(sel), cls, 2)
+    # pop order = rank by (class, key) packed into one uint32 (normal keys stay inside
+    # (-2^30, 2^30) and pinned keys inside [0, 2^30) thanks to `maybe_renormalise`), ranked
+    # with one [kmax, kmax] compare instead of a sort; padding ties at the end and is dropped
+    u = jnp.uint32
+    key_n = (qk[0][ids] + jnp.int32(1 << 30)).astype(u)
+    key_p = qk[1][ids].astype(u) + u(1 << 31)
+    ck = jnp.where(cls == 0, key_n, jnp.where(cls == 1, key_p, u(0xFFFFFFFF)))
+    ids, ck = jax.lax.optimization_barrier((ids, ck))
+    rank = jnp.sum(ck[None, :] < ck[:, None], axis=1)
+    return jnp.zeros((kmax,), jnp.int32).at[rank].set(ids)
+
+  def squeeze(w, p):
+    # the window's live blocks (non-zero) in order, holes squeezed out (p: inclusive count)
+    dest = jnp.where(w > 0, p - 1, kmax)
+    return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
+
+  if order is None:
+    # common case: only normal-queue blocks, and at least k1 normal keys lie in the window
+    # [min, min + win): each such block's id is scattered to its key offset (already in pop
+    # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
+    # keys are then the window's first k1 entries
+    w = _by_key_offset(qk[0], win)
+    p = jnp.cumsum(w > 0)
+    fast = (k2 == 0) & (p[win - 1] >= k1)
+    ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
+  else:
+    # the precomputed order from `head` on: the blocks still in the normal queue, in key order
+    # (a popped or touched block left the queue, its key is BIG; block 0 is never free). Every
+    # order entry before the new head has left the queue.
+    seq, head = order
+    w = jax.lax.dynamic_slice(seq, (head,), (win,))
+    w = jnp.where(qk[0][w] < BIG, w, 0)
+    first = w[:kmax]
+    # common case: no hole among the first k1 window entries: they are the pop, no prefix
+    # count needed
+    dense = jnp.all((first > 0) | (jnp.arange(kmax) >= k1))
+
+    def by_head():
+      return first, head + k1
+
+    def by_window():
+      p = jnp.cumsum(w > 0)
+      # at least k1 live blocks: squeeze; else all of them are among the k1 smallest keys
+      return jax.lax.cond(
+        p[win - 1] >= k1,
+        lambda: (squeeze(w, p), head + jnp.sum(p < k1).astype(jnp.int32)),
+        by_rank_past_window,
+      )
+
+    def by_rank_past_window():
+      return by_rank(), head + win
+
+    # k2 > 0: the whole normal queue and some pinned blocks (rank selection)
+    case = jnp.where(k2 > 0, 2, jnp.where(dense, 0, 1))
+    ordered, new_head = jax.lax.switch(case, (by_head, by_window, by_rank_past_window))
+    new_head = jnp.minimum(new_head, seq.shape[0] - win)
+  ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
+  sidx = jnp.where(ids > 0, ids, nb)
+  # the pinned flag (block_aux column 1) is cleared by `evict_ids` in its row write
+  state = state.replace(
+    queue_key=state.queue_key.at[:, sidx].set(BIG, mode="drop"),
+    ref_cnt=state.ref_cnt.at[sidx].set(1, mode="drop"),
+  )
+  grp = state.block_group[ids]  # ids >= 0; read once for the counter and the index eviction
+  if count_groups:
+    hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
+    n_ev = jnp.sum(hit).astype(jnp.int32)
+    state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
+  state = block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all)
+  if order is not None:
+    return state, ids, new_head
+  return state, ids
+
+
+def queue_order(state: CacheState, kmax: int) -> jax.Array:
+  """i32[2 NB + 2 kmax]: the normal free queue's blocks in key order (pop order), 0-padded.
+
+  Holds the blocks whose key lies within 2 NB of the smallest key (every later key is larger
+  than all of them). For `pop_many(order=(queue_order(...), head))` across pops with no block
+  joining the normal queue in between (an admit-only scheduler step: blocks only leave it):
+  popping the first live blocks from `head` on is then popping the smallest keys; when the
+  window from `head` holds fewer than needed, `pop_many` falls back to its rank selection.
+  One scatter of the pool and one prefix count per step instead of per pop.
+  """
+  nb = state.ref_cnt.shape[0]
+  ws, win = 2 * nb, 2 * kmax
+  w = _by_key_offset(state.queue_key[0], ws)
+  p = _inclusive_prefix(w > 0)
+  dest = jnp.where(w > 0, p - 1, ws + win)
+  return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")
+
+
+RENORM_LIMIT = 1 << 29
+
+
+def maybe_renormalise(state: CacheState) -> CacheState:
+  """Re-packs queue keys as ranks when the head/tail counters drift near the int32 range.
+
+  Order-preserving, so the free queue and pinned tier are unchanged; runs (one argsort) only
+  after ~2^29 head or tail insertions.
+  """
+  c = state.counters
+  due = (c[C_TAIL] > RENORM_LIMIT) | (c[C_HEAD] < -RENORM_LIMIT) | (c[C_PIN] > RENORM_LIMIT)
+
+  def renorm(state):
+    qk = state.queue_key
+    nb = qk.shape[1]
+    out = []
+    for row in range(2):
+      keys = qk[row]
+      order = jnp.argsort(keys)
+      rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
+      out.append(jnp.where(keys < BIG, rank + 1, BIG))
+    n0 = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+    n1 = jnp.sum(qk[1] < BIG).astype(jnp.int32)
+    c = state.counters.at[C_HEAD].set(1).at[C_TAIL].set(n0 + 1).at[C_PIN].set(n1 + 1)
+    return state.replace(queue_key=jnp.stack(out), counters=c)
+
+  return jax.lax.cond(due, renorm, lambda s: s, state)

@@ -1,0 +1,212 @@
+"""Victim selection: one routine for every eviction policy, driven by a per-block int32 key.
+
+`lru` reproduces vLLM's free queue exactly: the key is the block's position in the doubly linked
+free list (head insertions below every key, tail insertions above), the victim is the smallest
+key; `prepare` leaves it alone.
+
+`flop_aware` (Marconi's utility, SPEC B2, M§1.4) re-keys the normal free queue in `prepare`, at
+the start of every scheduler step, so that the unchanged pop (smallest key first) follows it:
+
+* alpha = 0 (`counters[C_ALPHA_MILLI]`, thousandths): nothing moves, exactly LRU.
+* alpha > 0: free blocks without a key first, in their current order (scratch first); then
+  dead recurrent states (`dead_states`: their KV prefix is gone, they can never be hit), least
+  recently freed first; then the other keyed free blocks ("candidates") by increasing utility
+  `1000 * rn + alpha_milli * en` (ties: least recently freed first), where
+  `rn = floor(r * 2^14 / (n - 1))` is the min-max normalised LRU rank r (0 = least recently
+  freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
+  normalised efficiency q (FLOPs saved per byte, `eviction_costs.efficiency_table`); a single
+  candidate or all-equal values normalise to 2^14 (Marconi's `_normalize`). Integer arithmetic
+  only, so the plain-Python oracle (`hybrid_cache.oracle.flop_eviction`) agrees exactly.
+
+Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
+[W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
+and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14; beyond, K levels,
+equal levels tie in block-id order, which the oracle does not model);
+blocks freed to the tail later get keys >= W_END (`prepare` lifts the tail counter there), so
+the next `prepare` recovers the LRU order as (window blocks by l, then later frees by key).
+The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare
+renormalisation (2^28 tail frees later) turns the current utility order into the recency order
+once.
+
+Known limitation: the utility is per block and blind to prefix chains (a free block does not
+know which blocks its prefix needs). In a hybrid model a recurrent state saves far more FLOPs
+per page than one KV block, so at alpha > 0 KV blocks go before the states that need them;
+`dead_states` frees a state once the KV block at its own end is gone, but a KV chain broken
+further up is not detected, and KV blocks of a long prefix rank like those of a short one.
+Marconi evicts tree nodes (edge KV + state) together; the block-level analogue needs a
+per-block chain value recorded at release time (not implemented).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import block_index
+from hybrid_cache.core.eviction_costs import ALPHA_MILLI_MAX
+from hybrid_cache.core.eviction_costs import alpha_milli
+from hybrid_cache.core.eviction_costs import efficiency_table
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_ALPHA_MILLI
+from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import P_NUM_BLOCKS
+
+NORM_BITS = 14
+NORM = 1 << NORM_BITS
+WINDOW_LIMIT = 1 << 28
+
+
+def window(num_blocks: int) -> tuple[int, int, int, int]:
+  """(W0, K, SHIFT, W_END) of the re-keying window for a pool of `num_blocks` blocks."""
+  p = 1 << max(0, (num_blocks - 1).bit_length())  # next power of two >= num_blocks
+  k = min(p, max(1, WINDOW_LIMIT // p))
+  shift = (p // k).bit_length() - 1
+  w0 = num_blocks
+  return w0, k, shift, w0 + num_blocks * k
+
+
+def state_window(lay, state):
+  """`window` of the real pool (`CacheState.params[P_NUM_BLOCKS]`, traced): K and SHIFT only
+  depend on its next power of two, the (padded) pool arrays' length `lay.num_blocks`."""
+  _, k, shift, _ = window(lay.num_blocks)
+  w0 = state.params[P_NUM_BLOCKS]
+  return w0, k, shift, w0 + w0 * k
+
+
+def set_alpha(state, alpha: float):
+  """The state with the FLOP-aware weight alpha (host call; pure, returns a new state)."""
+  return state.replace(counters=state.counters.at[C_ALPHA_MILLI].set(alpha_milli(alpha)))
+
+
+def get_alpha(state) -> float:
+  """The FLOP-aware weight alpha the state holds."""
+  return int(jax.device_get(state.counters[C_ALPHA_MILLI])) / 1000.0
+
+
+def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:
+  """floor(a * 2^NORM_BITS / d) for int32 0 <= a <= d, 1 <= d <= 2^30, without overflow."""
+  q = a // d
+  rem = a - q * d
+  for _ in range(NORM_BITS):
+    rem = rem * 2
+    bit = rem >= d
+    q = q * 2 + bit.astype(jnp.int32)
+    rem = jnp.where(bit, rem - d, rem)
+  return q
+
+
+def _rank(order: jax.Array, values: jax.Array | None = None) -> jax.Array:
+  """i32[N]: out[order[i]] = values[i] (default i: the inverse permutation)."""
+  n = order.shape[0]
+  values = jnp.arange(n, dtype=jnp.int32) if values is None else values
+  return jnp.zeros((n,), jnp.int32).at[order].set(values, unique_indices=True)
+
+
+def dead_states(lay, state) -> jax.Array:
+  """bool[NB]: keyed blocks of recurrent groups whose prefix cannot be hit any more.
+
+  A state at token end E is dead when the first full-attention group has a block ending at E
+  (E % its block size == 0) but no block carries that key (same fine hash, that group): its KV
+  prefix was evicted, so the state can never be the boundary of a hit. No full group: none.
+  """
+  full = [i for i, g in enumerate(lay.groups) if g.kind == "full"]
+  nb = lay.num_blocks
+  if not full or not lay.recurrent_groups:
+    return jnp.zeros((nb,), bool)
+  fg = full[0]
+  rec = jnp.isin(state.block_group, jnp.asarray(lay.recurrent_groups, jnp.int32))
+  aligned = state.block_aux[:, AUX_END] % lay.groups[fg].block_size == 0
+  found = block_index.contains(state, state.block_hash, fg)
+  return rec & aligned & ~found
+
+
+def stable_argsort(x: jax.Array) -> jax.Array:
+  """i32[N]: `jnp.argsort(x, stable=True)` of int32 `x` (N <= 2^16), by two radix passes.
+
+  XLA:CPU sorts a single primitive operand with a fast path but a (key, index) pair through
+  a comparator call per comparison (several times slower). Each pass sorts one packed uint32,
+  16 key bits above the log2(N) position bits (unique, so no tie order is needed): first by
+  the low 16 bits and block index, then by the high 16 bits and the first pass's position.
+  """
+  n = x.shape[0]
+  bits = max(1, (n - 1).bit_length())
+  if n > 1 << 16:
+    return jnp.argsort(x, stable=True).astype(jnp.int32)
+  u = jnp.uint32
+  ux = x.astype(u) ^ u(1 << 31)  # order-preserving int32 -> uint32
+  mask = u((1 << bits) - 1)
+  idx = jnp.arange(n, dtype=u)
+  perm1 = jnp.sort(((ux & u(0xFFFF)) << u(bits)) | idx) & mask
+  perm = jnp.sort(((ux[perm1] >> u(16)) << u(bits)) | idx) & mask
+  return perm1[perm].astype(jnp.int32)
+
+
+def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
+  """The re-keyed normal free-queue row (i32[NB]); see the module docstring."""
+  w0, k, shift, w_end = state_window(lay, state)
+  qk0 = state.queue_key[0]
+  grp = state.block_group
+  free = qk0 < BIG
+  keyed = free & (grp >= 0)
+  dead = keyed & dead_states(lay, state)
+  alive = keyed & ~dead
+  stray = free & ~keyed & (qk0 >= w0)  # key-less blocks inside the window / tail range
+  n = jnp.sum(alive).astype(jnp.int32)
+  # recency: window blocks by their stored LRU rank, then later tail frees by key (unique
+  # among keyed blocks while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
+  t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
+  # one order: keyed blocks by recency, strays by key (classes are separated by the final one)
+  rec_key = jnp.where(keyed, t, jnp.where(stray, qk0, BIG))
+  perm = stable_argsort(rec_key)
+  r_all = _rank(perm, block_index.inclusive_count(keyed[perm]) - 1)
+  r = _rank(perm, block_index.inclusive_count(alive[perm]) - 1)
+  # efficiency of each candidate
+  table = jnp.asarray(efficiency_table(config))
+  bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
+  g_safe = jnp.clip(grp, 0, lay.num_groups - 1)
+  col = jnp.clip(state.block_aux[:, AUX_END] // bs[g_safe], 0, table.shape[1] - 1)
+  q = table[g_safe, col]
+  q_min = jnp.min(jnp.where(alive, q, BIG))
+  q_max = jnp.max(jnp.where(alive, q, -1))
+  span = q_max - q_min
+  r_c = jnp.clip(r, 0, jnp.maximum(n - 1, 0))
+  rn = jnp.where(n > 1, scaled_ratio(r_c, jnp.maximum(n - 1, 1)), NORM)
+  q_c = jnp.clip(q - q_min, 0, jnp.maximum(span, 0))
+  en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
+  util = 1000 * rn + alpha * en
+  primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
+  # stable order of the recency-ordered list by primary: ties keep recency order
+  slot = _rank(perm[stable_argsort(primary[perm])])
+  moved = stray | keyed
+  l_digit = jnp.clip(r_all, 0, w0) >> shift
+  new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
+  return jnp.where(moved, new_key, qk0)
+
+
+def prepare(lay, config: CacheConfig, state):
+  """Hook run at the start of every scheduler step, before any allocation.
+
+  `lru`: the state unchanged. `flop_aware`: lifts the tail counter above the re-keying window
+  and, when alpha > 0, re-keys the normal free queue (module docstring). Pinned tier untouched.
+  """
+  if config.eviction != "flop_aware":
+    return state
+  _, _, _, w_end = state_window(lay, state)
+  c = state.counters
+  state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
+  alpha = jnp.clip(c[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)
+  # the cond returns only the queue row (a cond over the whole state copies its leaves)
+  qk0 = jax.lax.cond(
+    alpha > 0,
+    lambda: _rekey_queue(lay, config, state, alpha),
+    lambda: state.queue_key[0],
+  )
+  return state.replace(queue_key=state.queue_key.at[0].set(qk0))
+
+
+def select_victim(queue_key: jax.Array) -> jax.Array:
+  """Next block to reuse: smallest normal-queue key; else the oldest pinned block (demotion)."""
+  has_normal = jnp.any(queue_key[0] < BIG)
+  return jnp.where(has_normal, jnp.argmin(queue_key[0]), jnp.argmin(queue_key[1])).astype(jnp.int32)

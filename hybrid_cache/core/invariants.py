@@ -1,0 +1,139 @@
+"""State invariants of the jitted core, checked on the host (NumPy) after any operation.
+
+`check_invariants(config, state)` returns a list of violations (empty when clean):
+free + used = total; ref counts >= 0; every non-null block is in exactly one of
+{held, free, pinned-free}; a held block's ref count equals the number of table entries naming
+it, and all those entries are in one group; table entries past a row's length are null; every
+index entry points at a block carrying that key (lanes, group and bucket); every keyed block is
+indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
+`Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
+keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
+blocks past the real pool (`state.init_state`) are never free, held, keyed or in a table, and
+the runtime parameters (`CacheState.params`) are the config's.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import block_index
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_OVERFLOW
+from hybrid_cache.core.state import INFO_STATUS
+from hybrid_cache.core.state import P_NUM_BLOCKS
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import STATUS_EMPTY
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import layout
+from hybrid_cache.core.state import runtime_params
+
+
+def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
+  """Violations of the state invariants (see module docstring); [] when clean."""
+  lay = layout(config)
+  s = jax.device_get(state)
+  errs: list[str] = []
+  params = np.asarray(s.params)
+  if not np.array_equal(params, runtime_params(config)):
+    errs.append(f"runtime params {params.tolist()} differ from the config's")
+  nb = int(params[P_NUM_BLOCKS])  # the real pool; [nb, lay.num_blocks) is padding
+  ref = np.asarray(s.ref_cnt)
+  qk = np.asarray(s.queue_key)
+  pad_ref, pad_qk = ref[nb:], qk[:, nb:]
+  pad_keyed = np.asarray(s.block_group)[nb:] >= 0
+  if (pad_ref != 0).any() or (pad_qk < BIG).any() or pad_keyed.any():
+    errs.append("a padding block past the real pool is held, free or keyed")
+  ref, qk = ref[:nb], qk[:, :nb]
+  in_free = qk[0] < BIG
+  in_pin = qk[1] < BIG
+  held = ref > 0
+  if (ref < 0).any():
+    errs.append(f"negative ref counts at blocks {np.nonzero(ref < 0)[0].tolist()}")
+  if in_free[0] or in_pin[0] or s.block_group[0] >= 0:
+    errs.append("null block 0 is free or keyed")
+  membership = held.astype(int) + in_free + in_pin
+  bad = np.nonzero(membership[1:] != 1)[0] + 1
+  if bad.size:
+    errs.append(f"blocks not in exactly one of held/free/pinned-free: {bad.tolist()[:10]}")
+  num_free = int(in_free[1:].sum() + in_pin[1:].sum())
+  num_used = int(held[1:].sum())
+  if num_free + num_used != nb - 1:
+    errs.append(f"free {num_free} + used {num_used} != total {nb - 1}")
+  for row_name, keys in (("free", qk[0][in_free]), ("pinned", qk[1][in_pin])):
+    if len(np.unique(keys)) != len(keys):
+      errs.append(f"duplicate {row_name}-queue keys")
+  aux = np.asarray(s.block_aux)[:nb]
+  if (aux[in_pin, 1] == 0).any():
+    errs.append("a pinned-tier block lacks the pinned flag")
+  # tables
+  tables = np.asarray(s.tables)
+  info = np.asarray(s.req_info)
+  rg = np.asarray(s.req_group)
+  count = np.zeros(lay.num_blocks, np.int64)
+  owner = np.full(lay.num_blocks, -1)
+  pos = np.arange(lay.max_blocks)
+  for r in range(lay.max_requests):
+    if info[r, INFO_STATUS] == STATUS_EMPTY and tables[r].any():
+      errs.append(f"empty slot {r} has a non-null table")
+    for g in range(lay.num_groups):
+      row = tables[r, g]
+      if row[pos >= rg[r, g, RG_LEN]].any():
+        errs.append(f"slot {r} group {g}: non-null entries past the row length")
+      ids = row[row > 0]
+      np.add.at(count, ids, 1)
+      clash = (owner[ids] >= 0) & (owner[ids] != g)
+      if clash.any():
+        errs.append(f"blocks {ids[clash].tolist()} held by two groups")
+      owner[ids] = g
+  if count[nb:].any():
+    errs.append(f"tables name padding blocks {np.nonzero(count[nb:])[0] + nb}")
+  count = count[:nb]
+  mism = np.nonzero(count[1:] != ref[1:])[0] + 1
+  if mism.size:
+    errs.append(f"ref counts differ from table references at blocks {mism.tolist()[:10]}")
+  grp = np.asarray(s.block_group)
+  wrong_group = (owner >= 0) & (grp >= 0) & (owner != grp)
+  if wrong_group.any():
+    errs.append(f"blocks keyed for one group but held by another: {np.nonzero(wrong_group)[0]}")
+  # index
+  ent = np.asarray(s.index_entry)
+  ih = np.asarray(s.index_hash)
+  bh = np.asarray(s.block_hash)
+  blk = ent[..., 0]
+  used = blk >= 0
+  b_ids = blk[used]
+  if (b_ids == 0).any():
+    errs.append("null block is indexed")
+  if (grp[b_ids] < 0).any():
+    errs.append("index entry points at a block without a key")
+  own = np.all(ih[used] == bh[b_ids], axis=-1)
+  if lay.extra_keys:
+    # vLLM §2.5: a block of a prompt-tail group may also carry one extra (partial) key
+    extra_ok = np.isin(grp[b_ids], np.asarray(lay.tail_groups, np.int32))
+    if (~own & ~extra_ok).any():
+      errs.append("index entry lanes differ from the block's key")
+    if (np.bincount(b_ids[~own], minlength=lay.num_blocks) > 1).any():
+      errs.append("a block carries two extra keys")
+  elif (~own).any():
+    errs.append("index entry lanes differ from the block's key")
+  buckets = np.asarray(block_index.bucket_of(ih[used], np.maximum(grp[b_ids], 0), lay.buckets))
+  where_b = np.nonzero(used)[0]
+  if (buckets != where_b).any():
+    errs.append("index entry in the wrong bucket")
+  per_block = np.bincount(b_ids[own], minlength=lay.num_blocks)
+  if (per_block > 1).any():
+    errs.append("a block is indexed twice")
+  keyed = np.nonzero(grp >= 0)[0]
+  missing = keyed[per_block[keyed] == 0]
+  if missing.size and int(s.counters[C_OVERFLOW]) == 0:
+    errs.append(f"keyed blocks missing from the index: {missing.tolist()[:10]}")
+  return errs
+
+
+def assert_invariants(config: CacheConfig, state: CacheState) -> None:
+  """Raises AssertionError listing every violated invariant."""
+  errs = check_invariants(config, state)
+  if errs:
+    raise AssertionError("cache state invariants violated:\n  " + "\n  ".join(errs))

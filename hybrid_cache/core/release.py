@@ -1,0 +1,73 @@
+"""Releasing a request's blocks when it finishes or is preempted (vLLM §1.6, SPEC B1).
+
+Pure and jittable; `scheduler.release_request` is the jitted entry point.
+
+Pinning on finish (SPEC B1, `config.pinning`): before a *finished* request's blocks are freed,
+the blocks that keep its prefix hittable are flagged pinned, so they join the pinned tier
+instead of the normal free tail: every keyed full-attention block, the keyed blocks of each
+sliding-window group's last window (the `swa_need` positions ending at its deepest keyed
+block) and each recurrent group's deepest keyed state (`reference.rules.finish_pin_indices`).
+A *preempted* request pins nothing: it was preempted because allocation failed, it is
+re-admitted soon and finds its own blocks at the fresh end of the LRU tail anyway, and pinning
+is for cross-request retention (reference §6.1: PR #40676 pins only to keep prefixes for later
+requests). Blocks pinned earlier by window drops stay pinned either way.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import block_pool
+from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import INFO_SPB
+from hybrid_cache.core.state import INFO_STATUS
+from hybrid_cache.core.state import RG_LAST
+from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
+
+
+def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
+  """Flags the held blocks that keep request `slot`'s prefix hittable (see module doc)."""
+  pos = jnp.arange(lay.max_blocks)
+  ids = []
+  for g, spec in enumerate(lay.groups):
+    row = state.tables[slot, g]
+    keyed = (row > 0) & (state.block_group[row] >= 0)
+    if spec.kind == "full":
+      sel = keyed
+    else:
+      need = spec.swa_need if spec.kind == "swa" else 1
+      deepest = jnp.max(jnp.where(keyed, pos, -1))
+      sel = keyed & (pos > deepest - need)
+    ids.append(jnp.where(sel, row, 0))
+  return block_pool.pin(state, jnp.concatenate(ids))
+
+
+def release(lay: Layout, config: CacheConfig, state: CacheState, slot, preempt: bool) -> CacheState:
+  """Frees a request's blocks tail first (group by group); preempt keeps it waiting.
+
+  With `config.pinning`, a finishing (not preempted) request first pins its hittable prefix.
+  """
+  if config.pinning and not preempt:
+    state = pin_finished(lay, state, slot)
+  rows = state.tables[slot][:, ::-1]
+  batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
+  state = block_pool.free_ordered(state, rows.reshape(-1), batch)
+  rg = jnp.zeros_like(state.req_group[slot]).at[:, RG_LAST].set(-1)
+  info = state.req_info[slot]
+  if preempt:
+    info = info.at[INFO_STATUS].set(STATUS_WAITING).at[INFO_COMPUTED].set(0).at[INFO_SPB].set(0)
+  else:
+    info = jnp.zeros_like(info)
+  state = state.replace(
+    tables=state.tables.at[slot].set(0),
+    req_group=state.req_group.at[slot].set(rg),
+    req_info=state.req_info.at[slot].set(info),
+  )
+  if lay.partial:  # a pending recurrent partial entry is dropped with the request (§2.5)
+    state = state.replace(req_partial=state.req_partial.at[slot].set(0))
+  if not preempt:
+    state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
+  return state

@@ -1,0 +1,662 @@
+"""Continuous-batching serving engine over the cache core and a real hybrid model.
+
+Each `Engine.step()`:
+  1. intake: waiting requests enter the cache manager while it has request slots;
+  2. schedule: one `CacheManager.schedule` call over the running requests (in admission
+     order) then the waiting ones (preempted first), under the token budget;
+  3. one jitted model step over all scheduled tokens (ragged prefill chunks and decodes
+     packed together, T and N padded to power-of-two buckets; a step of single tokens only
+     runs the recurrent layers' decode kernels), which first applies the
+     plan's recurrent `StateCopy`s (`copy_state_slots`), then runs the model with the core's
+     block ids (KV pages and state pools share the pool's block id space);
+  4. greedy sampling on the last token of each sequence whose tokens are all computed;
+  5. commit: sampled tokens are appended to the manager (extending the hash chain) or the
+     request finishes and its blocks are freed; a running request the core could not give
+     blocks to makes the newest running request preempted (recompute: blocks freed,
+     computed tokens reset; it is re-admitted later, with a fresh prefix lookup).
+
+Which recurrent state block is read and written (vLLM §5.1-5.4), with B = block size,
+`start` = tokens computed before the step and `end` = after it, `row` = the request's
+recurrent block table:
+  * align: the plan copies the previous state block into column cdiv(end, B) - 1; the model
+    reads (start > 0) and writes that column;
+  * all:   read column (start - 1) // B, write column (end - 1) // B and checkpoint every full
+    block of the step (the engine keeps prefill chunk ends block-aligned for this);
+  * none (caching off): one block per request, read (start > 0) and written in place.
+A first chunk (start == 0) reads no state (zeros).
+
+"Caching off" is `CacheConfig(enable_prefix_caching=False)`: the core then never looks up or
+registers hashes and keeps one recurrent block per request (mode "none").
+
+Example::
+
+  eng = Engine("qwen35_tiny", cache_config_for("qwen35_tiny", num_blocks=128), seed=0)
+  rid = eng.add_request(prompt_tokens, max_new_tokens=8)
+  outs = eng.run()
+  outs[rid].output_tokens, outs[rid].num_cached_tokens, eng.stats.prefill_tokens_computed
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+import warnings
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.engine import config as engine_config
+from hybrid_cache.engine import sharding as engine_sharding
+from hybrid_cache.hashing import RequestExtras
+from hybrid_cache.types import CacheManager
+from hybrid_cache.types import ScheduleEntry
+from kernels.pallas.state_copy import api as state_copy_api
+from models import cache as cache_lib
+from models import runner
+from models.config import ModelConfig
+from models.hybrid_lm import build_model
+
+
+@dataclasses.dataclass
+class RequestOutput:
+  """A request's result.
+
+  Attributes:
+    request_id: the id `add_request` returned.
+    prompt_tokens: the prompt.
+    output_tokens: greedy tokens generated (len == max_new_tokens when finished).
+    logits: f32[len(output_tokens), vocab], the logits each token was sampled from (only
+      when requested).
+    num_cached_tokens: prefix-cache hit at the first admission (vLLM's num_cached_tokens).
+    num_prefill_tokens_computed: prompt (and recompute) tokens the model computed for it.
+    num_preemptions: times it was preempted (recompute).
+    ttft_s: seconds from `add_request` to the first output token.
+    latency_s: seconds from `add_request` to the last output token.
+    finished: all max_new_tokens were generated.
+    error: why the request was dropped (e.g. it can never fit in the pool), else None.
+  """
+
+  request_id: str
+  prompt_tokens: list[int]
+  output_tokens: list[int]
+  logits: np.ndarray | None
+  num_cached_tokens: int
+  num_prefill_tokens_computed: int
+  num_preemptions: int
+  ttft_s: float | None
+  latency_s: float | None
+  finished: bool
+  error: str | None = None
+
+
+@dataclasses.dataclass
+class EngineStats:
+  """Engine totals since construction (or the last `reset_stats`)."""
+
+  steps: int = 0
+  prefill_tokens_computed: int = 0
+  decode_tokens: int = 0
+  cached_tokens: int = 0  # sum of prefix hits over all admissions (re-admissions included)
+  prompt_tokens: int = 0
+  output_tokens: int = 0
+  preemptions: int = 0
+  state_copies: int = 0
+  schedule_s: float = 0.0
+  model_s: float = 0.0
+  wall_s: float = 0.0
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _Req:
+  rid: str
+  prompt: list[int]
+  max_new_tokens: int
+  return_logits: bool
+  extras: RequestExtras | None
+  arrival: float
+  output: list[int] = dataclasses.field(default_factory=list)
+  logits: list[np.ndarray] = dataclasses.field(default_factory=list)
+  in_manager: bool = False
+  running: bool = False
+  num_computed: int = 0
+  num_cached: int | None = None
+  prefill_computed: int = 0
+  preemptions: int = 0
+  first_token_time: float | None = None
+  last_token_time: float | None = None
+  error: str | None = None
+
+  @property
+  def num_tokens(self) -> int:
+    return len(self.prompt) + len(self.output)
+
+  @property
+  def done(self) -> bool:
+    return len(self.output) >= self.max_new_tokens or self.error is not None
+
+
+def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
+  if buckets:
+    for b in buckets:
+      if b >= n:
+        return b
+  p = minimum
+  while p < n:
+    p *= 2
+  return p
+
+
+_FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
+
+
+def _apply_copies(cache: cache_lib.ModelCache, src, dst, implementation):
+  """Recurrent state copies src[f, i] -> dst[f, i] (all layers of family f = 0 (GDN) or
+  1 (Mamba2), state and conv); -1 = padding."""
+  changes = {}
+  for f, (_, s_name, c_name) in enumerate(_FAMILIES):
+    s, c = getattr(cache, s_name), getattr(cache, c_name)
+    if s.shape[0] == 0:
+      continue
+    s, c = state_copy_api.copy_state_slots((s, c), src[f], dst[f], implementation=implementation)
+    changes[s_name], changes[c_name] = s, c
+  return cache.replace(**changes)
+
+
+@functools.partial(
+  jax.jit, static_argnames=("graphdef", "implementation", "mesh"), donate_argnames=("cache",)
+)
+def _model_step(
+  graphdef, params, cache, copy_src, copy_dst, inputs, sample_idx, implementation, mesh=None
+):
+  """Copies, forward, greedy sampling: (tokens int32[N], logits f32[N, V], cache).
+
+  With a `mesh`, the returned cache keeps the input cache's shardings (one compilation per
+  step shape, not one per new output layout).
+  """
+  cache = _apply_copies(cache, copy_src, copy_dst, implementation)
+  model = nnx.merge(graphdef, params)
+  logits, cache = model(cache, inputs, implementation=implementation)
+  if mesh is not None:
+    cache = engine_sharding.constrain_cache(cache, mesh)
+  sel = logits[sample_idx]
+  return jnp.argmax(sel, axis=-1).astype(jnp.int32), sel, cache
+
+
+# Built models by (ModelConfig, seed): parameters are never donated, so engines of one model
+# share them, and sharing the graphdef object lets the jitted step skip re-tracing.
+_MODELS: dict[tuple[ModelConfig, int], tuple[Any, Any]] = {}
+
+
+def _split_model(cfg: ModelConfig, seed: int):
+  key = (cfg, seed)
+  if key not in _MODELS:
+    _MODELS[key] = runner.split_model(build_model(cfg, seed=seed))
+  return _MODELS[key]
+
+
+def _make_manager(kind: str | Callable[[CacheConfig], CacheManager], cfg: CacheConfig):
+  if callable(kind):
+    return kind(cfg)
+  if kind == "jax":
+    from hybrid_cache.manager import JaxCacheManager
+
+    return JaxCacheManager(cfg)
+  if kind == "reference":
+    from hybrid_cache.oracle.reference_policy import ReferencePolicy
+
+    return ReferencePolicy(cfg)
+  raise ValueError(f"cache_manager must be 'jax', 'reference' or a factory, got {kind!r}")
+
+
+class Engine:
+  """Continuous-batching greedy engine (see module docstring).
+
+  Args:
+    model: a preset name (`models.config.PRESETS`) or a `ModelConfig`.
+    cache_config: a `CacheConfig` whose groups match the model (`cache_config_for`); None =
+      `cache_config_for(model)`.
+    seed: seed of the model's random weights.
+    mesh: a `jax.sharding.Mesh`; heads are split over its "model" axis (or its only axis).
+      None = one device.
+    implementation: kernel implementation ("xla" | "pallas" | "interpret" | None = by backend).
+    cache_manager: "jax" (the jitted core, default), "reference" (the plain-Python oracle,
+      same protocol and block ids) or a factory `CacheConfig -> CacheManager`.
+    max_num_seqs: most sequences per step (default: cache_config.max_requests).
+    token_buckets / seq_buckets: ascending pad sizes for T (tokens) and N (sequences incl.
+      one padding sequence); None = powers of two (T >= 16, N >= 2). Fewer buckets = fewer
+      compilations.
+    decode_kernels: run steps whose sequences all have one token (pure decode steps) through
+      the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket);
+      False = every step through the chunked prefill kernels.
+  """
+
+  def __init__(
+    self,
+    model: str | ModelConfig,
+    cache_config: CacheConfig | None = None,
+    *,
+    seed: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
+    implementation: str | None = None,
+    cache_manager: str | Callable[[CacheConfig], CacheManager] = "jax",
+    max_num_seqs: int | None = None,
+    token_buckets: Sequence[int] | None = None,
+    seq_buckets: Sequence[int] | None = None,
+    decode_kernels: bool = True,
+  ):
+    self.model_config = engine_config.resolve_model_config(model)
+    if cache_config is None:
+      cache_config = engine_config.cache_config_for(self.model_config)
+    if not isinstance(cache_config, CacheConfig):
+      raise ValueError(f"cache_config must be a CacheConfig, got {type(cache_config).__name__}")
+    engine_config.check_compatible(self.model_config, cache_config)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+      raise ValueError(f"seed must be an integer, got {seed!r}")
+    self.seed = seed
+    self.cache_config = cache_config
+    self.block_size = cache_config.block_size
+    self.mode = engine_config.effective_recurrent_mode(cache_config)
+    self.rgroups = self.model_config.recurrent_groups
+    # Cache group of each recurrent family's layers (copies of group g go to these families).
+    self._family_group = {
+      k: self.model_config.recurrent_groups[self.model_config.recurrent_index(k)]
+      for k in "GM"
+      if k in self.model_config.layer_kinds
+    }
+    self.implementation = implementation
+    self.max_num_seqs = max_num_seqs or cache_config.max_requests
+    if not 1 <= self.max_num_seqs <= cache_config.max_requests:
+      raise ValueError(
+        f"max_num_seqs must be in [1, max_requests={cache_config.max_requests}], got {max_num_seqs}"
+      )
+    self.token_buckets = tuple(sorted(token_buckets)) if token_buckets else None
+    self.seq_buckets = tuple(sorted(seq_buckets)) if seq_buckets else None
+    self.decode_kernels = bool(decode_kernels)
+    self.mesh = None
+    if mesh is not None:
+      engine_sharding.check_mesh(self.model_config, mesh)
+      risk = engine_sharding.cpu_deadlock_risk(self.model_config, mesh)
+      if risk is not None:
+        warnings.warn(risk, RuntimeWarning, stacklevel=2)
+      self.mesh = engine_sharding.as_auto(mesh)
+    self.manager = _make_manager(cache_manager, cache_config)
+    self.graphdef, params = _split_model(self.model_config, seed)
+    cache = cache_lib.init_cache(self.model_config, cache_config.num_blocks, self.block_size)
+    if self.mesh is not None:
+      params = engine_sharding.shard_params(params, self.mesh)
+      cache = engine_sharding.shard_cache(cache, self.mesh)
+    self.params, self.cache = params, cache
+    self.stats = EngineStats()
+    self._reqs: dict[str, _Req] = {}
+    self._waiting: collections.deque[str] = collections.deque()
+    self._running: list[str] = []
+    self._finished: dict[str, RequestOutput] = {}
+    self._next_id = 0
+
+  # ------------------------------------------------------------------------------------------
+  # intake
+  # ------------------------------------------------------------------------------------------
+
+  def add_request(
+    self,
+    tokens: Sequence[int],
+    max_new_tokens: int,
+    *,
+    request_id: str | None = None,
+    return_logits: bool = False,
+    extras: RequestExtras | None = None,
+  ) -> str:
+    """Queues a request; returns its id. Bad input raises ValueError, the engine unchanged.
+
+    Rules: tokens are ints in [0, vocab_size), 1 <= len(tokens); max_new_tokens >= 1;
+    len(tokens) + max_new_tokens <= max_model_len (never truncated); request_id unused.
+    """
+    cfg = self.cache_config
+    vocab = self.model_config.vocab_size
+    try:
+      toks = [int(t) for t in tokens]
+      if any(int(t) != t for t in tokens):
+        raise TypeError
+    except (TypeError, ValueError):
+      raise ValueError(f"tokens must be a sequence of integers, got {tokens!r:.80}") from None
+    if not toks:
+      raise ValueError("tokens must hold at least 1 token, got 0")
+    bad = [t for t in toks if not 0 <= t < vocab]
+    if bad:
+      raise ValueError(f"tokens must be in [0, vocab_size={vocab}), got {bad[0]}")
+    if len(toks) > cfg.max_model_len:
+      raise ValueError(
+        f"tokens has {len(toks)} tokens; the prompt must be <= max_model_len={cfg.max_model_len}"
+      )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
+      raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(toks) + max_new_tokens > cfg.max_model_len:
+      raise ValueError(
+        f"max_new_tokens={max_new_tokens} with a {len(toks)}-token prompt exceeds "
+        f"max_model_len={cfg.max_model_len}; must be <= {cfg.max_model_len - len(toks)}"
+      )
+    if request_id is None:
+      while f"req-{self._next_id}" in self._reqs:
+        self._next_id += 1
+      request_id = f"req-{self._next_id}"
+      self._next_id += 1
+    elif not isinstance(request_id, str) or not request_id:
+      raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+    if request_id in self._reqs or request_id in self._finished:
+      raise ValueError(f"request_id {request_id!r} is already used")
+    r = _Req(
+      request_id, toks, int(max_new_tokens), bool(return_logits), extras, time.perf_counter()
+    )
+    self._reqs[request_id] = r
+    self._waiting.append(request_id)
+    self.stats.prompt_tokens += len(toks)
+    return request_id
+
+  def has_unfinished(self) -> bool:
+    return bool(self._reqs)
+
+  @property
+  def num_unfinished(self) -> int:
+    return len(self._reqs)
+
+  def reset_stats(self) -> None:
+    self.stats = EngineStats()
+
+  # ------------------------------------------------------------------------------------------
+  # one step
+  # ------------------------------------------------------------------------------------------
+
+  def _intake(self) -> None:
+    active = sum(1 for r in self._reqs.values() if r.in_manager)
+    for rid in list(self._waiting):
+      if active >= self.cache_config.max_requests:
+        break
+      r = self._reqs[rid]
+      if r.in_manager:
+        continue
+      self.manager.add_request(rid, r.prompt + r.output, r.extras)
+      r.in_manager = True
+      active += 1
+
+  def _entries(self) -> list[ScheduleEntry]:
+    """Running requests first, then waiting ones in queue order (up to max_num_seqs).
+
+    In recurrent mode "all" the kernels checkpoint every B tokens from a chunk's start, so
+    prefill chunks must end on a block boundary (or at the sequence end): each entry then
+    gets a `max_tokens` computed against the budget left, assuming every earlier entry takes
+    its maximum (the core may give less, never more, so ends stay aligned).
+    """
+    out: list[ScheduleEntry] = []
+    budget = self.cache_config.max_num_batched_tokens
+    bs = self.block_size
+    aligned = self.mode == "all"
+    for rid in self._running:
+      if len(out) >= self.max_num_seqs:
+        break
+      r = self._reqs[rid]
+      if not aligned:
+        out.append(ScheduleEntry(rid))
+        continue
+      remaining = r.num_tokens - r.num_computed
+      n = min(remaining, budget)
+      if n < remaining:
+        n = (r.num_computed + n) // bs * bs - r.num_computed
+      if n <= 0:
+        continue
+      out.append(ScheduleEntry(rid, n))
+      budget -= n
+    for rid in self._waiting:
+      r = self._reqs[rid]
+      if not r.in_manager or len(out) >= self.max_num_seqs:
+        break
+      if not aligned:
+        out.append(ScheduleEntry(rid))
+        continue
+      n = min(r.num_tokens, budget)
+      if n < r.num_tokens:
+        n = n // bs * bs  # prefix hits are block-aligned: a B-multiple keeps the end aligned
+      if n <= 0:
+        break
+      out.append(ScheduleEntry(rid, n))
+      budget -= n
+    return out
+
+  def _state_ids(self, row: Sequence[int], start: int, n: int) -> tuple[int, int, list[int]]:
+    bs = self.block_size
+    end = start + n
+    if self.mode == "none":
+      return (row[0] if start > 0 else -1), row[0], []
+    if self.mode == "align":
+      curr = row[-(-end // bs) - 1]
+      return (curr if start > 0 else -1), curr, []
+    if start % bs and -(-start // bs) * bs < end:
+      raise AssertionError(f"'all' mode chunk [{start}, {end}) crosses a block boundary")
+    return runner.recurrent_state_ids(row, start, n, bs, checkpoints=start % bs == 0)
+
+  def step(self) -> list[RequestOutput]:
+    """Runs one engine step; returns the requests that finished in it."""
+    t0 = time.perf_counter()
+    self._intake()
+    entries = self._entries()
+    finished: list[RequestOutput] = []
+    if not entries:
+      self._drop_stuck(finished)
+      self.stats.wall_s += time.perf_counter() - t0
+      return finished
+    result = self.manager.schedule(entries)
+    t1 = time.perf_counter()
+    self.stats.schedule_s += t1 - t0
+    seqs, sched, failed = [], [], []
+    for e in result.entries:
+      r = self._reqs[e.req]
+      if e.admission and e.hit is not None and e.scheduled_tokens > 0:
+        if r.num_cached is None:
+          r.num_cached = e.hit.hit_tokens
+        self.stats.cached_tokens += e.hit.hit_tokens
+      if e.scheduled_tokens == 0:
+        if r.running and e.reason == "allocate_slots_failed":
+          failed.append(e.req)
+        continue
+      if not r.running:
+        r.running = True
+        self._waiting.remove(e.req)
+        self._running.append(e.req)
+      n = e.scheduled_tokens
+      start = e.num_computed_tokens - n
+      all_tokens = r.prompt + r.output
+      view = self.manager.request_view(e.req)
+      tables = [list(t) for t in view.block_ids]
+      ids = [self._state_ids(tables[g], start, n) for g in self.rgroups] or [(-1, -1, [])]
+      seqs.append(
+        runner.SeqStep(
+          all_tokens[start : start + n],
+          start,
+          tables,
+          tuple(i[0] for i in ids),
+          tuple(i[1] for i in ids),
+          tuple(tuple(i[2]) for i in ids),
+        )
+      )
+      sched.append((r, start, n))
+    copies = [c for c in result.state_copies if c.src_block != c.dst_block]
+    if seqs:
+      self._run_model(seqs, sched, copies, finished)
+    self.stats.steps += 1
+    self.stats.state_copies += len(copies)
+    for _ in failed:
+      self._preempt_newest()
+    if not seqs:
+      self._drop_stuck(finished)
+    self.stats.model_s += time.perf_counter() - t1
+    self.stats.wall_s += time.perf_counter() - t0
+    return finished
+
+  def _run_model(self, seqs, sched, copies, finished) -> None:
+    cfg = self.cache_config
+    total = sum(n for _, _, n in sched)
+    decode = self.decode_kernels and total == len(seqs)
+    if decode:
+      # One token per sequence: the recurrent layers run their decode kernels; every padding
+      # sequence holds one token too (T == N).
+      pad_n = pad_t = _bucket(len(seqs), self.seq_buckets, 2)
+    else:
+      pad_t = _bucket(total, self.token_buckets, 16)
+      pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
+    ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
+    src = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    dst = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    fill = [0] * len(_FAMILIES)
+    for c in copies:
+      for f, (kind, _, _) in enumerate(_FAMILIES):
+        if self._family_group.get(kind) == c.group:
+          src[f, fill[f]], dst[f, fill[f]] = c.src_block, c.dst_block
+          fill[f] += 1
+    ckpt_cols = pad_t // self.block_size if self.mode == "all" and not decode else 0
+    inputs = runner.build_step_inputs(
+      self.model_config,
+      seqs,
+      self.block_size,
+      ckpt_every=self.block_size if ckpt_cols else None,
+      num_ckpt_cols=ckpt_cols,
+      max_blocks=cfg.max_blocks_per_request,
+      pad_tokens=pad_t,
+      pad_seqs=pad_n,
+      decode=decode,
+    )
+    qsl = np.asarray(inputs.query_start_loc)
+    sample_idx = np.zeros((pad_n,), np.int32)
+    sample_idx[: len(seqs)] = qsl[1 : len(seqs) + 1] - 1
+    args = (jnp.asarray(src), jnp.asarray(dst), inputs, jnp.asarray(sample_idx))
+    if self.mesh is not None:
+      args = engine_sharding.replicate(args, self.mesh)
+    toks, logits, self.cache = _model_step(
+      self.graphdef,
+      self.params,
+      self.cache,
+      *args,
+      implementation=self.implementation,
+      mesh=self.mesh,
+    )
+    toks, logits = np.asarray(toks), np.asarray(logits)
+    now = time.perf_counter()
+    for i, (r, start, n) in enumerate(sched):
+      end = start + n
+      decode = n == 1 and start == r.num_tokens - 1 and start >= len(r.prompt)
+      if decode:
+        self.stats.decode_tokens += 1
+      else:
+        self.stats.prefill_tokens_computed += n
+        r.prefill_computed += n
+      r.num_computed = end
+      if end < r.num_tokens:
+        continue
+      tok = int(toks[i])
+      r.output.append(tok)
+      self.stats.output_tokens += 1
+      if r.return_logits:
+        r.logits.append(logits[i].copy())
+      if r.first_token_time is None:
+        r.first_token_time = now
+      r.last_token_time = now
+      if r.done:
+        self.manager.free(r.rid)
+        self._running.remove(r.rid)
+        finished.append(self._finish(r))
+      else:
+        self.manager.append_tokens(r.rid, [tok])
+
+  def _preempt_newest(self) -> None:
+    if not self._running:
+      return
+    rid = self._running.pop()
+    r = self._reqs[rid]
+    self.manager.preempt(rid)
+    r.running, r.num_computed = False, 0
+    r.preemptions += 1
+    self.stats.preemptions += 1
+    self._waiting.appendleft(rid)
+
+  def _drop_stuck(self, finished: list[RequestOutput]) -> None:
+    """Nothing ran and nothing is running: the head waiting request can never be served."""
+    if self._running or not self._waiting:
+      return
+    rid = self._waiting.popleft()
+    r = self._reqs[rid]
+    if r.in_manager:
+      self.manager.free(rid)
+    r.error = (
+      f"request {rid!r} ({r.num_tokens} tokens) cannot be scheduled even alone: the pool "
+      f"(num_blocks={self.cache_config.num_blocks}) or token budget is too small"
+    )
+    finished.append(self._finish(r))
+
+  def _finish(self, r: _Req) -> RequestOutput:
+    del self._reqs[r.rid]
+    out = RequestOutput(
+      request_id=r.rid,
+      prompt_tokens=r.prompt,
+      output_tokens=list(r.output),
+      logits=np.stack(r.logits) if r.return_logits and r.logits else None,
+      num_cached_tokens=r.num_cached or 0,
+      num_prefill_tokens_computed=r.prefill_computed,
+      num_preemptions=r.preemptions,
+      ttft_s=None if r.first_token_time is None else r.first_token_time - r.arrival,
+      latency_s=None if r.last_token_time is None else r.last_token_time - r.arrival,
+      finished=r.error is None and len(r.output) >= r.max_new_tokens,
+      error=r.error,
+    )
+    self._finished[r.rid] = out
+    return out
+
+  # ------------------------------------------------------------------------------------------
+  # driving
+  # ------------------------------------------------------------------------------------------
+
+  def run(
+    self, *, progress: bool = False, max_steps: int | None = None
+  ) -> dict[str, RequestOutput]:
+    """Steps until every queued request finished; returns all finished outputs by id.
+
+    Args:
+      progress: show a tqdm bar over requests.
+      max_steps: safety cap; ValueError-free, simply stops (unfinished stay queued).
+    """
+    bar = None
+    if progress:
+      from tqdm import tqdm
+
+      bar = tqdm(total=len(self._reqs), desc="requests", unit="req")
+    steps = 0
+    while self._reqs and (max_steps is None or steps < max_steps):
+      done = self.step()
+      steps += 1
+      if bar is not None:
+        bar.update(len(done))
+    if bar is not None:
+      bar.close()
+    return dict(self._finished)
+
+  def generate(
+    self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, return_logits: bool = False
+  ) -> list[RequestOutput]:
+    """Queues `prompts` (all at once), runs them, returns their outputs in order."""
+    ids = [self.add_request(p, max_new_tokens, return_logits=return_logits) for p in prompts]
+    outs = self.run()
+    return [outs[i] for i in ids]
+
+  @property
+  def outputs(self) -> dict[str, RequestOutput]:
+    return dict(self._finished)

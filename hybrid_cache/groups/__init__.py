@@ -1,1 +1,0 @@
-"""hybrid_cache/groups package."""

@@ -1,1 +1,0 @@
-"""Pure, obviously-correct helper rules of the plain-Python reference (vLLM 0.33 semantics)."""
