@@ -27,8 +27,8 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import release
 from hybrid_cache.core import scheduler
-from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.core.state import layout
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 
 
@@ -90,9 +90,9 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float, float, float]]:
     # reference first, each after a full GC: the jitted run leaves ~50k more live Python objects
     # (tracing caches) that made later pure-Python timings up to 2x slower in the same process
     gc.collect()
-    ref_us, ref_cpu = time_batches(ReferencePolicy(cfg), prompts, batch, rounds)
+    ref_us, ref_cpu = time_batches(make_manager(cfg, "reference"), prompts, batch, rounds)
     gc.collect()
-    jit_us, jit_cpu = time_batches(JaxCacheManager(cfg), prompts, batch, rounds)
+    jit_us, jit_cpu = time_batches(make_manager(cfg, "jax"), prompts, batch, rounds)
     rows.append((batch, jit_us, ref_us, jit_cpu, ref_cpu))
     print(
       f"batch {batch:3d}: jitted {jit_us:9.1f} us/request  reference {ref_us:9.1f} us/request"
@@ -105,7 +105,7 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float, float, float]]:
 
 def _admit_and_preempt(config, state, slot):
   state, out = scheduler.admit_one(config, state, slot, jnp.int32(-1))
-  state = release.release(scheduler.layout(config), config, state, slot, preempt=True)
+  state = release.release(layout(config), config, state, slot, preempt=True)
   return state, out["scheduled"]
 
 
@@ -121,7 +121,7 @@ def _one(config, state, slot):
 
 def bench_scan(steps: int) -> tuple[float, float]:
   cfg = make_config(max_requests=64)
-  m = JaxCacheManager(cfg)
+  m = make_manager(cfg, "jax")
   for i, p in enumerate(make_prompts(64, seed=1)):
     m.add_request(f"s{i}", p)
   slots = np.arange(steps, dtype=np.int32) % 64

@@ -21,6 +21,8 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from hybrid_cache.policies import EVICTION_POLICIES
+
 GROUP_KINDS = ("full", "swa", "mamba")
 _KIND_ALIASES = {
   "full": "full",
@@ -34,7 +36,6 @@ _KIND_ALIASES = {
   "mamba2": "mamba",
 }
 RECURRENT_MODES = ("none", "align", "all")
-EVICTION_POLICIES = ("lru", "flop_aware")
 EVICTION_COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 PROFILES = ("vllm", "pinned")
 
@@ -129,8 +130,9 @@ class CacheConfig:
     use_eagle: EAGLE lookups (drop one unit); all groups are EAGLE groups if none is flagged.
     pinning: the pinned tier of SPEC B1 (off in the `vllm` profile).
     pin_min_drop_size: an SWA window drop smaller than this many blocks pins nothing.
-    eviction: "lru" (vLLM free-queue order) or "flop_aware" (SPEC B2: Marconi's utility,
-      see `hybrid_cache.core.eviction`; alpha lives in the state, `eviction.set_alpha`).
+    eviction: a registered eviction policy (`hybrid_cache.policies`): "lru" (vLLM's free
+      queue order), "flop_aware" (SPEC B2: Marconi's utility, `core/policies/flop_aware.py`;
+      alpha lives in the state, `eviction.set_alpha`) or another registered name.
     eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
       of the layers the group stands for (linear part: projections, MLP share, recurrence).
     eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
@@ -138,7 +140,8 @@ class CacheConfig:
       linear*L + q*L*min(L, window); must be 0 for mamba groups.
     eviction_block_bytes: per group (or () = 1.0 each), bytes one block of the group costs
       the pool (> 0; in a pool of equal pages this is the page size for every group).
-      Only `eviction="flop_aware"` reads the three cost fields (`hybrid_cache.core.eviction_costs`).
+      Only policies that read costs (`policies.reads_costs`: flop_aware) use the three cost
+      fields (`hybrid_cache.core.eviction_costs`).
     max_requests: request slots in the jitted state (static).
   """
 

@@ -23,6 +23,7 @@ import numpy as np
 from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import eviction
+from hybrid_cache.core import outputs
 from hybrid_cache.core import scheduler
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import init_state
@@ -71,6 +72,7 @@ class JaxCacheManager:
       raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
     self.config = config
     self._lay = layout(config)
+    self._columns = outputs.entry_columns(self._lay)
     self.state: CacheState = init_state(config)
     self._reqs: dict[str, _Req] = {}
     self._free_slots = list(range(config.max_requests - 1, -1, -1))
@@ -89,7 +91,7 @@ class JaxCacheManager:
 
   @staticmethod
   def _stats_from_row(p: list[int]) -> PoolStats:
-    """PoolStats from the `scheduler.pack_stats` row as a list of ints."""
+    """PoolStats from the `outputs.pack_stats` row as a list of ints."""
     return PoolStats(
       num_free_blocks=p[0],
       num_used_blocks=p[1],
@@ -196,31 +198,32 @@ class JaxCacheManager:
     packed = np.asarray(packed)
     g_n, mb = self._lay.num_groups, self._lay.max_blocks
     self._stats = self._stats_from_row(packed[-1, : 4 + g_n].tolist())
-    # the packed columns (`scheduler.unpack_step`): 6 scalars, 4 vectors of G, the [G, MB] row;
-    # the leading columns go to Python lists once (per-element NumPy conversions dominate)
-    c = 6 + 4 * g_n
-    head = packed[:n, :c].tolist()
-    rows = packed[:n, c : c + g_n * mb].reshape(n, g_n, mb)
+    # the packed columns (`outputs.EntryColumns`); the leading columns go to Python lists
+    # once (per-element NumPy conversions dominate)
+    cols = self._columns
+    head = packed[:n, : cols.row.start].tolist()
+    rows = packed[:n, cols.row].reshape(n, g_n, mb)
     cow_copies, cows = [], None
     if self._lay.partial:  # copy-on-write copies of partial hits (§2.5), group by group
-      cows = packed[:n, c + g_n * mb : c + g_n * mb + 2 * g_n].reshape(n, g_n, 2)
+      cows = packed[:n, cols.cows].reshape(n, g_n, 2)
       for g in range(g_n):
         for i in range(n):
           src, dst = int(cows[i, g, 0]), int(cows[i, g, 1])
           if dst:
             cow_copies.append(StateCopy(entries[i].req, g, src, dst))
-    ga, gb, gc_, gd = 6, 6 + g_n, 6 + 2 * g_n, 6 + 3 * g_n
+    ga, gb = cols.vector("alone"), cols.vector("hit_blocks")
+    gc_, gd = cols.vector("lens_before"), cols.vector("lens_after")
     results, copies = [], []
     empty = self._empty_ids
     align = self._align_groups
     for i, e in enumerate(entries):
       r = rs[i]
-      adm, hit, spb, sched, reason, computed = head[i][:6]
       h = head[i]
+      adm, hit, spb, sched, reason, computed = h[cols.scalars]
       row = rows[i]
-      after = h[gd : gd + g_n]
+      after = h[gd]
       if sched:
-        before = h[gc_:gd]
+        before = h[gc_]
         new_ids = tuple(
           tuple(row[g, before[g] : after[g]].tolist()) if after[g] > before[g] else ()
           for g in range(g_n)
@@ -243,8 +246,8 @@ class JaxCacheManager:
           admission=bool(adm),
           hit=HitInfo(
             hit_tokens=hit,
-            per_group_hit_tokens=tuple(h[ga:gb]),
-            hit_blocks_per_group=tuple(h[gb:gc_]),
+            per_group_hit_tokens=tuple(h[ga]),
+            hit_blocks_per_group=tuple(h[gb]),
             shared_prefix_boundary=spb,
           )
           if adm

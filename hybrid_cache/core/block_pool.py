@@ -360,3 +360,8 @@ def maybe_renormalise(state: CacheState) -> CacheState:
     return state.replace(queue_key=jnp.stack(out), counters=c)
 
   return jax.lax.cond(due, renorm, lambda s: s, state)
+
+
+def free_counts(state: CacheState) -> jax.Array:
+  """i32[2]: free blocks in the normal queue and in the pinned tier (one pool reduction)."""
+  return jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)

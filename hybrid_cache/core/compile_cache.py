@@ -20,9 +20,10 @@ Two remedies, both here:
   bucketed: `num_blocks` to the next power of two (the padding blocks are never free, never
   allocated and excluded from every count, see `state.init_state`; the index bucket count and
   the FLOP-aware re-keying window only depend on that power of two), `max_model_len` so that
-  the block-table width is a power of two (kept exact with `eviction="flop_aware"`, whose
-  efficiency table is normalised over the real width), and the FLOP-aware cost fields are
-  dropped for `eviction="lru"` (never read). Configs with equal keys share compiled programs.
+  the block-table width is a power of two (kept exact for eviction policies that read costs,
+  `policies.reads_costs`: flop_aware's efficiency table is normalised over the real width), and
+  the cost fields are dropped for the others (never read). Configs with equal keys share
+  compiled programs.
 * `jitted(config, name, make)`: the jitted function `name` of `compile_key(config)`, made once
   by `make(key)` (a `jax.jit` of the implementation with the key bound, so each key has its
   own dispatch cache) and kept in a registry of at most `max_live_keys()` keys (least
@@ -43,6 +44,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 
 # Fields read from `CacheState.params` inside jit (see `state.runtime_params`), with the
@@ -82,7 +84,7 @@ def compile_key(config: CacheConfig) -> CacheConfig:
   """The canonical config the core compiles for (module docstring); idempotent."""
   changes: dict[str, Any] = dict(DYNAMIC_FIELDS)
   changes["num_blocks"] = bucket_num_blocks(config.num_blocks)
-  if config.eviction == "flop_aware":
+  if policies.reads_costs(config.eviction):
     changes["max_model_len"] = config.max_model_len
   else:
     changes["max_model_len"] = bucket_max_model_len(config)

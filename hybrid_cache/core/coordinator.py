@@ -356,6 +356,7 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
 
   pos = jnp.arange(mb)
   fpos = jnp.arange(mh)
+
   def merged(s):  # (cached bool[MB], fine-cached bool[MH] or None) of a spec group's members
     members = list(s.members)
     c = jnp.all(cached[jnp.asarray(members)], axis=0)

@@ -4,19 +4,15 @@
 free list (head insertions below every key, tail insertions above), the victim is the smallest
 key; `prepare` leaves it alone.
 
-`flop_aware` (Marconi's utility, SPEC B2, M§1.4) re-keys the normal free queue in `prepare`, at
-the start of every scheduler step, so that the unchanged pop (smallest key first) follows it:
-
-* alpha = 0 (`counters[C_ALPHA_MILLI]`, thousandths): nothing moves, exactly LRU.
-* alpha > 0: free blocks without a key first, in their current order (scratch first); then
-  dead recurrent states (`dead_states`: their KV prefix is gone, they can never be hit), least
-  recently freed first; then the other keyed free blocks ("candidates") by increasing utility
-  `1000 * rn + alpha_milli * en` (ties: least recently freed first), where
-  `rn = floor(r * 2^14 / (n - 1))` is the min-max normalised LRU rank r (0 = least recently
-  freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
-  normalised efficiency q (FLOPs saved per byte, `eviction_costs.efficiency_table`); a single
-  candidate or all-equal values normalise to 2^14 (Marconi's `_normalize`). Integer arithmetic
-  only, so the plain-Python oracle (`hybrid_cache.oracle.flop_eviction`) agrees exactly.
+Every other registered policy (`hybrid_cache.policies`; `core/policies/<name>.py`) re-keys the
+normal free queue in `prepare`, at the start of every scheduler step, so that the unchanged pop
+(smallest key first) follows it: free blocks without a key first, in their current order
+(scratch first); then dead recurrent states (`dead_states`: their KV prefix is gone, they can
+never be hit), least recently freed first; then the other keyed free blocks ("candidates") by
+increasing `policy.priority(lay, config, state, FreeBlocks)`, ties least recently freed first.
+A policy may define `active(state)`: when it is false the queue is left as it is (flop_aware:
+alpha = 0 is exactly LRU). The oracle twin (`hybrid_cache.oracle.eviction`) orders the
+reference's free list by the same rule, so both cores agree exactly.
 
 Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
 [W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
@@ -28,25 +24,25 @@ The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29);
 renormalisation (2^28 tail frees later) turns the current utility order into the recency order
 once.
 
-Known limitation: the utility is per block and blind to prefix chains (a free block does not
-know which blocks its prefix needs). In a hybrid model a recurrent state saves far more FLOPs
-per page than one KV block, so at alpha > 0 KV blocks go before the states that need them;
-`dead_states` frees a state once the KV block at its own end is gone, but a KV chain broken
-further up is not detected, and KV blocks of a long prefix rank like those of a short one.
-Marconi evicts tree nodes (edge KV + state) together; the block-level analogue needs a
+Known limitation of flop_aware: its utility is per block and blind to prefix chains (a free
+block does not know which blocks its prefix needs). In a hybrid model a recurrent state saves
+far more FLOPs per page than one KV block, so at alpha > 0 KV blocks go before the states that
+need them; `dead_states` frees a state once the KV block at its own end is gone, but a KV chain
+broken further up is not detected, and KV blocks of a long prefix rank like those of a short
+one. Marconi evicts tree nodes (edge KV + state) together; the block-level analogue needs a
 per-block chain value recorded at release time (not implemented).
 """
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
-from hybrid_cache.core.eviction_costs import ALPHA_MILLI_MAX
 from hybrid_cache.core.eviction_costs import alpha_milli
-from hybrid_cache.core.eviction_costs import efficiency_table
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_ALPHA_MILLI
@@ -143,8 +139,32 @@ def stable_argsort(x: jax.Array) -> jax.Array:
   return perm1[perm].astype(jnp.int32)
 
 
-def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
-  """The re-keyed normal free-queue row (i32[NB]); see the module docstring."""
+@flax.struct.dataclass
+class FreeBlocks:
+  """What an eviction policy sees of the pool at the start of a step (NB = pool blocks).
+
+  Attributes:
+    candidate: bool[NB], keyed free blocks that can still be hit (the blocks a policy orders;
+      key-less free blocks go first and dead states right after them, whatever the policy).
+    group: i32[NB], the group of the block's key (-1: no key).
+    token_end: i32[NB], the token position where the block's key ends (its prefix length).
+    recency: i32[NB], among the candidates, the rank by the time each was freed
+      (0 = least recently freed); meaningless elsewhere.
+    num_candidates: i32[], the number of candidates.
+  """
+
+  candidate: jax.Array
+  group: jax.Array
+  token_end: jax.Array
+  recency: jax.Array
+  num_candidates: jax.Array
+
+
+def _rekey_queue(lay, state, priority) -> jax.Array:
+  """The re-keyed normal free-queue row (i32[NB]); see the module docstring.
+
+  `priority(blocks: FreeBlocks) -> i32[NB]`: the policy's priority of each candidate, in
+  [0, 2^30] (lower first; ties keep recency order)."""
   w0, k, shift, w_end = state_window(lay, state)
   qk0 = state.queue_key[0]
   grp = state.block_group
@@ -162,20 +182,10 @@ def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
   perm = stable_argsort(rec_key)
   r_all = _rank(perm, block_index.inclusive_count(keyed[perm]) - 1)
   r = _rank(perm, block_index.inclusive_count(alive[perm]) - 1)
-  # efficiency of each candidate
-  table = jnp.asarray(efficiency_table(config))
-  bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
-  g_safe = jnp.clip(grp, 0, lay.num_groups - 1)
-  col = jnp.clip(state.block_aux[:, AUX_END] // bs[g_safe], 0, table.shape[1] - 1)
-  q = table[g_safe, col]
-  q_min = jnp.min(jnp.where(alive, q, BIG))
-  q_max = jnp.max(jnp.where(alive, q, -1))
-  span = q_max - q_min
-  r_c = jnp.clip(r, 0, jnp.maximum(n - 1, 0))
-  rn = jnp.where(n > 1, scaled_ratio(r_c, jnp.maximum(n - 1, 1)), NORM)
-  q_c = jnp.clip(q - q_min, 0, jnp.maximum(span, 0))
-  en = jnp.where(span > 0, scaled_ratio(q_c, jnp.maximum(span, 1)), NORM)
-  util = 1000 * rn + alpha * en
+  blocks = FreeBlocks(
+    candidate=alive, group=grp, token_end=state.block_aux[:, AUX_END], recency=r, num_candidates=n
+  )
+  util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
   # stable order of the recency-ordered list by primary: ties keep recency order
   slot = _rank(perm[stable_argsort(primary[perm])])
@@ -188,21 +198,26 @@ def _rekey_queue(lay, config: CacheConfig, state, alpha) -> jax.Array:
 def prepare(lay, config: CacheConfig, state):
   """Hook run at the start of every scheduler step, before any allocation.
 
-  `lru`: the state unchanged. `flop_aware`: lifts the tail counter above the re-keying window
-  and, when alpha > 0, re-keys the normal free queue (module docstring). Pinned tier untouched.
+  `lru`: the state unchanged. Any other policy (`policies.core_eviction`): lifts the tail
+  counter above the re-keying window and, when the policy is `active` (flop_aware: alpha > 0;
+  default: always), re-keys the normal free queue by the policy's `priority` (module
+  docstring). Pinned tier untouched.
   """
-  if config.eviction != "flop_aware":
+  policy = policies.core_eviction(config.eviction)
+  if policy is None:
     return state
   _, _, _, w_end = state_window(lay, state)
   c = state.counters
   state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
-  alpha = jnp.clip(c[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)
-  # the cond returns only the queue row (a cond over the whole state copies its leaves)
-  qk0 = jax.lax.cond(
-    alpha > 0,
-    lambda: _rekey_queue(lay, config, state, alpha),
-    lambda: state.queue_key[0],
-  )
+
+  def rekey():
+    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, config, state, blocks))
+
+  active = getattr(policy, "active", None)
+  if active is None:
+    qk0 = rekey()
+  else:  # the cond returns only the queue row (a cond over the whole state copies its leaves)
+    qk0 = jax.lax.cond(active(state), rekey, lambda: state.queue_key[0])
   return state.replace(queue_key=state.queue_key.at[0].set(qk0))
 
 

@@ -33,7 +33,7 @@ def alpha_milli(alpha: float) -> int:
   """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX].
 
   Shared by the jitted core (`eviction.set_alpha`) and the plain-Python oracle
-  (`reference.flop_eviction`), so both accept and round alpha the same way.
+  (`oracle.eviction`), so both accept and round alpha the same way.
   """
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
     raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")

@@ -139,6 +139,11 @@ class Layout:
   tail_groups: tuple[int, ...] = ()
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
 
+  @property
+  def block_sizes(self) -> tuple[int, ...]:
+    """Each group's block size, in group order."""
+    return tuple(g.block_size for g in self.groups)
+
 
 def layout(config: CacheConfig) -> Layout:
   """The static layout of `config`'s compile key (`compile_cache.compile_key`): bucketed

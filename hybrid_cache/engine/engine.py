@@ -55,6 +55,8 @@ from flax import nnx
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.engine import config as engine_config
 from hybrid_cache.engine import sharding as engine_sharding
+from hybrid_cache.factory import BACKENDS
+from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.types import CacheManager
 from hybrid_cache.types import ScheduleEntry
@@ -208,15 +210,9 @@ def _split_model(cfg: ModelConfig, seed: int):
 def _make_manager(kind: str | Callable[[CacheConfig], CacheManager], cfg: CacheConfig):
   if callable(kind):
     return kind(cfg)
-  if kind == "jax":
-    from hybrid_cache.manager import JaxCacheManager
-
-    return JaxCacheManager(cfg)
-  if kind == "reference":
-    from hybrid_cache.oracle.reference_policy import ReferencePolicy
-
-    return ReferencePolicy(cfg)
-  raise ValueError(f"cache_manager must be 'jax', 'reference' or a factory, got {kind!r}")
+  if kind not in BACKENDS:
+    raise ValueError(f"cache_manager must be one of {BACKENDS} or a factory, got {kind!r}")
+  return make_manager(cfg, kind)
 
 
 class Engine:

@@ -29,7 +29,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.hashing import NO_EXTRAS
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.oracle import flop_eviction
+from hybrid_cache.oracle import eviction
 from hybrid_cache.oracle import rules
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
@@ -111,7 +111,7 @@ class ReferencePolicy:
     self._free: list[int] = list(range(1, n))
     self._pinned_free: list[int] = []  # oldest first
     self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
-    self._flop = flop_eviction.FlopEviction(cfg) if cfg.eviction == "flop_aware" else None
+    self._evict = None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg)
     self._index: dict[tuple[int, int], list[int]] = {}
     # extra keys of a block besides its primary one (vLLM cached_block_hashes_by_block, §2.5)
     self._extra: dict[int, list[tuple[int, int]]] = {}
@@ -149,9 +149,9 @@ class ReferencePolicy:
 
   def set_eviction_alpha(self, alpha: float) -> None:
     """FLOP-aware eviction weight alpha in [0, 100] (ValueError otherwise, or if not flop_aware)."""
-    if self._flop is None:
+    if self.config.eviction != "flop_aware":
       raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
-    self._flop.set_alpha(alpha)
+    self._evict.set_alpha(alpha)
 
   def _num_free(self) -> int:
     return len(self._free) + len(self._pinned_free)
@@ -829,10 +829,10 @@ class ReferencePolicy:
         isinstance(e.max_tokens, bool) or not isinstance(e.max_tokens, int) or e.max_tokens < 1
       ):
         raise ValueError(f"entries[{i}].max_tokens must be an integer >= 1, got {e.max_tokens!r}")
-    if self._flop is not None:  # SPEC B2: re-order the eviction candidates at step start
+    if self._evict is not None:  # a registered eviction policy re-orders the free list
       groups = [None if k is None else k[1] for k in self._key]
-      dead = flop_eviction.dead_states(self.config, self._key, self._key_end, self._index)
-      self._free = self._flop.reorder(self._free, groups, self._key_end, dead)
+      dead = eviction.dead_states(self.config, self._key, self._key_end, self._index)
+      self._free = self._evict.reorder(self._free, groups, self._key_end, dead)
     self._cached_this_step.clear()
     budget = self.config.max_num_batched_tokens
     out, copies = [], []

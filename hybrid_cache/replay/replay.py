@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybrid_cache import cli_util
-from hybrid_cache.config import CacheConfig
+from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.types import CacheManager
@@ -64,18 +64,6 @@ def default_backend() -> str:
   except Exception:  # noqa: BLE001 - any import failure means "not available yet"
     return "reference"
   return "jax"
-
-
-def make_manager(config: CacheConfig, backend: str) -> CacheManager:
-  if backend == "reference":
-    from hybrid_cache.oracle.reference_policy import ReferencePolicy
-
-    return ReferencePolicy(config)
-  if backend == "jax":
-    from hybrid_cache.manager import JaxCacheManager
-
-    return JaxCacheManager(config)
-  raise ValueError(f"backend must be one of ('jax', 'reference'), got {backend!r}")
 
 
 def _hit_dict(hit: HitInfo) -> dict[str, Any]:

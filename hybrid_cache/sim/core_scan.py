@@ -38,6 +38,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import compile_cache
 from hybrid_cache.core import eviction
+from hybrid_cache.core import outputs
 from hybrid_cache.core import release as release_lib
 from hybrid_cache.core import scheduler
 from hybrid_cache.core import state as state_lib
@@ -395,7 +396,7 @@ def run_scan(
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
   triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, 0].tolist())]
-  st = scheduler.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
+  st = outputs.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
   counters = {
     "backend": "jax_scan",
     "alpha": alpha,

@@ -15,7 +15,8 @@ stops there, the retention masks keep it) and `prefix_cache_retention_interval =
   lru                  Marconi admission in block terms: align + junction + retention 0
                        (replay boundary + junction states only), LRU free queue; the same
                        configuration as `vllm_align`, named as the baseline of `flop_aware`.
-  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, hybrid_cache/core/eviction.py).
+  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, core/policies/flop_aware.py).
+  <registered>         as lru with any other registered eviction policy (`hybrid_cache.policies`).
 `retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
 turns on the SWA/prefix pinned tier (SPEC B1).
 
@@ -48,8 +49,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hybrid_cache import factory
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.policies import EVICTION_POLICIES
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 from hybrid_cache.sim.vllm_plus import request_tokens
@@ -75,6 +78,12 @@ CORE_POLICY_CONFIGS = {
   "vllm_all": CorePolicy("all", False, None),
   "lru": CorePolicy("align", True, 0),
   "flop_aware": CorePolicy("align", True, 0, "flop_aware"),
+  # every other registered eviction policy (`hybrid_cache.policies`): lru's profile with it
+  **{
+    p: CorePolicy("align", True, 0, p)
+    for p in EVICTION_POLICIES
+    if p not in ("lru", "flop_aware")
+  },
 }
 
 
@@ -215,15 +224,9 @@ def build_config(
 
 def make_manager(config: CacheConfig, backend: str):
   """A protocol manager: JaxCacheManager ("jax", "jax_protocol") or ReferencePolicy."""
-  if backend in ("jax", "jax_protocol"):
-    from hybrid_cache.manager import JaxCacheManager
-
-    return JaxCacheManager(config)
-  if backend == "reference":
-    from hybrid_cache.oracle.reference_policy import ReferencePolicy
-
-    return ReferencePolicy(config)
-  raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  return factory.make_manager(config, "jax" if backend == "jax_protocol" else backend)
 
 
 def _run_to(m, name: str, start: int, target: int, step_tokens: Callable[[int], int | None]):

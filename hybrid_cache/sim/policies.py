@@ -11,12 +11,16 @@ vllm_none, vllm_align, vllm_align_marconi, vllm_align_dense, align_dense, vllm_a
 flop_aware              policies over the cache core (`core_sim.py`: JaxCacheManager, or
                         ReferencePolicy with --backend reference), any block size; `vllm_align`
                         = vLLM 0.33's serving default (see `core_sim.py`).
+deepest_first, ...      every other registered eviction policy (`hybrid_cache.policies`): the
+                        `lru` profile with that eviction.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+
+from hybrid_cache.policies import EVICTION_POLICIES
 
 CORE_POLICIES = (
   "vllm_none",
@@ -27,7 +31,7 @@ CORE_POLICIES = (
   "vllm_all",
   "lru",
   "flop_aware",
-)
+) + tuple(p for p in EVICTION_POLICIES if p not in ("lru", "flop_aware"))
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
 ALL_POLICIES = (

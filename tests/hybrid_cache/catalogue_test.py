@@ -10,6 +10,7 @@ import pytest
 from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import MultiModalItem
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.oracle import rules
@@ -41,10 +42,9 @@ FULL, MAMBA = GroupSpec("full"), GroupSpec("mamba")
 def make(backend, **kw):
   cfg = CacheConfig(**kw)
   if backend == "reference":
-    return ReferencePolicy(cfg)
-  from hybrid_cache.manager import JaxCacheManager
+    return make_manager(cfg, "reference")
 
-  return JaxCacheManager(cfg)
+  return make_manager(cfg, "jax")
 
 
 def run(m, name, tokens=None, chunk=None):
@@ -679,7 +679,7 @@ def test_s37_reset(backend):
 
 def test_s38_large_lcm_trap():
   groups = tuple(GroupSpec("full", block_size=b) for b in (128, 4096, 32, 2, 8))
-  m = ReferencePolicy(CacheConfig(groups=groups, num_blocks=3000, max_model_len=8192))
+  m = make_manager(CacheConfig(groups=groups, num_blocks=3000, max_model_len=8192), "reference")
   assert m.config.scheduler_block_size == 4096
   toks = list(range(4096))
   prefill(m, "A", toks)

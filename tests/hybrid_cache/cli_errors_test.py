@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from hybrid_cache.factory import make_manager
 from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.sim import cli as sim_cli
@@ -140,7 +141,7 @@ def test_replay_action_type_error_is_one_line_in_process():
       raise KeyError("x")
 
   sc = {"name": "s", "config": _CFG, "actions": [{"op": "state"}]}
-  manager = replay_lib.make_manager(scenario_lib.config_of(sc), "reference")
+  manager = make_manager(scenario_lib.config_of(sc), "reference")
   with pytest.raises(ValueError, match=r"^actions\[0\] \(op 'state'\): KeyError: 'x'$"):
     Boom(manager, sc).run()
 

@@ -22,8 +22,7 @@ from hypothesis.stateful import rule
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core.invariants import check_invariants
-from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
 from tests.hybrid_cache.paired_rules import paired_rules
@@ -151,8 +150,8 @@ class DifferentialMachine(paired_rules(prompts)):
   @initialize(ci=st.integers(0, len(CONFIGS) - 1))
   def setup(self, ci):
     self.config = CONFIGS[ci]
-    self.jax = JaxCacheManager(self.config)
-    self.ref = ReferencePolicy(self.config)
+    self.jax = make_manager(self.config, "jax")
+    self.ref = make_manager(self.config, "reference")
 
   @precondition(lambda self: self._active())
   @rule(data=st.data())

@@ -1,5 +1,5 @@
 """FLOP-aware eviction (SPEC B2): jitted `eviction.prepare` vs hand-computed orders and vs the
-plain-Python oracle (`hybrid_cache.oracle.flop_eviction`), alpha = 0 == LRU, invariants,
+plain-Python oracle (`hybrid_cache.oracle.eviction`), alpha = 0 == LRU, invariants,
 cost table, alpha tuner and config validation."""
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_TAIL
 from hybrid_cache.core.state import init_state
 from hybrid_cache.core.state import layout
+from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.flop_eviction import FlopEviction
-from hybrid_cache.oracle.flop_eviction import dead_states
+from hybrid_cache.oracle.eviction import EvictionOrder
+from hybrid_cache.oracle.eviction import dead_states
 from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.replay import scenario as scenario_lib
@@ -126,7 +127,7 @@ def test_prepare_hand_computed_order(alpha, expected):
   qk = np.asarray(again.queue_key[0])
   assert len(set(qk[qk < BIG].tolist())) == 7  # keys stay unique (no index here: no invariants)
   # the oracle on the same list gives the same order
-  fe = FlopEviction(TINY, alpha)
+  fe = EvictionOrder(TINY, alpha)
   groups = [None, None, 0, 1, 0, 1, 0, None]
   ends = [-1, -1, 16, 16, 4, 4, 8, -1]
   assert list(fe.reorder([1, 2, 3, 7, 4, 5, 6], groups, ends)) == expected
@@ -143,7 +144,7 @@ def test_dead_state_goes_right_after_key_less_blocks():
   out = eviction.prepare(lay, TINY, eviction.set_alpha(s, 1.0))
   assert _jax_free_queue(out) == [1, 7, 4, 5, 2, 6, 3]
   assert _jax_free_queue(eviction.prepare(lay, TINY, s)) == [1, 2, 3, 7, 4, 5, 6]  # alpha 0
-  fe = FlopEviction(TINY, 1.0)
+  fe = EvictionOrder(TINY, 1.0)
   groups = [None, None, 0, 1, None, 1, 0, None]
   ends = [-1, -1, 16, 16, 4, 4, 8, -1]
   keys = [None, None, (16, 0), (16, 1), None, (4, 1), (8, 0), None]
@@ -186,7 +187,7 @@ def test_long_recurrent_prefix_survives_where_lru_evicts_it(backend):
       max_requests=2,
       eviction=ev,
     )
-    m = JaxCacheManager(cfg) if backend == "jax" else FlopReference(cfg)
+    m = make_manager(cfg, "jax") if backend == "jax" else FlopReference(cfg)
     if ev == "flop_aware":
       m.set_eviction_alpha(2.0)
     _serve(m, "A", list(range(17)))
@@ -268,7 +269,7 @@ class FlopMachine(paired_rules(prompts)):
   @initialize(ci=st.integers(0, len(CONFIGS) - 1), alpha=st.sampled_from(ALPHAS))
   def setup(self, ci, alpha):
     self.config = CONFIGS[ci]
-    self.jax = JaxCacheManager(self.config)
+    self.jax = make_manager(self.config, "jax")
     self.ref = FlopReference(self.config)
     self._alpha(alpha)
 
@@ -353,7 +354,7 @@ def test_set_alpha_roundtrip_and_bad_values():
     with pytest.raises(ValueError, match="alpha"):
       eviction.set_alpha(s, bad)
     with pytest.raises(ValueError, match="alpha"):
-      FlopEviction(TINY, bad)
+      EvictionOrder(TINY, bad)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import scheduler
 from hybrid_cache.core.invariants import assert_invariants
-from hybrid_cache.manager import JaxCacheManager
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry as E
 
 HERE = os.path.dirname(__file__)
@@ -43,7 +43,7 @@ def _prefill(m, req, chunk=None):
 
 def test_free_order_and_eviction_order_s01():
   cfg = CacheConfig(groups=(GroupSpec("full"),), block_size=16, num_blocks=11, max_model_len=160)
-  m = JaxCacheManager(cfg)
+  m = make_manager(cfg, "jax")
   common = [0] * 16 + [1] * 16 + [2] * 16
   m.add_request("R0", common + [3] * 7)
   r0 = m.schedule([E("R0")]).entries[0]
@@ -75,7 +75,7 @@ SMALL = CacheConfig(
 
 
 def test_bad_input_raises_value_error_naming_the_field():
-  m = JaxCacheManager(SMALL)
+  m = make_manager(SMALL, "jax")
   with pytest.raises(ValueError, match="req"):
     m.add_request("", [1])
   with pytest.raises(ValueError, match="tokens"):
@@ -97,7 +97,7 @@ def test_bad_input_raises_value_error_naming_the_field():
 
 
 def test_state_copy_plan_for_align_hits():
-  m = JaxCacheManager(SMALL)
+  m = make_manager(SMALL, "jax")
   m.add_request("A", list(range(20)))
   _prefill(m, "A", 8)
   m.free("A")
@@ -111,7 +111,7 @@ def test_state_copy_plan_for_align_hits():
 
 
 def test_preempt_readmits_with_a_hit_and_reset_needs_an_empty_pool():
-  m = JaxCacheManager(SMALL)
+  m = make_manager(SMALL, "jax")
   m.add_request("A", list(range(18)))
   _prefill(m, "A")
   assert not m.reset_prefix_cache()
@@ -128,7 +128,7 @@ def test_preempt_readmits_with_a_hit_and_reset_needs_an_empty_pool():
 
 
 def test_batch_sizes_compile_once_per_power_of_two():
-  m = JaxCacheManager(SMALL)
+  m = make_manager(SMALL, "jax")
   for name in "ABC":
     m.add_request(name, list(range(10)))
   before = scheduler.schedule_step.cache_size(SMALL)
@@ -148,7 +148,7 @@ PREFIX = list(range(100, 124))
 
 def _pinned_history(cfg):
   """A (24 tokens, chunks of 8) drops SWA blocks 0-1 while running; then D is freed."""
-  m = JaxCacheManager(cfg)
+  m = make_manager(cfg, "jax")
   m.add_request("A", PREFIX)
   _prefill(m, "A", 8)
   m.free("A")

@@ -12,8 +12,9 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import coordinator
-from hybrid_cache.core import scheduler
+from hybrid_cache.core import split
 from hybrid_cache.core.state import layout
+from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
@@ -74,7 +75,7 @@ def test_prefill_registers_the_mamba_partial_entry_at_the_prompt_tail():
   # blocks 1-4, Mamba state block 5 at position 1 (ends at 16). Step 2: FA block 6, Mamba
   # running block 7 at position 2; caching is not floored to sbs 8: FA keys block 4 (tokens
   # 20), and the tail 20 ends the chunk inside Mamba block 2 -> partial key on block 7.
-  m = JaxCacheManager(P)
+  m = make_manager(P, "jax")
   steps = _prefill(m, "A", A)
   assert [s.entries[0].scheduled_tokens for s in steps] == [16, 4]
   assert m.request_view("A").block_ids == ((1, 2, 3, 4, 6), (0, 5, 7))
@@ -83,7 +84,7 @@ def test_prefill_registers_the_mamba_partial_entry_at_the_prompt_tail():
 
 
 def test_mamba_lookup_scans_hash_block_positions():
-  m = JaxCacheManager(P)
+  m = make_manager(P, "jax")
   _prefill(m, "A", A)
   m.free("A")
   # AX (max_len 22): FA 5 blocks (20); Mamba scans hash indices 4..0: index 4 (20) holds the
@@ -109,7 +110,7 @@ def test_new_request_hitting_a_partial_entry_gets_a_private_copy():
   # position 2 and the hit ends inside it -> the first Mamba pop (9) is a private copy that
   # replaces it (admission counted one more block); copy 7 -> 9. At the step end 7's hit
   # reference is released (free cached again, at the tail) and 9 stays with Ax.
-  m = JaxCacheManager(P)
+  m = make_manager(P, "jax")
   _prefill(m, "A", A)
   m.free("A")
   m.add_request("Ax", AX)
@@ -130,7 +131,7 @@ def test_producer_moves_its_partial_entry_to_a_copy_on_its_next_step():
   # Mamba needs no new block but its pending partial entry takes one more: 9. The key moves
   # 7 -> 9, copy 7 -> 9; the table keeps 7. At the step end 9 (no table holds it, keyed) joins
   # the free tail: free cached 5 and 9.
-  m = JaxCacheManager(P)
+  m = make_manager(P, "jax")
   _prefill(m, "A", A)
   res = m.schedule([ScheduleEntry("A")])
   e = res.entries[0]
@@ -155,7 +156,7 @@ def test_producer_moves_its_partial_entry_to_a_copy_on_its_next_step():
 def test_moved_key_is_not_hittable_in_the_same_step():
   # Same step: A's CoW moves the key (registration step = now); Ax, later in the step, would
   # hit it in Mamba -> same-step rule (§2.4.6): not admitted this step.
-  m = JaxCacheManager(P)
+  m = make_manager(P, "jax")
   _prefill(m, "A", A)
   m.add_request("Ax", AX)
   res = m.schedule([ScheduleEntry("A"), ScheduleEntry("Ax")])
@@ -168,13 +169,13 @@ def test_split_stops_at_the_prompt_hash_tail():
   # 23-token prompt, bs 8: lcp = floor(22, 8) = 16 < tail floor(22, 4) = 20 < 23 -> 16, 4, 3
   lay = layout(P)
   budget = jnp.int32(P.max_num_batched_tokens)
-  n = scheduler.split(lay, jnp.int32(16), jnp.int32(7), jnp.int32(23), jnp.int32(23), 0, budget)
+  n = split.split(lay, jnp.int32(16), jnp.int32(7), jnp.int32(23), jnp.int32(23), 0, budget)
   assert int(n) == 4
-  n = scheduler.split(lay, jnp.int32(0), jnp.int32(23), jnp.int32(23), jnp.int32(23), 0, budget)
+  n = split.split(lay, jnp.int32(0), jnp.int32(23), jnp.int32(23), jnp.int32(23), 0, budget)
   assert int(n) == 16
   # without partial hits (prefix caching off) no tail stop
   off = P.replace(enable_prefix_caching=False)
-  n = scheduler.split(layout(off), jnp.int32(16), jnp.int32(7), 23, 23, 0, budget)
+  n = split.split(layout(off), jnp.int32(16), jnp.int32(7), 23, 23, 0, budget)
   assert int(n) == 7
 
 
@@ -183,7 +184,7 @@ def test_fa_phase2_hit_takes_a_private_copy_of_the_partial_block():
   # chunks 16, 4 (then 1). FA blocks 1 2 (step 1) + 4 (step 2); Mamba 3 (pos 0, step 1), 5 (pos 1).
   # Step 2 caches FA up to 20 unfloored: full blocks 0-1 already keyed, and the FA partial tail
   # 20 on block 4 (position 2); Mamba partial 20 on its running block 5.
-  m = JaxCacheManager(F)
+  m = make_manager(F, "jax")
   steps = _prefill(m, "A", A)
   assert [s.entries[0].scheduled_tokens for s in steps] == [16, 4]
   assert m.request_view("A").block_ids == ((1, 2, 4), (3, 5))

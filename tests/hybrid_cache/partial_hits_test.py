@@ -15,6 +15,7 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.factory import make_manager
 from hybrid_cache.oracle import rules
 from hybrid_cache.replay import replay as replay_lib
 
@@ -125,13 +126,12 @@ def test_cow_block_counts_in_admission():
 
 def test_cow_copies_are_named_in_the_step_plan():
   # Q's admission step queues FA (4 -> 7) then Mamba (6 -> 8); P's last step queued 5 -> 6.
-  from hybrid_cache.oracle.reference_policy import ReferencePolicy
   from hybrid_cache.types import ScheduleEntry
 
   cfg = CacheConfig(
     groups=(GroupSpec("full"), GroupSpec("mamba")), block_size=8, num_blocks=64, hash_block_size=4
   )
-  m = ReferencePolicy(cfg)
+  m = make_manager(cfg, "reference")
   m.add_request("P", list(range(22)))
   steps = [m.schedule([ScheduleEntry("P")]) for _ in range(3)]
   assert [e.entries[0].scheduled_tokens for e in steps] == [16, 4, 2]

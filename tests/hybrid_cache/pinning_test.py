@@ -12,9 +12,9 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core.invariants import assert_invariants
+from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry as E
 
 BASE = CacheConfig(
@@ -32,7 +32,7 @@ def backend(request):
 
 def _manager(backend, **changes):
   cfg = BASE.replace(**changes)
-  return JaxCacheManager(cfg) if backend == "jax" else ReferencePolicy(cfg)
+  return make_manager(cfg, "jax") if backend == "jax" else make_manager(cfg, "reference")
 
 
 def _check(m):

@@ -4,7 +4,7 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 
 FULL, MAMBA = GroupSpec("full"), GroupSpec("mamba")
@@ -15,7 +15,7 @@ def policy(**kw):
   kw.setdefault("block_size", 4)
   kw.setdefault("num_blocks", 32)
   kw.setdefault("max_model_len", 64)
-  return ReferencePolicy(CacheConfig(**kw))
+  return make_manager(CacheConfig(**kw), "reference")
 
 
 def snapshot(m):

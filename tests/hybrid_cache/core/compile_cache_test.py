@@ -13,7 +13,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import compile_cache
 from hybrid_cache.core.invariants import assert_invariants
-from hybrid_cache.manager import JaxCacheManager
+from hybrid_cache.factory import make_manager
 from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.types import ScheduleEntry
 
@@ -99,7 +99,7 @@ def test_configs_differing_in_runtime_fields_share_programs(counter):
 
 def test_padded_pool_counts_only_real_blocks():
   cfg = CacheConfig.from_dict(OTHER)
-  m = JaxCacheManager(cfg)
+  m = make_manager(cfg, "jax")
   assert m.state.ref_cnt.shape == (64,)
   assert m.config is cfg
   assert m.pool_stats().num_free_blocks == 56

@@ -9,7 +9,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.core.invariants import assert_invariants
 from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.core.state import BIG
-from hybrid_cache.manager import JaxCacheManager
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry as E
 
 CFG = CacheConfig(
@@ -20,7 +20,7 @@ CFG = CacheConfig(
 
 @pytest.fixture(scope="module")
 def live():
-  m = JaxCacheManager(CFG)
+  m = make_manager(CFG, "jax")
   m.add_request("A", list(range(22)))
   m.schedule([E("A")])
   m.schedule([E("A")])

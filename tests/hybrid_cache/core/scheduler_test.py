@@ -8,7 +8,7 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.core import scheduler
+from hybrid_cache.core import split
 from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.groups import sliding_window
 from hybrid_cache.core.state import layout
@@ -16,7 +16,7 @@ from hybrid_cache.core.state import layout
 
 def _split(cfg, start, n, num_tokens, spb, num_prompt=None, max_chunk=None):
   lay = layout(cfg)
-  out = scheduler.split(
+  out = split.split(
     lay, jnp.int32(start), jnp.int32(n), jnp.int32(num_tokens),
     jnp.int32(num_prompt or num_tokens), jnp.int32(spb),
     jnp.int32(cfg.max_num_batched_tokens if max_chunk is None else max_chunk),

@@ -9,7 +9,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import C_REC_ADMITTED
 from hybrid_cache.core.state import C_REC_EVICTED
-from hybrid_cache.manager import JaxCacheManager
+from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 
 CFG = CacheConfig(
@@ -25,7 +25,7 @@ def _prefill(m, name, tokens):
 
 
 def test_counters_count_recurrent_keys_registered_and_evicted():
-  m = JaxCacheManager(CFG)
+  m = make_manager(CFG, "jax")
   # 13 tokens: align chunks 12 (lcp = floor(12/4)*4 = 12) then 1; the state at 12 is the only
   # recurrent key; the full group registers blocks 0-2.
   _prefill(m, "a", list(range(13)))

@@ -6,6 +6,7 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.factory import make_manager
 from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
@@ -45,7 +46,7 @@ def _pin_setup(pinning, min_drop=1):
   cfg = CacheConfig(
     groups=(FULL, SWA8), block_size=4, num_blocks=41, pinning=pinning, pin_min_drop_size=min_drop
   )
-  m = ReferencePolicy(cfg)
+  m = make_manager(cfg, "reference")
   a = list(range(32))
   m.add_request("A", a)
   while m.request_view("A").num_computed_tokens < 32:
@@ -138,7 +139,7 @@ def test_pool_invariants_random_ops(pinning):
     pinning=pinning,
     max_num_batched_tokens=24,
   )
-  m = ReferencePolicy(cfg)
+  m = make_manager(cfg, "reference")
   prefixes = [list(range(k * 100, k * 100 + 12)) for k in range(3)]
   n = 0
   for _ in range(300):

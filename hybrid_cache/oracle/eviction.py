@@ -1,44 +1,40 @@
-"""Plain-Python oracle of FLOP-aware eviction (SPEC B2) for `ReferencePolicy`'s free list.
+"""Plain-Python oracle of the eviction policies' free-list order, for `ReferencePolicy`.
 
 Same rule as the jitted core (`hybrid_cache.core.eviction`), on the reference's ordered free list
-(head first) instead of int32 keys. At the start of every scheduler step, when alpha > 0:
+(head first) instead of int32 keys. `lru` leaves the list alone. For any other registered
+policy (`hybrid_cache.policies`, twin `hybrid_cache/oracle/policies/<name>.py`), at the start of
+every scheduler step, unless the policy's `active(order)` is false (flop_aware: alpha = 0):
 
 1. blocks without a key stay first, in their current order (scratch first);
 2. then dead recurrent states (`dead_states`: the first full-attention group has a block
    ending where the state ends but no block carries that key), least recently freed first;
-3. then the other keyed free blocks (the candidates) by increasing utility
-   `1000 * rn + alpha_milli * en`, ties by recency (least recently freed first), with
-   `rn = (r << 14) // (n - 1)` (r = rank by the time the block was last freed to the tail,
-   0 = least recent among the n candidates; 2^14 when n == 1) and
-   `en = ((q - q_min) << 14) // (q_max - q_min)` (q = quantised FLOPs saved per byte of the
-   block's group at its key's token end, `eviction_costs.efficiency_table`; 2^14 when all
-   equal).
+3. then the other keyed free blocks (the candidates) by increasing
+   `policy.priority(config, FreeBlocks, order)`, ties by recency (least recently freed first,
+   recency = the time of the block's last append to the tail).
 
-alpha = 0 leaves the list as it is (vLLM's LRU). Recency is the time of the last append
-(free to the tail) of each block: `reorder` returns a `StampedFree` list that records appends,
-so the policy must keep using the returned list as its free list.
+`reorder` returns a `StampedFree` list that records appends, so the policy must keep using the
+returned list as its free list.
 
 Hook (in `ReferencePolicy`): keep `_key_end[b]` = token end of block b's key when registered,
-build `fe = FlopEviction(config)` when `config.eviction == "flop_aware"`, and at the start
-of `schedule`:
+build `order = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
+`schedule`:
 
   groups = [None if k is None else k[1] for k in self._key]
   dead = dead_states(self.config, self._key, self._key_end, self._index)
-  self._free = fe.reorder(self._free, groups, self._key_end, dead)
+  self._free = order.reorder(self._free, groups, self._key_end, dead)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from collections.abc import Container
 from collections.abc import Iterable
 from collections.abc import Sequence
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.eviction_costs import alpha_milli
-from hybrid_cache.core.eviction_costs import efficiency_table
-
-NORM_BITS = 14
 
 
 def dead_states(
@@ -72,7 +68,7 @@ def dead_states(
 class StampedFree(list):
   """A free list (head first) that stamps every block appended to its tail."""
 
-  def __init__(self, items: Iterable[int], owner: FlopEviction):
+  def __init__(self, items: Iterable[int], owner: EvictionOrder):
     super().__init__(items)
     self._owner = owner
 
@@ -89,13 +85,28 @@ class StampedFree(list):
     return self
 
 
-class FlopEviction:
-  """FLOP-aware re-ordering of one reference policy's free list (module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class FreeBlocks:
+  """What an eviction policy's oracle twin sees (the jitted `core.eviction.FreeBlocks`).
+
+  Attributes:
+    candidates: keyed free blocks that can still be hit, least recently freed first (a
+      candidate's index here is its recency rank).
+    group: per block id, the group of its key, or None.
+    token_end: per block id, the token position where its key ends (read for keyed blocks).
+  """
+
+  candidates: tuple[int, ...]
+  group: Sequence[int | None]
+  token_end: Sequence[int]
+
+
+class EvictionOrder:
+  """Re-orders one reference policy's free list by a registered policy (module docstring)."""
 
   def __init__(self, config: CacheConfig, alpha: float = 0.0):
     self.config = config
-    self._table = efficiency_table(config)
-    self._bs = [g.block_size for g in config.resolved_groups]
+    self.policy = policies.oracle_eviction(config.eviction)
     self._stamps: dict[int, int] = {}
     self._clock = 0
     self.alpha_milli = 0
@@ -109,11 +120,6 @@ class FlopEviction:
     """Records that block b was just freed to the tail (most recent)."""
     self._clock += 1
     self._stamps[b] = self._clock
-
-  def efficiency(self, group: int, end: int) -> int:
-    """Quantised FLOPs saved per byte of the block of `group` whose key ends at `end`."""
-    col = min(max(end // self._bs[group], 0), self._table.shape[1] - 1)
-    return int(self._table[group][col])
 
   def reorder(
     self,
@@ -135,23 +141,13 @@ class FlopEviction:
       for b in free:  # keyed blocks this oracle has not seen freed: as if freed now, in order
         if groups[b] is not None and b not in self._stamps:
           self.stamp(b)
-    if self.alpha_milli == 0:
+    active = getattr(self.policy, "active", None)
+    if self.policy is None or (active is not None and not active(self)):
       return StampedFree(free, self)
     scratch = [b for b in free if groups[b] is None]
     keyed = sorted((b for b in free if groups[b] is not None), key=lambda b: self._stamps[b])
     gone = [b for b in keyed if b in dead]
-    cand = [b for b in keyed if b not in dead]
-    n = len(cand)
-    rank = {b: i for i, b in enumerate(cand)}
-    q = {b: self.efficiency(groups[b], ends[b]) for b in cand}
-    q_min = min(q.values(), default=0)
-    span = max(q.values(), default=0) - q_min
-    one = 1 << NORM_BITS
-
-    def utility(b: int) -> int:
-      rn = (rank[b] << NORM_BITS) // (n - 1) if n > 1 else one
-      en = ((q[b] - q_min) << NORM_BITS) // span if span > 0 else one
-      return 1000 * rn + self.alpha_milli * en
-
-    cand.sort(key=lambda b: (utility(b), rank[b]))
-    return StampedFree(scratch + gone + cand, self)
+    cand = tuple(b for b in keyed if b not in dead)
+    prio = self.policy.priority(self.config, FreeBlocks(cand, groups, ends), self)
+    order = sorted(range(len(cand)), key=lambda i: (prio[i], i))
+    return StampedFree(scratch + gone + [cand[i] for i in order], self)

@@ -1,0 +1,296 @@
+"""`allocate_slots` for one entry (vLLM §2.1-§2.4, `KVCacheManager.allocate_slots`).
+
+`remove_skipped` releases blocks a running request no longer needs (out of the sliding window,
+superseded recurrent states; pinning SPEC B1); `allocate_slots` touches the hit blocks and
+allocates fresh ones per group (align: §2.4.3) and registers keys (`cache_keys`);
+`copy_on_write` / `release_cows` are the partial-hit copies of §2.5 (full-attention blocks larger
+than the hash block).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import admission
+from hybrid_cache.core import block_index
+from hybrid_cache.core import block_pool
+from hybrid_cache.core.cache_keys import cache_blocks
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_STEP
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_SEQ
+from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import P_MAX_MODEL_LEN
+from hybrid_cache.core.state import P_PIN_MIN_DROP
+from hybrid_cache.core.state import RG_LAST
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import RG_NCACHED
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import cdiv
+
+# ---------------------------------------------------------------------------------------------
+# releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
+
+
+def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) -> CacheState:
+  """Frees blocks of request `r` no longer needed once `c` tokens are computed."""
+  pos = jnp.arange(lay.max_blocks)
+  for g, spec in enumerate(lay.groups):
+    if spec.kind == "full" or (spec.kind == "mamba" and spec.mode == "none"):
+      continue
+    row = state.tables[r, g]
+    length = state.req_group[r, g, RG_LEN]
+    cg = c
+    k = jnp.minimum(admission.skipped_blocks(spec, cg), length)
+    j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
+    drop = (pos > j0) & (pos < k)
+    if spec.kind == "swa" and config.pinning:
+      need = -(-(spec.window - 1) // spec.block_size)
+      big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
+      to_pin = drop & (pos >= k - need) & big_enough & (state.block_group[row] >= 0)
+      state = block_pool.pin(state, jnp.where(to_pin, row, 0))
+    ids = jnp.where(drop, row, 0)[::-1]
+    state = block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
+    row = jnp.where(drop, 0, row)
+    rg = state.req_group
+    if spec.kind == "mamba" and spec.mode == "align":
+      ls = state.req_group[r, g, RG_LAST]
+      due = (ls >= 0) & (ls < cdiv(cg, spec.block_size) - 1)
+      blk = jnp.where(due, row[jnp.maximum(ls, 0)], 0)
+      state = block_pool.free_ordered(state, blk[None], jnp.zeros((1,), jnp.int32))
+      row = jnp.where(due & (pos == ls), 0, row)
+      rg = state.req_group.at[r, g, RG_LAST].set(jnp.where(due, -1, ls))
+    state = state.replace(tables=state.tables.at[r, g].set(row), req_group=rg)
+  return state
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation + caching
+
+
+def allocate_slots(
+  lay: Layout,
+  config: CacheConfig,
+  state: CacheState,
+  r,
+  is_new,
+  hit,
+  hit_ids,
+  n,
+  ok,
+  queued,
+  keys=None,
+  order=None,
+  info=None,
+):
+  """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
+
+  Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
+  the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
+  `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
+  are touched. Returns (state, queued after the touches and pops), and the head of `order`
+  (`block_pool.pop_many`) after the pop when given (before a partial-hit step's cows).
+  `info` (optional i32[5]): the request's `req_info` row as the caller writes it back at the
+  end of the entry (read from the state when not given).
+
+  All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
+  queue, so the concatenation is the queue's first `sum(counts)` blocks).
+  """
+  if info is None:
+    info = state.req_info[r]
+  start = info[INFO_COMPUTED] + hit
+  main = start + n
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
+  s = lay.num_spec_blocks
+  pos = jnp.arange(lay.max_blocks)
+  touched = jnp.where(ok, hit_ids, 0).reshape(-1)
+  # touching unlinks the hits that sit in a queue (small gather, no pool reduction)
+  in_queue = (touched > 0)[None, :] & (state.queue_key[:, touched] < BIG)
+  n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
+  # touch scatters into queue_key in place only if XLA sees every read of it (the gather
+  # above) ordered before: the ids depend on n_norm (>= 0 always, so this is the identity);
+  # without it XLA copies the [2, NB] array twice per entry
+  touched = jnp.where(n_norm >= 0, touched, 0)
+  state = block_pool.touch(state, touched)
+  rows = jnp.where(is_new, hit_ids, state.tables[r])
+  rg = state.req_group[r]
+  # per-group values collected in Python lists and stacked once (one small array op instead
+  # of a chain of single-element updates per group)
+  row_l, len_l, nc_l, last_l, bases, counts = [], [], [], [], [], []
+  # partial hits (§2.5): per group, a copy-on-write block is the group's first popped block;
+  # `cow_new` (a new request's hit ending inside the block: the copy replaces the hit block at
+  # `hit // bs`), `cow_own` (a recurrent partial entry on the request's own running block: the
+  # key moves to the copy, the table keeps the block)
+  cow_new_l, cow_own_l, cow_src_l = [], [], []
+  for g, spec in enumerate(lay.groups):
+    bs = spec.block_size
+    hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
+    len0 = rg[g, RG_LEN]
+    length = jnp.where(is_new, hits_len, len0)
+    # a partial hit caches its last (copied) block again once it is full: hit // bs
+    nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg[g, RG_NCACHED]))
+    if lay.partial:
+      cow_new = is_new & (hit > 0) & (hit % bs != 0)
+      cow_own = jnp.bool_(False)
+      if spec.kind == "mamba" and spec.mode == "align":
+        cow_own = ~is_new & (state.req_partial[r, g] > 0)
+      own_pos = jnp.maximum(state.req_partial[r, g] - 1, 0)
+      src = jnp.where(cow_new, rows[g, jnp.minimum(hit // bs, lay.max_blocks - 1)], 0)
+      src = jnp.where(cow_own, rows[g, own_pos], src)
+      cow_new_l.append(cow_new)
+      cow_own_l.append(cow_own)
+      cow_src_l.append(src)
+      has_cow = cow_new | cow_own
+    last = rg[g, RG_LAST]
+    row = rows[g]
+    if spec.kind == "mamba" and spec.mode == "align":
+      req = cdiv(main, bs) + s
+      grow = req > length
+      enter = (grow | has_cow) if lay.partial else grow
+      prev = length
+      last_state = jnp.where(len0 > 0, prev - 1 - s, jnp.where(hits_len > 0, prev - 1, -1))
+      skip_to = req - s - 1
+      base = jnp.maximum(prev, skip_to)
+      nrel = jnp.int32(0)
+      for t in range(s):
+        j = prev - s + t
+        move = grow & (len0 > 0) & (j >= 0) & (j < skip_to)
+        blk = row[jnp.maximum(j, 0)]
+        row = jnp.where(move & (pos == base + nrel), blk, row)
+        row = jnp.where(move & (pos == j), 0, row)
+        nrel = nrel + move.astype(jnp.int32)
+      bases.append(base + nrel)
+      counts.append(jnp.where(grow, req - base - nrel, 0))
+      last = jnp.where(enter, last_state, last)
+      length = jnp.maximum(length, req)
+    elif spec.kind == "mamba" and spec.mode == "none":
+      cnt = jnp.where(length == 0, 1 + s, 0)
+      bases.append(length)
+      counts.append(cnt)
+      length = length + cnt
+    else:
+      extra = bs * s if spec.kind == "mamba" else 0
+      target = cdiv(need_tokens + extra, bs)
+      cnt = jnp.maximum(target - length, 0)
+      bases.append(length)
+      counts.append(cnt)
+      length = length + cnt
+    if lay.partial:
+      counts[-1] = counts[-1] + has_cow.astype(jnp.int32)
+    row_l.append(row)
+    len_l.append(length)
+    last_l.append(last)
+  rows = jnp.stack(row_l)
+  rg = jnp.stack([jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l)], axis=1)
+  # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
+  offsets = [jnp.int32(0)]
+  for g in range(1, lay.num_groups):
+    offsets.append(offsets[-1] + counts[g - 1])
+  kmax = lay.num_groups * lay.max_blocks
+  total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
+  popped = block_pool.pop_many(
+    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys, order=order
+  )
+  state, ids = popped[:2]
+  k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
+  queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
+  # fresh blocks of every group in one [G, MB] gather
+  j = pos[None, :] - jnp.stack(bases)[:, None]
+  take = (j >= 0) & (j < jnp.stack(counts)[:, None])
+  if lay.partial:  # the copy-on-write block comes first in its group's pops
+    first = jnp.stack([(a | b).astype(jnp.int32) for a, b in zip(cow_new_l, cow_own_l)])
+    take &= j < (jnp.stack(counts) - first)[:, None]
+    fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + first[:, None] + j, 0, kmax - 1)]
+  else:
+    fresh = ids[jnp.clip(jnp.stack(offsets)[:, None] + j, 0, kmax - 1)]
+  rows = jnp.where(take, fresh, rows)
+  cows = None
+  if lay.partial:
+    cow_ids = jnp.where(first > 0, ids[jnp.clip(jnp.stack(offsets), 0, kmax - 1)], 0)
+    cow_ids = jnp.where(ok, cow_ids, 0)
+    cow_new = jnp.stack(cow_new_l) & ok
+    cow_own = jnp.stack(cow_own_l) & ok
+    srcs = jnp.where(ok, jnp.stack(cow_src_l), 0)
+    # a new request's copy replaces the hit block it copies (position hit // bs)
+    at = jnp.stack([hit // g.block_size for g in lay.groups])
+    rows = jnp.where(cow_new[:, None] & (pos[None, :] == at[:, None]), cow_ids[:, None], rows)
+    state = copy_on_write(lay, state, r, cow_new, cow_own, srcs, cow_ids)
+    cows = jnp.stack([srcs, cow_ids], axis=1)  # i32[G, 2] (src, copy), 0 = none
+  state = state.replace(
+    tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
+    req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
+  )
+  state = cache_blocks(lay, config, state, r, start + n, ok, keys, info)
+  head = popped[2:]  # () without `order`
+  if lay.partial:
+    return (state, queued, *head, cows)
+  return (state, queued, *head)
+
+
+def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:
+  """Copy-on-write of partial hits (vLLM §2.5), per group (bool[G] / i32[G] arguments).
+
+  A new request's copy (`cow_new`) takes one more reference (the step end releases it and
+  the source's hit reference). A running request's own partial entry (`cow_own`) moves its key
+  (index entry, hash, group, token end; registration step = now, so no same-step hit) from the
+  source to the copy, the source takes one more reference (released at the step end, where
+  the copy, held by no table, becomes a free cached block) and the pending entry is cleared.
+  """
+  nb = lay.num_blocks
+  buckets = state.index_entry.shape[0]
+  ref = state.ref_cnt.at[jnp.where(cow_new, cow_ids, nb)].add(1, mode="drop")
+  ref = ref.at[jnp.where(cow_own, srcs, nb)].add(1, mode="drop")
+  state = state.replace(ref_cnt=ref)
+  # key move src -> copy (index entry re-pointed with a fresh insertion sequence number)
+  src = jnp.where(cow_own, srcs, 0)
+  grp = jnp.where(cow_own, state.block_group[src], -1)
+  keyed = cow_own & (grp >= 0)
+  h = state.block_hash[src]
+  b = block_index.bucket_of(h, grp, buckets)
+  hit = (state.index_entry[b, :, 0] == src[:, None]) & keyed[:, None]
+  way = jnp.min(jnp.where(hit, jnp.arange(hit.shape[1]), hit.shape[1]), axis=1)
+  c = state.counters
+  seq = c[C_SEQ] + jnp.cumsum(keyed.astype(jnp.int32)) - 1
+  bi = jnp.where(keyed & (way < hit.shape[1]), b, buckets)
+  ent = state.index_entry.at[bi, way].set(jnp.stack([cow_ids, seq], axis=-1), mode="drop")
+  dst = jnp.where(keyed, cow_ids, nb)
+  sdx = jnp.where(keyed, src, nb)
+  aux_src = state.block_aux[src]
+  step = c[C_STEP]
+  aux_new = jnp.stack([jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END]], axis=1)
+  state = state.replace(
+    index_entry=ent,
+    block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),
+    block_hash=state.block_hash.at[dst].set(h, mode="drop"),
+    block_aux=state.block_aux.at[dst]
+    .set(aux_new, mode="drop")
+    .at[sdx, AUX_STEP]
+    .set(-1, mode="drop")
+    .at[sdx, AUX_END]
+    .set(-1, mode="drop"),
+    counters=c.at[C_SEQ].add(jnp.sum(keyed).astype(jnp.int32)),
+    req_partial=state.req_partial.at[r].set(jnp.where(cow_own, 0, state.req_partial[r])),
+  )
+  return state
+
+
+def release_cows(lay: Layout, state: CacheState, cows: jax.Array) -> CacheState:
+  """End of a step with partial hits (vLLM `_free_cow_retained_blocks`): frees the retained
+  (source, copy) endpoints of every copy-on-write of the step, group by group, in entry order,
+  in ONE `free_blocks` call. `cows` i32[E, G, 2] (0 = none). A block listed twice (one source
+  copied for two requests) joins the free queue at its last occurrence, as in vLLM."""
+  ids = jnp.transpose(cows, (1, 0, 2)).reshape(-1)
+  k = ids.shape[0]
+  i = jnp.arange(k)
+  later = (ids[None, :] == ids[:, None]) & (i[None, :] > i[:, None]) & (ids[:, None] > 0)
+  last = ~jnp.any(later, axis=1)
+  nb = lay.num_blocks
+  # earlier occurrences only drop their reference
+  early = jnp.where((ids > 0) & ~last, ids, nb)
+  state = state.replace(ref_cnt=state.ref_cnt.at[early].add(-1, mode="drop"))
+  ids = jnp.where(last, ids, 0)
+  return block_pool.free_ordered(state, ids, jnp.zeros_like(ids))

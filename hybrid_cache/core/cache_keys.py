@@ -1,0 +1,199 @@
+"""Key registration after allocation (vLLM §1.7 `cache_blocks`, §2.3.4 / §2.4.7 retention).
+
+`cache_blocks` registers the hashes of a request's blocks optimistically up to the scheduler-block
+floor of its computed tokens, with the retention masks of the recurrent and window groups;
+`cache_partial_tail` registers the prompt-tail entry at floor(num_prompt / HBS) * HBS
+(`_cache_partial_tail_block`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import block_index
+from hybrid_cache.core import coordinator
+from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core.split import checkpoint_position
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_STEP
+from hybrid_cache.core.state import C_REC_ADMITTED
+from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.state import INFO_PROMPT
+from hybrid_cache.core.state import INFO_SPB
+from hybrid_cache.core.state import INFO_TOKENS
+from hybrid_cache.core.state import P_RETENTION
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import RG_NCACHED
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import cdiv
+from hybrid_cache.core.state import floor_to
+
+
+def cache_blocks(
+  lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None, info=None
+):
+  """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
+
+  Nothing is written when `ok` (bool) is False. `keys` (optional): the request's
+  (`coordinator.query_keys`, their buckets), precomputed. `info` (optional): the request's
+  `req_info` row (read from the state when not given).
+  """
+  if not lay.caching:
+    return state
+  if info is None:
+    info = state.req_info[r]
+  raw = jnp.minimum(computed, info[INFO_TOKENS])
+  # with partial hits (§1.7, §2.5) the cached tokens are not floored to the scheduler block
+  nc = raw if lay.partial else floor_to(raw, lay.sbs)
+  pos = jnp.arange(lay.max_blocks)
+  hashes = state.req_hashes[r]
+  boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
+  all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
+  rg = state.req_group[r]
+  for g, spec in enumerate(lay.groups):
+    bs = spec.block_size
+    eagle = spec.eagle and spec.kind != "mamba"
+    upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
+    row = state.tables[r, g]
+    nca = rg[g, RG_NCACHED]
+    unkeyed = state.block_group[row] < 0
+    if g in lay.tail_groups:  # partial -> full promotion (§2.5): a shorter key is replaced
+      promote = ~unkeyed & (state.block_aux[row, AUX_END] < (pos + 1) * bs)
+      all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
+      unkeyed = unkeyed | promote
+    sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
+    if spec.kind == "swa":
+      need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
+      sel &= sliding_window.retention_mask(
+        pos, bs, need, lay.hit_align, state.params[P_RETENTION], spec.eagle, boundaries
+      )
+    elif spec.kind == "mamba":
+      if spec.mode == "none":
+        sel &= False
+      else:
+        sel &= recurrent.retention_mask(
+          pos, bs, lay.hit_align, state.params[P_RETENTION], boundaries
+        )
+    if keys is None:
+      all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
+    all_ids.append(jnp.where(sel, row, 0))
+    all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
+    all_ends.append((pos + 1) * bs)
+    rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
+    if lay.tail_groups:
+      n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
+  ids = jnp.concatenate(all_ids)
+  if all_prom:  # every key of a promoted block goes (its extra partial key too)
+    prom = jnp.concatenate(all_prom)
+    state = block_index.evict_ids(state, prom, scan_all=True)
+  if keys is None:
+    state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
+  else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
+    state = block_index.insert(state, ids, keys[0], jnp.concatenate(all_groups), keys[1])
+  nb = lay.num_blocks
+  step = state.counters[C_STEP]
+  sidx = jnp.where(ids > 0, ids, nb)
+  # registration step and token end of each registered block in ONE [k, 2] scatter
+  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+  ends = jnp.concatenate(all_ends)
+  vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
+  aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
+  counters = state.counters
+  if lay.recurrent_groups:
+    n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
+    counters = counters.at[C_REC_ADMITTED].add(n_rec)
+  state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
+  if lay.tail_groups:
+    state = cache_partial_tail(lay, state, r, n_g, ok, info)
+  return state
+
+
+def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) -> CacheState:
+  """Partial entries (vLLM §2.5 `_cache_partial_tail_block`, `cache_partial_block`) of the fine
+  groups (`Layout.tail_groups`), after the full blocks are cached.
+
+  `n_g`: per group, the tokens the group caches up to (unfloored with partial hits, else the
+  scheduler-block floor, EAGLE full attention one own block more). Full attention (with or
+  without partial hits, vLLM `FullAttentionManager.cache_blocks`): boundary t =
+  floor((P-1)/HBS)*HBS (EAGLE floor(P/HBS)*HBS); whenever t <= n and t is not block aligned,
+  the block holding t gets t's key. Recurrent `align` (partial hits, vLLM
+  `MambaManager._cache_partial_tail_block`): t = the prompt's checkpoint position
+  (`checkpoint_position`); only when n == t (a chunk ends exactly there) and the state block
+  ending at t is not keyed at t already, that block gets the key (registration step = now, no
+  same-step hit) and, when t is inside it, is remembered in `req_partial` for the
+  copy-on-write of the request's next allocation. The key becomes the block's own key if it
+  has none (a shorter own key is dropped first), else an extra index entry (the block keeps
+  its longer key).
+  """
+  gs = list(lay.tail_groups)
+  if info is None:
+    info = state.req_info[r]
+  hbs = lay.hash_block_size
+  # the prompt-tail boundary: full attention floor((P-1)/HBS)*HBS (a re-sent prompt hits at
+  # most P-1 tokens; EAGLE lookups read the whole prompt: P), recurrent the prompt's checkpoint
+  # position (EAGLE one hash block lower)
+  eagle = any(g.eagle for g in lay.groups)
+  prompt = info[INFO_PROMPT]
+  t_full = floor_to(prompt if eagle else prompt - 1, hbs)
+  t_rec = checkpoint_position(prompt, hbs, eagle)
+  hashes = state.req_hashes[r]
+  ids, ts = [], []
+  for g in gs:
+    bs = lay.groups[g].block_size
+    t = t_full if lay.groups[g].kind == "full" else t_rec
+    ts.append(t)
+    if lay.groups[g].kind == "full":  # the block holding t, t inside it, once cached past t
+      p = t // bs
+      cond = (t % bs != 0) & (t <= n_g[g])
+    else:  # the state block ending at t, when a chunk ends exactly there (t may be aligned)
+      p = cdiv(t, bs) - 1
+      cond = n_g[g] == t
+    cond &= ok & (t > 0) & (p < state.req_group[r, g, RG_LEN])
+    blk = state.tables[r, g, jnp.clip(p, 0, lay.max_blocks - 1)]
+    if lay.groups[g].kind != "full":  # already keyed at t (a hit or an earlier step)
+      cond &= ~((state.block_group[blk] >= 0) & (state.block_aux[blk, AUX_END] == t))
+    ids.append(jnp.where(cond, blk, 0))
+  ids = jnp.stack(ids)
+  t = jnp.stack(ts)  # i32[len(gs)]: each group's boundary
+  grp = jnp.asarray(gs, jnp.int32)
+  keys = hashes[jnp.clip(t // hbs - 1, 0, hashes.shape[0] - 1)]  # u32[len(gs), 2]
+  bg = state.block_group[ids]
+  primary_same = (bg == grp) & jnp.all(state.block_hash[ids] == keys, axis=-1)
+  already = (ids > 0) & (primary_same | block_index.has_entry(state, keys, grp, ids))
+  shorter = (ids > 0) & ~already & (bg >= 0) & (state.block_aux[ids, AUX_END] < t)
+  state = block_index.evict_ids(state, jnp.where(shorter, ids, 0), scan_all=True)
+  keyed = state.block_group[ids] >= 0
+  prim = jnp.where((ids > 0) & ~already & ~keyed, ids, 0)
+  extra = jnp.where((ids > 0) & ~already & keyed, ids, 0)
+  state = block_index.insert(state, prim, keys, grp)
+  state = block_index.insert_extra(state, extra, keys, grp)
+  nb = lay.num_blocks
+  sidx = jnp.where(prim > 0, prim, nb)
+  step = state.counters[C_STEP]
+  vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
+  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+  aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
+  ncached = state.req_group[r, :, RG_NCACHED]
+  pend = state.req_partial[r]
+  n_rec = jnp.int32(0)
+  for i, g in enumerate(gs):
+    if lay.groups[g].kind != "mamba":
+      continue
+    # the state block just written: keep it pending for the copy-on-write (and the same-step
+    # rule) even if it already carried this key
+    bs = lay.groups[g].block_size
+    aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
+    ti = t[i]
+    sub = (ids[i] > 0) & (ti % bs != 0)  # a sub-block entry: copy-on-write at the next allocation
+    ncached = ncached.at[g].set(jnp.where(sub, ti // bs, ncached[g]))
+    pend = pend.at[g].set(jnp.where(sub, ti // bs + 1, pend[g]))
+    n_rec = n_rec + ((prim[i] > 0) | (extra[i] > 0)).astype(jnp.int32)
+  return state.replace(
+    block_aux=aux,
+    req_group=state.req_group.at[r, :, RG_NCACHED].set(ncached),
+    req_partial=state.req_partial.at[r].set(pend),
+    counters=state.counters.at[C_REC_ADMITTED].add(n_rec),
+  )

@@ -1,0 +1,126 @@
+"""Packing of step results and pool counters into one int32 array (one device -> host copy).
+
+`pack_step` lays out, per entry, the scalars `ENTRY_SCALARS`, the per-group vectors
+`ENTRY_VECTORS`, the block-table row and (partial hits) the copy-on-write pairs, then the pool
+counters row; `unpack_step` is its inverse, used by `manager.JaxCacheManager`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import P_NUM_BLOCKS
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import layout
+
+
+def stats(lay: Layout, state: CacheState):
+  """Pool counters (null block excluded): free, used, free cached, cached per group, pinned."""
+  free_mask = jnp.any(state.queue_key < BIG, axis=0)
+  keyed = state.block_group >= 0
+  num_free = jnp.sum(free_mask).astype(jnp.int32)
+  per_group = (
+    jnp.zeros((lay.num_groups,), jnp.int32)
+    .at[state.block_group]
+    .add(keyed.astype(jnp.int32), mode="drop")
+  )
+  return dict(
+    num_free=num_free,
+    num_used=state.params[P_NUM_BLOCKS] - 1 - num_free,
+    num_free_cached=jnp.sum(free_mask & keyed).astype(jnp.int32),
+    cached_per_group=per_group,
+    num_pinned=jnp.sum(state.queue_key[1] < BIG).astype(jnp.int32),
+  )
+
+
+ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
+ENTRY_VECTORS = ("alone", "hit_blocks", "lens_before", "lens_after")
+
+
+def pack_stats(lay: Layout, st) -> jax.Array:
+  """i32[4 + G]: the pool counters as one array (one host transfer)."""
+  head = jnp.stack([st["num_free"], st["num_used"], st["num_free_cached"], st["num_pinned"]])
+  return jnp.concatenate([head, st["cached_per_group"]]).astype(jnp.int32)
+
+
+def unpack_stats(packed) -> dict:
+  """Host side of `pack_stats` (NumPy in, dict of ints/arrays out)."""
+  p = np.asarray(packed)
+  return dict(
+    num_free=p[0], num_used=p[1], num_free_cached=p[2], num_pinned=p[3], cached_per_group=p[4:]
+  )
+
+
+def pack_entry(out) -> jax.Array:
+  """i32[K]: one entry's outputs (`step.schedule_entry`) in one row (columns: `unpack_step`)."""
+  cols = [out[k].astype(jnp.int32)[None] for k in ENTRY_SCALARS]
+  cols += [out[k].astype(jnp.int32) for k in ENTRY_VECTORS]
+  cols.append(out["row"].reshape(-1))
+  if "cows" in out:
+    cols.append(out["cows"].reshape(-1))
+  return jnp.concatenate(cols)
+
+
+def pack_step(lay: Layout, body, st) -> jax.Array:
+  """i32[E + 1, K]: the entries' packed rows (`pack_entry`), the pool counters last."""
+  tail = jnp.zeros((1, body.shape[1]), jnp.int32)
+  stats_row = pack_stats(lay, st)
+  tail = tail.at[0, : stats_row.shape[0]].set(stats_row)
+  return jnp.concatenate([body, tail], axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryColumns:
+  """Where `pack_entry` puts each output in an entry's row (G groups, MB blocks per table).
+
+  `scalars` holds `ENTRY_SCALARS` in order; then one G-vector per `ENTRY_VECTORS` name
+  (`alone` = each group's hit looked up alone, `hit_blocks`, `lens_before`, `lens_after`); then
+  the [G, MB] block-table row; then, with partial hits, the [G, 2] copy-on-write pairs.
+  """
+
+  num_groups: int
+  max_blocks: int
+  partial: bool
+
+  @property
+  def scalars(self) -> slice:
+    return slice(0, len(ENTRY_SCALARS))
+
+  def vector(self, name: str) -> slice:
+    start = len(ENTRY_SCALARS) + ENTRY_VECTORS.index(name) * self.num_groups
+    return slice(start, start + self.num_groups)
+
+  @property
+  def row(self) -> slice:
+    start = len(ENTRY_SCALARS) + len(ENTRY_VECTORS) * self.num_groups
+    return slice(start, start + self.num_groups * self.max_blocks)
+
+  @property
+  def cows(self) -> slice:
+    start = self.row.stop
+    return slice(start, start + 2 * self.num_groups if self.partial else start)
+
+
+def entry_columns(lay: Layout) -> EntryColumns:
+  return EntryColumns(lay.num_groups, lay.max_blocks, lay.partial)
+
+
+def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
+  """Host side of the packed `schedule_step` output: (per-entry dict of arrays, stats)."""
+  lay = layout(config)
+  cols = entry_columns(lay)
+  p = np.asarray(packed)
+  body, g, n = p[:-1], lay.num_groups, p.shape[0] - 1
+  out = {k: body[:, cols.scalars.start + i] for i, k in enumerate(ENTRY_SCALARS)}
+  out.update({k: body[:, cols.vector(k)] for k in ENTRY_VECTORS})
+  out["row"] = body[:, cols.row].reshape(n, g, lay.max_blocks)
+  if lay.partial:
+    out["cows"] = body[:, cols.cows].reshape(n, g, 2)
+  return out, unpack_stats(p[-1, : 4 + g])

@@ -1,0 +1,1 @@
+"""Jitted twins of the registered policies (`hybrid_cache.policies`), one file per policy."""

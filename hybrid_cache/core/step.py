@@ -1,0 +1,213 @@
+"""One entry of a scheduler step: the scan body of `scheduler.schedule_step` (vLLM §4).
+
+A waiting request is looked up (coordinator), the chunk is limited by the token budget,
+`max_tokens`, `max_model_len` and the block-aligned split (`split`), then `allocate_slots` runs
+with the full-sequence gate and the watermark for admissions. Entries run sequentially, so a
+later entry sees the keys an earlier one registered in the same step (§2.4.6).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import admission
+from hybrid_cache.core import block_index
+from hybrid_cache.core import coordinator
+from hybrid_cache.core.allocate import allocate_slots
+from hybrid_cache.core.allocate import remove_skipped
+from hybrid_cache.core.block_pool import free_counts
+from hybrid_cache.core.split import split
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import INFO_PROMPT
+from hybrid_cache.core.state import INFO_SPB
+from hybrid_cache.core.state import INFO_STATUS
+from hybrid_cache.core.state import INFO_TOKENS
+from hybrid_cache.core.state import P_FULL_FIT
+from hybrid_cache.core.state import P_JUNCTION
+from hybrid_cache.core.state import P_MAX_BATCHED
+from hybrid_cache.core.state import P_MAX_MODEL_LEN
+from hybrid_cache.core.state import P_WATERMARK
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import STATUS_EMPTY
+from hybrid_cache.core.state import STATUS_RUNNING
+from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import Layout
+
+REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
+
+
+# ---------------------------------------------------------------------------------------------
+# one entry, one step
+
+
+def lookup_or_zero(lay, state, r, is_new, keys=None, info=None):
+  if info is None:
+    info = state.req_info[r]
+  g_n, mb = lay.num_groups, lay.max_blocks
+
+  def yes(_):
+    return coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
+
+  def no(_):
+    z = jnp.int32(0)
+    return dict(
+      hit=z,
+      alone=jnp.zeros((g_n,), jnp.int32),
+      hit_mask=jnp.zeros((g_n, mb), bool),
+      found=jnp.full((g_n, mb), -1, jnp.int32),
+      spb=z,
+    )
+
+  return jax.lax.cond(is_new, yes, no, None)
+
+
+def lookup_masked(lay, state, r, is_new, keys=None, info=None):
+  """`lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
+  masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
+  nested executor and its output copies cost more than the rare wasted lookup."""
+  if info is None:
+    info = state.req_info[r]
+  lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
+  z = jnp.int32(0)
+  return dict(
+    hit=jnp.where(is_new, lk["hit"], z),
+    alone=jnp.where(is_new, lk["alone"], z),
+    hit_mask=lk["hit_mask"] & is_new,
+    found=jnp.where(is_new, lk["found"], -1),
+    spb=jnp.where(is_new, lk["spb"], z),
+  )
+
+
+def schedule_entry(
+  lay: Layout,
+  config: CacheConfig,
+  carry,
+  x,
+  admit_only: bool = False,
+  one_write: bool = False,
+):
+  """One entry of a step (the scan body). `admit_only` (static): no entry's request is
+  running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
+  (XLA:CPU copies the state leaves a cond passes through, even on its identity branch).
+  `one_write` (static, with `admit_only`): the request's req_info row is read once and
+  written once (see below)."""
+  # carry: (state, budget, queued) or, from an admit-only `schedule_step`, also the
+  # precomputed free-queue order and its head (`block_pool.queue_order`)
+  state, budget, queued = carry[:3]
+  order = carry[3:] or None
+  # x: (slot, max_tokens, valid) or, from `schedule_step`, also the slot's precomputed query
+  # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
+  r, max_tok, valid = x[:3]
+  keys = x[3:] if len(x) > 3 else None
+  # one_write (admit-only steps of several entries): the request's req_info row in its own
+  # buffer, read by the lookup, `allocate_slots` and `cache_blocks` instead of req_info, and written
+  # ONCE at the end of the entry (one in-place update; the general path writes it twice and
+  # re-reads it, which XLA runs faster for `admit_one` in the simulator's scan)
+  one_write = one_write and admit_only
+  info = block_index.materialise(state.req_info[r]) if one_write else state.req_info[r]
+  status = info[INFO_STATUS]
+  has_budget = budget > 0
+  is_new = valid & (status == STATUS_WAITING) & has_budget
+  # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
+  lookup = lookup_masked if admit_only else lookup_or_zero
+  lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
+  hit = jnp.where(is_new, lk["hit"], 0)
+  spb_new = jnp.where(state.params[P_JUNCTION] != 0, lk["spb"], 0)
+  spb = jnp.where(is_new, spb_new, info[INFO_SPB])
+  num_tokens = info[INFO_TOKENS]
+  start = info[INFO_COMPUTED] + hit
+  remaining = num_tokens - start
+  cap = jnp.where(max_tok >= 0, max_tok, BIG)
+  n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
+  # a running request never reaches max_model_len (vLLM's running loop leaves the last
+  # position for the token it samples)
+  mml = state.params[P_MAX_MODEL_LEN]
+  n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, mml - start - 1), 0))
+  max_chunk = jnp.where(max_tok >= 0, max_tok, state.params[P_MAX_BATCHED])
+  n = split(lay, start, n0, num_tokens, info[INFO_PROMPT], spb, max_chunk)
+  active = valid & (status != STATUS_EMPTY)
+  attempt = active & (n > 0)
+
+  # skip mask per group: hits before the out-of-window / superseded prefix are not kept
+  pos = jnp.arange(lay.max_blocks)
+  hit_ids = []
+  for g, spec in enumerate(lay.groups):
+    skip = admission.skipped_blocks(spec, hit)
+    keep = lk["hit_mask"][g] & (pos >= skip) & is_new
+    hit_ids.append(jnp.where(keep, lk["found"][g], 0))
+  hit_ids = jnp.stack(hit_ids)
+
+  # allocate_slots without `lax.cond` over the state (XLA:CPU copies the state leaves a cond
+  # passes through): every write below is masked by `attempt` / `ok`
+  c = info[INFO_COMPUTED]
+
+  def release_skipped(carry):
+    s = remove_skipped(lay, config, carry[0], r, c)
+    return s, free_counts(s)
+
+  if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
+    state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
+  main = start + n
+  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
+  count, impossible = admission.blocks_needed(
+    lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
+  )
+  free = queued[0] + queued[1]  # = block_pool.num_free(state)
+  ok = attempt & ~impossible & (count <= free)
+  full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
+  full_need = jnp.minimum(num_tokens, state.params[P_MAX_MODEL_LEN])
+  fcount, _ = admission.blocks_needed(
+    lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
+  )
+  others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
+  watermark = jnp.where(jnp.any(others), state.params[P_WATERMARK], 0)
+  # the watermark applies to the full-sequence gate too (vLLM `allocate_slots`: both counts
+  # are checked against the free blocks less the watermark)
+  ok &= ~is_new | (fcount + watermark <= free) | (state.params[P_FULL_FIT] == 0)
+  ok &= ~is_new | (count + watermark <= free)
+  spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
+  if one_write:  # column selects, not updates of the row (no copies)
+    col = jnp.arange(info.shape[0])
+    info = jnp.where(col == INFO_SPB, spb_row, info)
+  else:
+    state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
+  lens_now = state.req_group[r, :, RG_LEN]
+  bss = jnp.asarray(lay.block_sizes)
+  hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
+  lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
+  row = info if one_write else None
+  res = allocate_slots(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, row)
+  state, queued = res[:2]
+  if one_write:
+    info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
+    info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
+    state = state.replace(req_info=state.req_info.at[r].set(info))
+    computed = info[INFO_COMPUTED]
+  else:
+    inf = state.req_info[r]
+    done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+    state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
+    computed = state.req_info[r, INFO_COMPUTED]
+  scheduled = jnp.where(ok, n, 0)
+  reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
+  out = dict(
+    admission=is_new,
+    hit=hit,
+    alone=lk["alone"],
+    hit_blocks=jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
+    spb=lk["spb"],
+    scheduled=scheduled,
+    reason=reason,
+    computed=computed,
+    lens_before=lens_before,
+    lens_after=state.req_group[r, :, RG_LEN],
+    row=state.tables[r],
+  )
+  if lay.partial:
+    out["cows"] = res[-1]  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
+  if order is not None:
+    return (state, budget - scheduled, queued, order[0], res[2]), out
+  return (state, budget - scheduled, queued), out
