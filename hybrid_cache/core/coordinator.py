@@ -21,6 +21,7 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core.groups import full_attention
 from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core.partial import lookup_partial
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 
@@ -102,7 +103,7 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
     _find(lay, s.spec, s.need, sg_cached[j], max_len, jnp.asarray(s.spec.eagle))[0]
     for j, s in enumerate(sgs)
   ]
-  alone = jnp.stack([sg_alone[j] for j in _spec_index(lay)])
+  alone = jnp.stack([sg_alone[j] for j in lay.spec_group_of])
   simple = ns == 2 and sgs[0].spec.kind == "full"
 
   def one_pass(carry):
@@ -209,7 +210,7 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   ends = (pos[None, :] + 1) * bss  # i32[G + NS, MB] token end of each position
   best = jnp.max(jnp.where(valid & (ends <= max_len), ends, 0), axis=1)
   # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`)
-  alone = best[g_n + np.asarray(_spec_index(lay))]
+  alone = best[g_n + np.asarray(lay.spec_group_of)]
   longest = best[g_n]  # first spec group at the full cap: every later find is at most this
   # common valid ends on the scheduler-block grid: L = k * sbs, k = 1..K
   al = lay.sbs
@@ -237,203 +238,3 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   return dict(
     hit=hit, alone=alone.astype(jnp.int32), hit_mask=jnp.stack(masks), found=found, spb=spb
   )
-
-
-# ---------------------------------------------------------------------------------------------
-# fine-grained (partial) hits, vLLM §2.5 (traced only when `lay.partial`)
-
-
-def fine_probe(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array):
-  """i32[len(fine_groups), MH]: block carrying each hash-block key (the chained hash at every
-  hash-block boundary) in every fine group, -1 on a miss or past `num_tokens`."""
-  mh = lay.max_hashes
-  fg = lay.fine_groups
-  h = jnp.broadcast_to(hashes[None], (len(fg), mh, 2)).reshape(-1, 2)
-  grp = jnp.asarray(np.repeat(np.asarray(fg, np.int32), mh))
-  found = block_index.probe(state, h, grp).reshape(len(fg), mh)
-  ends = (np.arange(mh) + 1) * lay.hash_block_size
-  return jnp.where(ends[None, :] <= num_tokens, found, -1)
-
-
-def _full_find_fine(lay: Layout, cached, fine_cached, cap, drop, bs: int):
-  """Full attention with fine-grained hits (vLLM §2.5 phase 1 + phase 2).
-
-  `cached` bool[MB] (block keys), `fine_cached` bool[MH] or None (bs == HBS: no phase 2).
-  Returns (L, run, f): hit tokens after the EAGLE drop of one hash block, the leading run of
-  full blocks, and the hash-block index phase 2 found (-1 if none).
-  """
-  hbs = lay.hash_block_size
-  pos = jnp.arange(cached.shape[0])
-  ok = cached & (pos < cap // bs)
-  run = jnp.sum(jnp.cumprod(ok.astype(jnp.int32))).astype(jnp.int32)
-  length = run * bs
-  f = jnp.int32(-1)
-  if fine_cached is not None:
-    scale = bs // hbs
-    fpos = jnp.arange(fine_cached.shape[0])
-    first = run * scale
-    hi = jnp.minimum(first + scale - 1, cap // hbs)
-    sel = fine_cached & (fpos >= first) & (fpos < hi)
-    f = jnp.max(jnp.where(sel, fpos, -1)).astype(jnp.int32)
-    length = jnp.where(f >= 0, (f + 1) * hbs, length)
-  length = jnp.where(drop & (length > 0), length - min(lay.hit_align, bs), length)
-  return floor_to_i32(length, lay.hit_align), run, f
-
-
-def floor_to_i32(x, m):
-  return ((x // m) * m).astype(jnp.int32)
-
-
-def _mamba_valid(lay: Layout, spec, fine_cached, cached):
-  """bool[MH]: hash-block indices where a recurrent hit may end (key present, aligned)."""
-  hbs = lay.hash_block_size
-  if fine_cached is not None:
-    return fine_cached
-  # block == hash block: block position i ends at hash index i * (bs // hbs) + ... (scale 1)
-  mh = lay.max_hashes
-  k = spec.block_size // hbs
-  fpos = np.arange(mh)
-  blk = (fpos + 1) // k - 1
-  on_edge = ((fpos + 1) % k == 0) & (blk < cached.shape[0])
-  return jnp.where(jnp.asarray(on_edge), cached[np.clip(blk, 0, cached.shape[0] - 1)], False)
-
-
-def _spec_index(lay: Layout) -> tuple[int, ...]:
-  """Per group, the index of its spec group in `lay.spec_groups`."""
-  out = [0] * lay.num_groups
-  for j, s in enumerate(lay.spec_groups):
-    for g in s.members:
-      out[g] = j
-  return tuple(out)
-
-
-def _swa_valid_fine(lay: Layout, spec, cached):
-  """bool[MH]: hash-block indices where a sliding-window hit may end, with partial hits.
-
-  A window group beside partial hits has the hash block as its block (vLLM turns partial hits
-  off otherwise), so block position i ends at hash index i: valid where the `swa_need` blocks
-  (at least one) before the end are cached, or inside the leading cached run (§2.3).
-  """
-  mb, mh = cached.shape[0], lay.max_hashes
-  k = max(spec.swa_need, 1)
-  pos = jnp.arange(mb)
-  cs = jnp.cumsum(cached.astype(jnp.int32))
-  before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
-  window = ((cs - before) == k) & (pos >= k - 1)
-  valid = cached & (window | (cs == pos + 1))
-  if mb >= mh:
-    return valid[:mh]
-  return jnp.concatenate([valid, jnp.zeros((mh - mb,), bool)])
-
-
-def _rec_valid(lay: Layout, spec, fine_cached, cached):
-  """bool[MH]: where a hit of a non-full group may end (recurrent or sliding window)."""
-  if spec.kind == "swa":
-    return _swa_valid_fine(lay, spec, cached)
-  return _mamba_valid(lay, spec, fine_cached, cached)
-
-
-def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
-  """`lookup` with fine-grained hits (vLLM §2.5): alignment = hash block.
-
-  Full attention (looked up once, phase 1 run plus phase 2 probe of the hash-block boundaries
-  inside the next block, high to low; EAGLE drops one hash block) caps the hit; recurrent
-  and sliding-window groups (whose block is the hash block) then agree on the largest
-  hash-block boundary at or below it valid in every one of them (right-to-left scan over
-  hash-block positions, no EAGLE drop). Output as `lookup`;
-  `found` i32[G, MB] holds the block each hit position uses (a partial full-attention block at
-  position hit // bs, the recurrent block at (hit - 1) // bs).
-  """
-  mb, mh = lay.max_blocks, lay.max_hashes
-  hbs = lay.hash_block_size
-  cached = found >= 0
-  max_len = jnp.maximum(num_tokens - 1, 0).astype(jnp.int32)
-  fine = fine_probe(lay, state, hashes, num_tokens) if lay.fine_groups else None
-  frow = {g: i for i, g in enumerate(lay.fine_groups)}
-
-  def fine_of(g):
-    return None if g not in frow else fine[frow[g]]
-
-  pos = jnp.arange(mb)
-  fpos = jnp.arange(mh)
-
-  def merged(s):  # (cached bool[MB], fine-cached bool[MH] or None) of a spec group's members
-    members = list(s.members)
-    c = jnp.all(cached[jnp.asarray(members)], axis=0)
-    if fine_of(members[0]) is None:
-      return c, None
-    return c, jnp.all(jnp.stack([fine_of(g) >= 0 for g in members]), axis=0)
-
-  # each group alone = its spec group's lookup (vLLM `find_longest_cache_hit_per_group`);
-  # `valid[j]`: the valid ends of non-full spec group j (independent of the cap, reused below)
-  sg_alone, valid = [], {}
-  for j, s in enumerate(lay.spec_groups):
-    spec = s.spec
-    c, fc = merged(s)
-    if spec.kind == "full":
-      length, _, _ = _full_find_fine(lay, c, fc, max_len, jnp.asarray(spec.eagle), spec.block_size)
-    else:
-      valid[j] = _rec_valid(lay, spec, fc, c)
-      f = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= max_len), fpos, -1))
-      length = ((f + 1) * hbs).astype(jnp.int32)
-    sg_alone.append(length)
-  alone = jnp.stack([sg_alone[j] for j in _spec_index(lay)])
-
-  cur = max_len
-  longest = None
-  fa_state = {}
-  common = jnp.ones((mh,), bool)
-  for j, s in enumerate(lay.spec_groups):
-    spec = s.spec
-    members = list(s.members)
-    if spec.kind == "full":
-      sg_cached, sg_fine = merged(s)
-      length, run, f = _full_find_fine(
-        lay, sg_cached, sg_fine, cur, jnp.asarray(spec.eagle), spec.block_size
-      )
-      for g in members:
-        fa_state[g] = (run, f)
-      cur = length
-      if longest is None:
-        longest = length
-    else:
-      # equal specs merged: a hit needs the key in every member
-      common &= valid[j]
-      if longest is None:  # no full attention: the first group's own lookup
-        f0 = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= cur), fpos, -1))
-        longest = ((f0 + 1) * hbs).astype(jnp.int32)
-  has_rec = any(s.spec.kind != "full" for s in lay.spec_groups)
-  if has_rec:
-    fh = jnp.max(jnp.where(common & ((fpos + 1) * hbs <= cur), fpos, -1))
-    hit = ((fh + 1) * hbs).astype(jnp.int32)
-  else:
-    hit = cur
-  masks, out_found = [], []
-  for g, spec in enumerate(lay.groups):
-    bs = spec.block_size
-    fc = fine_of(g)
-    if spec.kind == "full":
-      n = (hit + bs - 1) // bs
-      m = pos < n
-      run, f = fa_state[g]
-      blk = found[g]
-      if fc is not None:
-        # the phase-2 block sits at position `run` (only used when the hit reaches into it)
-        pb = fc[jnp.maximum(f, 0)]
-        blk = jnp.where((pos == run) & (f >= 0), pb, blk)
-    elif spec.kind == "swa":  # the window's blocks before the hit (§2.3)
-      hi = hit // bs
-      m = (pos >= jnp.maximum(hi - max(spec.swa_need, 1), 0)) & (pos < hi) & cached[g]
-      blk = found[g]
-    else:
-      p = (hit - 1) // bs
-      m = (pos == p) & (hit > 0)
-      if fc is not None:
-        fb = fc[jnp.maximum(hit // hbs - 1, 0)]
-      else:
-        fb = found[g][jnp.maximum(p, 0)]
-      blk = jnp.where(m, fb, -1)
-    masks.append(m & (blk >= 0))
-    out_found.append(blk)
-  spb = jnp.where(longest > hit, longest, 0).astype(jnp.int32)
-  return dict(hit=hit, alone=alone, hit_mask=jnp.stack(masks), found=jnp.stack(out_found), spb=spb)

@@ -140,6 +140,15 @@ class Layout:
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
 
   @property
+  def spec_group_of(self) -> tuple[int, ...]:
+    """Per group, the index of its spec group in `spec_groups`."""
+    out = [0] * self.num_groups
+    for j, s in enumerate(self.spec_groups):
+      for g in s.members:
+        out[g] = j
+    return tuple(out)
+
+  @property
   def block_sizes(self) -> tuple[int, ...]:
     """Each group's block size, in group order."""
     return tuple(g.block_size for g in self.groups)

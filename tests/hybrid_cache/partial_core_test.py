@@ -11,7 +11,7 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.core import coordinator
+from hybrid_cache.core import partial
 from hybrid_cache.core import split
 from hybrid_cache.core.state import layout
 from hybrid_cache.factory import make_manager
@@ -51,7 +51,7 @@ def test_phase2_probe_of_hash_boundaries_inside_the_next_block():
   fine = jnp.zeros((lay.max_hashes,), bool).at[4].set(True)
 
   def find(cap, drop=False):
-    length, run, f = coordinator._full_find_fine(lay, cached, fine, jnp.int32(cap), drop, 8)
+    length, run, f = partial._full_find_fine(lay, cached, fine, jnp.int32(cap), drop, 8)
     return int(length), int(run), int(f)
 
   # cap 30: run 2 (16), probes hash index 4 (first 4, top min(4 + 1, 30 // 4)) -> 20
