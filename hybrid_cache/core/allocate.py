@@ -9,6 +9,8 @@ than the hash block).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -72,6 +74,23 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
 # allocation + caching
 
 
+class Allocation(NamedTuple):
+  """What `allocate_slots` returns.
+
+  Attributes:
+    state: the cache state after the touches, pops, copy-on-writes and key registration.
+    queued: i32[2], free blocks (normal queue, pinned tier) after the touches and pops.
+    head: i32, the new head of the precomputed free-queue order when one was given, else None.
+    cows: with partial hits, i32[G, 2]: each group's copy-on-write (source, copy), 0 = none;
+      else None.
+  """
+
+  state: CacheState
+  queued: jax.Array
+  head: jax.Array | None
+  cows: jax.Array | None
+
+
 def allocate_slots(
   lay: Layout,
   config: CacheConfig,
@@ -92,8 +111,7 @@ def allocate_slots(
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
   `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
-  are touched. Returns (state, queued after the touches and pops), and the head of `order`
-  (`block_pool.pop_many`) after the pop when given (before a partial-hit step's cows).
+  are touched. Returns an `Allocation`.
   `info` (optional i32[5]): the request's `req_info` row as the caller writes it back at the
   end of the entry (read from the state when not given).
 
@@ -225,10 +243,8 @@ def allocate_slots(
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
   state = cache_blocks(lay, config, state, r, start + n, ok, keys, info)
-  head = popped[2:]  # () without `order`
-  if lay.partial:
-    return (state, queued, *head, cows)
-  return (state, queued, *head)
+  head = popped[2] if order is not None else None
+  return Allocation(state, queued, head, cows)
 
 
 def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:

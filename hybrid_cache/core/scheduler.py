@@ -44,6 +44,8 @@ from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import layout
+from hybrid_cache.core.step import StepCarry
+from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
 
 # admit-only steps with at least this many (padded) entries pop from a per-step free-queue
@@ -80,20 +82,21 @@ def schedule_step(
   # pops and releases) instead of one pool reduction per entry
   # every entry's query keys and their buckets at once, before the scan (they depend only on
   # the request's hashes, which no entry of the step changes): shared by lookup and insert
-  xs = (slots, max_tokens, valid)
+  keys = None
   if lay.caching:
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
-    xs += (qk, block_index.bucket_of(qk, grp, lay.buckets))
-  carry = (state, state.params[P_MAX_BATCHED], free_counts(state))
+    keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
+  xs = StepInput(slots, max_tokens, valid, keys)
+  carry = StepCarry(state, state.params[P_MAX_BATCHED], free_counts(state))
   if many:
     # no block joins the normal free queue during an admit-only step (touches and pops only
     # take blocks out): its key order is computed once here and every pop reads its window
     # from a moving head (`block_pool.queue_order`) instead of scattering the pool by key.
     # The order costs about one pop (a pool scatter and a prefix count): from a few entries on
     kmax = lay.num_groups * lay.max_blocks
-    carry += (block_pool.queue_order(state, kmax), jnp.int32(0))
+    carry = carry._replace(order=block_pool.queue_order(state, kmax), head=jnp.int32(0))
   carry, rows = jax.lax.scan(body, carry, xs)
-  state = carry[0]
+  state = carry.state
   if lay.partial:
     g = lay.num_groups
     cows = rows[:, rows.shape[1] - 2 * g :].reshape(rows.shape[0], g, 2)
@@ -151,12 +154,13 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   lay = layout(config)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
-  (state, _, _), out = schedule_entry(
+  carry, out = schedule_entry(
     lay,
     config,
-    (state, state.params[P_MAX_BATCHED], free_counts(state)),
-    (slot, max_tokens, jnp.bool_(True)),
+    StepCarry(state, state.params[P_MAX_BATCHED], free_counts(state)),
+    StepInput(slot, max_tokens, jnp.bool_(True)),
   )
+  state = carry.state
   if lay.partial:
     state = release_cows(lay, state, out["cows"][None])
   return state, out

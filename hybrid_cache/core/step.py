@@ -8,6 +8,8 @@ later entry sees the keys an earlier one registered in the same step (§2.4.6).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -34,6 +36,7 @@ from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_RUNNING
 from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 
 REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
@@ -81,6 +84,42 @@ def lookup_masked(lay, state, r, is_new, keys=None, info=None):
   )
 
 
+class StepInput(NamedTuple):
+  """One entry of a step (the scanned input of `scheduler.schedule_step`).
+
+  Attributes:
+    slot: i32, the request's slot.
+    max_tokens: i32, the entry's token cap (-1 = none).
+    valid: bool, False for padding entries.
+    keys: (query keys, their index buckets) of the slot's hashes, precomputed for the whole
+      step (`coordinator.query_keys`; no entry of a step changes a request's hashes), or None.
+  """
+
+  slot: jax.Array
+  max_tokens: jax.Array
+  valid: jax.Array
+  keys: tuple[jax.Array, jax.Array] | None = None
+
+
+class StepCarry(NamedTuple):
+  """The carry of `scheduler.schedule_step`'s scan, from entry to entry.
+
+  Attributes:
+    state: the cache state.
+    budget: i32, tokens left in the step's budget.
+    queued: i32[2], free blocks in the normal queue and in the pinned tier.
+    order: admit-only steps of many entries: the free queue's order computed once at the start
+      (`block_pool.queue_order`), or None.
+    head: i32, with `order`: how many blocks of `order` were popped so far, or None.
+  """
+
+  state: CacheState
+  budget: jax.Array
+  queued: jax.Array
+  order: jax.Array | None = None
+  head: jax.Array | None = None
+
+
 def schedule_entry(
   lay: Layout,
   config: CacheConfig,
@@ -94,14 +133,9 @@ def schedule_entry(
   (XLA:CPU copies the state leaves a cond passes through, even on its identity branch).
   `one_write` (static, with `admit_only`): the request's req_info row is read once and
   written once (see below)."""
-  # carry: (state, budget, queued) or, from an admit-only `schedule_step`, also the
-  # precomputed free-queue order and its head (`block_pool.queue_order`)
-  state, budget, queued = carry[:3]
-  order = carry[3:] or None
-  # x: (slot, max_tokens, valid) or, from `schedule_step`, also the slot's precomputed query
-  # keys and buckets (`coordinator.query_keys`; the request hashes do not change in a step)
-  r, max_tok, valid = x[:3]
-  keys = x[3:] if len(x) > 3 else None
+  state, budget, queued = carry.state, carry.budget, carry.queued
+  order = None if carry.order is None else (carry.order, carry.head)
+  r, max_tok, valid, keys = x.slot, x.max_tokens, x.valid, x.keys
   # one_write (admit-only steps of several entries): the request's req_info row in its own
   # buffer, read by the lookup, `allocate_slots` and `cache_blocks` instead of req_info, and written
   # ONCE at the end of the entry (one in-place update; the general path writes it twice and
@@ -144,8 +178,8 @@ def schedule_entry(
   # passes through): every write below is masked by `attempt` / `ok`
   c = info[INFO_COMPUTED]
 
-  def release_skipped(carry):
-    s = remove_skipped(lay, config, carry[0], r, c)
+  def release_skipped(state_and_queued):
+    s = remove_skipped(lay, config, state_and_queued[0], r, c)
     return s, free_counts(s)
 
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
@@ -179,8 +213,10 @@ def schedule_entry(
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
   row = info if one_write else None
-  res = allocate_slots(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, row)
-  state, queued = res[:2]
+  alloc = allocate_slots(
+    lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, row
+  )
+  state, queued = alloc.state, alloc.queued
   if one_write:
     info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
     info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
@@ -207,7 +243,5 @@ def schedule_entry(
     row=state.tables[r],
   )
   if lay.partial:
-    out["cows"] = res[-1]  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
-  if order is not None:
-    return (state, budget - scheduled, queued, order[0], res[2]), out
-  return (state, budget - scheduled, queued), out
+    out["cows"] = alloc.cows  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
+  return carry._replace(state=state, budget=budget - scheduled, queued=queued, head=alloc.head), out
