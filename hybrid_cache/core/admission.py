@@ -11,9 +11,9 @@ entry sits on its running state block.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
+from hybrid_cache.core import groups
 from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import P_MAX_BATCHED
 from hybrid_cache.core.state import P_MAX_MODEL_LEN
@@ -21,16 +21,6 @@ from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import cdiv
-
-
-def skipped_blocks(spec, tokens) -> jax.Array:
-  """Leading blocks of a group no longer needed once `tokens` are computed."""
-  bs = spec.block_size
-  if spec.kind == "swa":
-    return jnp.maximum(tokens - spec.window + 1, 0) // bs
-  if spec.kind == "mamba" and spec.mode != "none":
-    return jnp.maximum(tokens - 1, 0) // bs
-  return jnp.zeros_like(tokens)
 
 
 def blocks_needed(
@@ -103,7 +93,7 @@ def blocks_needed(
         budget, mml = state.params[P_MAX_BATCHED], state.params[P_MAX_MODEL_LEN]
         bound = cdiv(jnp.minimum(budget, mml - (spec.window - 1)) + (spec.window - 1), bs)
         target = jnp.minimum(target, bound + 1)
-      skip = skipped_blocks(spec, hit)
+      skip = groups.rules(spec).skipped_blocks(spec, hit)
       k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)
       k_run = jnp.maximum(target - length, 0)
       k = jnp.where(is_new, k_new, k_run)

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core import admission
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
+from hybrid_cache.core import groups
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
@@ -47,7 +47,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
     row = state.tables[r, g]
     length = state.req_group[r, g, RG_LEN]
     cg = c
-    k = jnp.minimum(admission.skipped_blocks(spec, cg), length)
+    k = jnp.minimum(groups.rules(spec).skipped_blocks(spec, cg), length)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
     drop = (pos > j0) & (pos < k)
     if spec.kind == "swa" and config.pinning:

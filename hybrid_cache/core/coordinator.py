@@ -18,9 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache.core import block_index
-from hybrid_cache.core.groups import full_attention
-from hybrid_cache.core.groups import recurrent
-from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core import groups
 from hybrid_cache.core.partial import lookup_partial
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
@@ -60,12 +58,7 @@ def probe_all(lay: Layout, state: CacheState, hashes, num_tokens, keys=None):
 
 
 def _find(lay: Layout, spec, need, cached, cap, drop):
-  al = lay.sbs
-  if spec.kind == "full":
-    return full_attention.find(cached, cap, drop, spec.block_size, al)
-  if spec.kind == "swa":
-    return sliding_window.find(cached, cap, drop, spec.block_size, al, need)
-  return recurrent.find(cached, cap, spec.block_size, al)
+  return groups.rules(spec).find_hit(lay, spec, need, cached, cap, drop)
 
 
 def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array, keys=None):
@@ -174,14 +167,7 @@ def _valid_ends(lay: Layout, spec, need: int, cached: jax.Array, cs: jax.Array) 
   bs = spec.block_size
   aligned = jnp.asarray(((pos + 1) * bs) % lay.sbs == 0)
   lead = cs == jnp.asarray(pos + 1)  # pos inside the leading cached run
-  if spec.kind == "full":
-    return lead & aligned
-  if spec.kind == "swa":
-    k = max(need, 1)
-    before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
-    window = ((cs - before) == k) & jnp.asarray(pos >= k - 1)
-    return cached & aligned & (window | lead)
-  return cached & aligned
+  return groups.rules(spec).valid_ends(spec, need, cached, cs, aligned, lead)
 
 
 def _lookup_closed_form(lay: Layout, found, cached, max_len):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_pool
+from hybrid_cache.core import groups
 from hybrid_cache.core.state import INFO_COMPUTED
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_STATUS
@@ -35,12 +36,7 @@ def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
   for g, spec in enumerate(lay.groups):
     row = state.tables[slot, g]
     keyed = (row > 0) & (state.block_group[row] >= 0)
-    if spec.kind == "full":
-      sel = keyed
-    else:
-      need = spec.swa_need if spec.kind == "swa" else 1
-      deepest = jnp.max(jnp.where(keyed, pos, -1))
-      sel = keyed & (pos > deepest - need)
+    sel = groups.rules(spec).finish_pin_mask(spec, keyed, pos)
     ids.append(jnp.where(sel, row, 0))
   return block_pool.pin(state, jnp.concatenate(ids))
 

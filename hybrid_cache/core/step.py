@@ -17,6 +17,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import admission
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
+from hybrid_cache.core import groups
 from hybrid_cache.core.allocate import allocate_slots
 from hybrid_cache.core.allocate import remove_skipped
 from hybrid_cache.core.block_pool import free_counts
@@ -169,7 +170,7 @@ def schedule_entry(
   pos = jnp.arange(lay.max_blocks)
   hit_ids = []
   for g, spec in enumerate(lay.groups):
-    skip = admission.skipped_blocks(spec, hit)
+    skip = groups.rules(spec).skipped_blocks(spec, hit)
     keep = lk["hit_mask"][g] & (pos >= skip) & is_new
     hit_ids.append(jnp.where(keep, lk["found"][g], 0))
   hit_ids = jnp.stack(hit_ids)

@@ -22,6 +22,21 @@ def find(cached: jax.Array, cap: jax.Array, drop: jax.Array, bs: int, alignment:
   return floor_to(length, alignment).astype(jnp.int32), jnp.int32(0)
 
 
-def num_skipped_tokens(c):
-  """Tokens whose KV is no longer needed once `c` tokens are computed: none."""
-  return jnp.zeros_like(c)
+def find_hit(lay, spec, need: int, cached, cap, drop):
+  """The coordinator's finder (the uniform signature of `groups.rules`; `need` unused)."""
+  return find(cached, cap, drop, spec.block_size, lay.sbs)
+
+
+def valid_ends(spec, need: int, cached, cs, aligned, lead):
+  """bool[MB]: where a hit may end (no EAGLE drop): aligned ends inside the leading run."""
+  return lead & aligned
+
+
+def skipped_blocks(spec, tokens):
+  """Leading blocks no longer needed once `tokens` are computed: none (the prefix stays)."""
+  return jnp.zeros_like(tokens)
+
+
+def finish_pin_mask(spec, keyed, pos):
+  """Blocks a finished request pins (SPEC B1): every keyed block of its prefix."""
+  return keyed

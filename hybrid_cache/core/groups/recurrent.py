@@ -18,9 +18,28 @@ def find(cached, cap, bs: int, alignment: int):
   return ((i + 1) * bs).astype(jnp.int32), jnp.maximum(i, 0).astype(jnp.int32)
 
 
-def num_skipped_tokens(c):
-  """c - 1: only the latest state is needed."""
-  return jnp.maximum(c - 1, 0)
+def find_hit(lay, spec, need: int, cached, cap, drop):
+  """The coordinator's finder (the uniform signature of `groups.rules`; no EAGLE drop)."""
+  return find(cached, cap, spec.block_size, lay.sbs)
+
+
+def valid_ends(spec, need: int, cached, cs, aligned, lead):
+  """bool[MB]: where a hit may end: aligned cached state blocks."""
+  return cached & aligned
+
+
+def skipped_blocks(spec, tokens):
+  """Leading blocks no longer needed once `tokens` are computed: all but the latest state
+  ((c - 1) // B), except in mode none (one block, overwritten in place)."""
+  if spec.mode == "none":
+    return jnp.zeros_like(tokens)
+  return jnp.maximum(tokens - 1, 0) // spec.block_size
+
+
+def finish_pin_mask(spec, keyed, pos):
+  """Blocks a finished request pins (SPEC B1): its deepest keyed state."""
+  deepest = jnp.max(jnp.where(keyed, pos, -1))
+  return keyed & (pos > deepest - 1)
 
 
 def retention_mask(pos, bs, align, retention, boundaries):

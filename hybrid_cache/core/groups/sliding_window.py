@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache.core.state import floor_to
 
@@ -39,9 +40,31 @@ def find(cached, cap, drop, bs: int, alignment: int, need: int):
   return length.astype(jnp.int32), lo.astype(jnp.int32)
 
 
-def num_skipped_tokens(c, window: int):
-  """max(0, c - W + 1): tokens out of the window once `c` tokens are computed."""
-  return jnp.maximum(c - window + 1, 0)
+def find_hit(lay, spec, need: int, cached, cap, drop):
+  """The coordinator's finder (the uniform signature of `groups.rules`)."""
+  return find(cached, cap, drop, spec.block_size, lay.sbs, need)
+
+
+def valid_ends(spec, need: int, cached, cs, aligned, lead):
+  """bool[MB]: where a hit may end (no EAGLE drop): aligned cached ends with `need` cached
+  blocks before them, or inside the leading run. `cs`: inclusive prefix count of `cached`."""
+  mb = cached.shape[0]
+  pos = np.arange(mb)
+  k = max(need, 1)
+  before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
+  window = ((cs - before) == k) & jnp.asarray(pos >= k - 1)
+  return cached & aligned & (window | lead)
+
+
+def skipped_blocks(spec, tokens):
+  """Leading blocks out of the window once `tokens` are computed: max(0, c - W + 1) // B."""
+  return jnp.maximum(tokens - spec.window + 1, 0) // spec.block_size
+
+
+def finish_pin_mask(spec, keyed, pos):
+  """Blocks a finished request pins (SPEC B1): its last `swa_need` keyed blocks (the window)."""
+  deepest = jnp.max(jnp.where(keyed, pos, -1))
+  return keyed & (pos > deepest - spec.swa_need)
 
 
 def retention_mask(pos, bs, need, align, retention, eagle, boundaries):
