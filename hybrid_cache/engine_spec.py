@@ -300,7 +300,5 @@ def verify_step(
   logits = logits.reshape(n, window, -1)
   target = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   accepted = greedy_accept(target, drafts, num_drafts)
-  cache = commit_states(
-    model.cfg, cache, per_token, accepted, carry, boundary, boundary_offset
-  )
+  cache = commit_states(model.cfg, cache, per_token, accepted, carry, boundary, boundary_offset)
   return target, accepted, logits, cache

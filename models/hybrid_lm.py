@@ -119,7 +119,6 @@ class HybridLM(nnx.Module):
     )
     return logits, new_cache
 
-
   def verify(
     self,
     cache: ModelCache,

@@ -77,7 +77,12 @@ def verify_conv(
   n, c, km1 = conv0.shape
   cu = jnp.arange(n + 1, dtype=jnp.int32) * window
   y, _, _ = conv_api.causal_conv1d(
-    x, weight, bias, conv_state=conv0, cu_seqlens=cu, activation="silu",
+    x,
+    weight,
+    bias,
+    conv_state=conv0,
+    cu_seqlens=cu,
+    activation="silu",
     implementation=implementation,
   )
   full = jnp.concatenate(
