@@ -615,8 +615,8 @@ class Engine:
       )
     if r.private is None:
       r.private = self._free_private.pop()
-    col, boundary = c // bs, (c // bs + 1) * bs
-    spill = c + len(draft) >= boundary  # drafts reach the next (unallocated) column
+    col, off = engine_spec.boundary_commit(c, bs)
+    spill = off < len(draft)  # drafts reach the next (unallocated) column
     tabs = []
     for g, kind in enumerate(self.model_config.cache_groups):
       row = list(tables[g])
@@ -629,7 +629,6 @@ class Engine:
       read = [r.private] * len(self.rgroups)
     else:
       read = [self._state_ids(tables[g], start, 1)[0] for g in self.rgroups]
-    off = boundary - c - 1
     aligned = self.mode == "align" and off <= len(draft)
     return engine_spec.Window(
       tokens=[tokens[c]] + draft,

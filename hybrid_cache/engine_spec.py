@@ -116,6 +116,19 @@ def check_proposal(draft: Sequence[int], k: int, vocab: int) -> list[int]:
   return out
 
 
+def boundary_commit(start: int, block_size: int) -> tuple[int, int]:
+  """(column, window index) of the block-boundary state a window starting at `start` may commit.
+
+  The boundary b = (start // B + 1) * B; its state (after b tokens, window index b - start - 1)
+  belongs to the core's state block in column start // B and is committed iff the accepted
+  count a >= that index. This is vLLM's post-forward copy (§5.3,
+  `reference.rules.post_forward_copy` with num_computed = start, num_scheduled = 1 + k,
+  num_draft = k, num_accepted = a + 1): dest = column, bias = window index.
+  """
+  col = start // block_size
+  return col, (col + 1) * block_size - start - 1
+
+
 @dataclasses.dataclass
 class Window:
   """One request's verify window (host side).

@@ -15,9 +15,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hybrid_cache import engine_spec
 from hybrid_cache.engine import Engine
 from hybrid_cache.engine_config import cache_config_for
 from hybrid_cache.engine_drafter import NgramDrafter
+from hybrid_cache.reference import rules
 
 B = 8  # block size: small, so windows cross many block boundaries
 K = 3  # drafts per window
@@ -214,3 +216,25 @@ def test_drafter_returning_out_of_vocab_tokens_raises():
   eng.add_request(list(range(20)), 4)
   with pytest.raises(ValueError, match=r"drafter.propose returned token 256"):
     eng.run()
+
+
+def test_boundary_commit_is_vllms_post_forward_copy():
+  # The verify step writes the state at the boundary the accepted tokens reach into the block
+  # vLLM's post-forward copy (§5.3) would copy it to, from the same per-token state.
+  for bs in (4, 16):
+    for k in range(1, bs):
+      for start in range(0, 3 * bs):
+        col, off = engine_spec.boundary_commit(start, bs)
+        for a in range(k + 1):
+          copy, _ = rules.post_forward_copy(
+            num_computed=start,
+            num_scheduled=1 + k,
+            num_draft=k,
+            num_accepted=a + 1,
+            block_size=bs,
+            src_col=-1,
+          )
+          if copy is None:
+            assert off > a
+          else:
+            assert off <= a and copy[1:] == (col, off)
