@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from hybrid_cache import engine_spec
 from hybrid_cache.engine import Engine
@@ -238,3 +239,39 @@ def test_boundary_commit_is_vllms_post_forward_copy():
             assert off > a
           else:
             assert off <= a and copy[1:] == (col, off)
+
+
+@pytest.mark.parametrize("preset", ["qwen35_tiny", "nemotron_h_tiny"])
+def test_verify_forward_returns_the_state_after_every_window_token(preset):
+  # The per-token states of one verify forward equal the states an ordinary forward of the
+  # first i + 1 window tokens writes into the pool (recurrent and conv); jitted, one shape.
+  import jax
+
+  from models import cache as cache_lib
+  from models import runner
+  from models.config import get_preset
+  from models.hybrid_lm import build_model
+
+  cfg = get_preset(preset)
+  graphdef, params = runner.split_model(build_model(cfg, seed=0))
+  fwd = jax.jit(lambda c, x: nnx.merge(graphdef, params)(c, x))
+  ver = jax.jit(lambda c, x: nnx.merge(graphdef, params).verify(c, x, window=4))
+  rng = np.random.RandomState(3)
+  prompt, window = rng.randint(0, 256, 10).tolist(), rng.randint(0, 256, 4).tolist()
+  tables = [list(range(1, 5)) for _ in cfg.cache_groups]
+
+  def inputs(tokens, start, read, write):
+    seq = runner.SeqStep(tokens, start, tables, read, write)
+    return runner.build_step_inputs(cfg, [seq], 16, pad_tokens=16, pad_seqs=2, decode=False)
+
+  _, cache = fwd(cache_lib.init_cache(cfg, 8, 16), inputs(prompt, 0, -1, 7))
+  win = engine_spec.Window(window, 10, tables, [7], 6, [-1], -1)
+  vin, _ = engine_spec.build_verify_inputs(cfg, [win], 16, window=4, pad_seqs=2, max_blocks=4)
+  _, _, per_token = ver(cache, vin)
+  kind = "G" if "G" in cfg.layer_kinds else "M"
+  names = ("gdn_state", "gdn_conv") if kind == "G" else ("mamba_state", "mamba_conv")
+  for i in range(4):
+    _, ref = fwd(cache, inputs(window[: i + 1], 10, 7, 5))
+    for got, name in zip(per_token[kind], names, strict=True):
+      want = getattr(ref, name)[:, 5]
+      np.testing.assert_allclose(np.asarray(got[:, 0, i]), np.asarray(want), rtol=1e-5, atol=1e-6)
