@@ -33,8 +33,8 @@ import time
 
 import jax
 
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.config import CacheConfig
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

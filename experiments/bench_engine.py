@@ -20,9 +20,9 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from hybrid_cache import engine_workload
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine_config import cache_config_for
+from hybrid_cache.engine import workload as engine_workload
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.config import cache_config_for
 from models.config import PRESETS
 
 _PRESETS = flags.DEFINE_list("presets", sorted(PRESETS), "Presets to time.")

@@ -23,12 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache import release
-from hybrid_cache import scheduler
+from hybrid_cache.core import release
+from hybrid_cache.core import scheduler
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 
 

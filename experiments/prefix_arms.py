@@ -17,7 +17,7 @@ from typing import Any
 from absl import logging
 
 from experiments import plotting
-from hybrid_cache import engine_workload
+from hybrid_cache.engine import workload as engine_workload
 
 PLOTTED = ["cached_tokens", "prefill_tokens_computed", "wall_s"]
 

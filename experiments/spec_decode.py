@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from experiments import plotting
-from hybrid_cache import engine_workload
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine_config import cache_config_for
-from hybrid_cache.engine_drafter import NgramDrafter
+from hybrid_cache.engine import workload as engine_workload
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.config import cache_config_for
+from hybrid_cache.engine.drafter import NgramDrafter
 
 DENSE_MARCONI = dict(mode="align", marconi_junction=True, retention_interval=None)
 VLLM_DEFAULT = dict(mode="align", marconi_junction=True, retention_interval=0)

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from experiments import plotting
-from hybrid_cache import engine_workload
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine_config import cache_config_for
+from hybrid_cache.engine import workload as engine_workload
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.config import cache_config_for
 
 
 def _workload(seed: int, n: int, prefix_len: int, suffix_len: int) -> list[list[int]]:

@@ -130,7 +130,7 @@ class CacheConfig:
     pinning: the pinned tier of SPEC B1 (off in the `vllm` profile).
     pin_min_drop_size: an SWA window drop smaller than this many blocks pins nothing.
     eviction: "lru" (vLLM free-queue order) or "flop_aware" (SPEC B2: Marconi's utility,
-      see `hybrid_cache.eviction`; alpha lives in the state, `eviction.set_alpha`).
+      see `hybrid_cache.core.eviction`; alpha lives in the state, `eviction.set_alpha`).
     eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
       of the layers the group stands for (linear part: projections, MLP share, recurrence).
     eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
@@ -138,7 +138,7 @@ class CacheConfig:
       linear*L + q*L*min(L, window); must be 0 for mamba groups.
     eviction_block_bytes: per group (or () = 1.0 each), bytes one block of the group costs
       the pool (> 0; in a pool of equal pages this is the page size for every group).
-      Only `eviction="flop_aware"` reads the three cost fields (`hybrid_cache.eviction_costs`).
+      Only `eviction="flop_aware"` reads the three cost fields (`hybrid_cache.core.eviction_costs`).
     max_requests: request slots in the jitted state (static).
   """
 

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_cache import eviction
+from hybrid_cache.core import eviction
 from hybrid_cache import hashing
-from hybrid_cache import scheduler
+from hybrid_cache.core import scheduler
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import init_state
-from hybrid_cache.state import layout
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import init_state
+from hybrid_cache.core.state import layout
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats

@@ -2,7 +2,7 @@
 
 Two implementations answer `CacheManager`: the jitted core (`hybrid_cache.manager.
 JaxCacheManager`, pure functions over one `CacheState` pytree) and the plain-Python oracle
-(`hybrid_cache.reference_policy.ReferencePolicy`). The replay CLI, the engine, the
+(`hybrid_cache.oracle.reference_policy.ReferencePolicy`). The replay CLI, the engine, the
 simulator and the differential tests talk only to this protocol, so both are driven by
 the same calls and must give equal answers (block ids included in the `vllm` profile).
 

@@ -34,19 +34,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache import block_pool
-from hybrid_cache import compile_cache
-from hybrid_cache import eviction
-from hybrid_cache import release as release_lib
-from hybrid_cache import scheduler
-from hybrid_cache import state as state_lib
+from hybrid_cache.core import block_pool
+from hybrid_cache.core import compile_cache
+from hybrid_cache.core import eviction
+from hybrid_cache.core import release as release_lib
+from hybrid_cache.core import scheduler
+from hybrid_cache.core import state as state_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.sim.trace import Trace
-from hybrid_cache.state import INFO_COMPUTED
-from hybrid_cache.state import INFO_TOKENS
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import init_state
-from hybrid_cache.state import layout
+from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import INFO_TOKENS
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import init_state
+from hybrid_cache.core.state import layout
 
 DEFAULT_CHUNK = 1024
 _SEED = 0x5EED_CAFE
@@ -285,7 +285,7 @@ LAST_SCORED = 500  # Marconi's tuner scores FLOPs saved over the last 500 replay
 
 
 def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
-  """Marconi's V2 alpha schedule on the scan (`hybrid_cache.alpha_tuning.OnlineAlphaTuner`).
+  """Marconi's V2 alpha schedule on the scan (`hybrid_cache.core.alpha_tuning.OnlineAlphaTuner`).
 
   alpha = 0 until the first request that evicts a recurrent state (request e; the core's
   `C_REC_EVICTED` counter, Marconi's "first eviction" where every node holds a state); window
@@ -295,7 +295,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   from request W on. Returns (state, outs, tuning summary).
   """
   try:
-    from hybrid_cache import alpha_tuning
+    from hybrid_cache.core import alpha_tuning
   except ImportError as e:
     raise ValueError(f"alpha 'tuned' needs the core's alpha tuner ({e})") from None
   if model is None:
@@ -368,7 +368,7 @@ def run_scan(
   progress (capacity).
   `alpha` (FLOP-aware eviction) is written into the initial state (`eviction.set_alpha`);
   "tuned" runs Marconi's online tuner instead (`_replay_tuned`; needs `tune_model`, the sim
-  cost model that scores FLOPs saved, and the core's `hybrid_cache.alpha_tuning`).
+  cost model that scores FLOPs saved, and the core's `hybrid_cache.core.alpha_tuning`).
   `details`, if given, receives the per-request output columns ("per_request") and the final
   state ("final_state").
   """

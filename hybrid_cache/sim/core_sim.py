@@ -15,7 +15,7 @@ stops there, the retention masks keep it) and `prefix_cache_retention_interval =
   lru                  Marconi admission in block terms: align + junction + retention 0
                        (replay boundary + junction states only), LRU free queue; the same
                        configuration as `vllm_align`, named as the baseline of `flop_aware`.
-  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, hybrid_cache/eviction.py).
+  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, hybrid_cache/core/eviction.py).
 `retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
 turns on the SWA/prefix pinned tier (SPEC B1).
 
@@ -111,7 +111,7 @@ def eviction_costs(model: ModelConfig, groups, block_size: int) -> dict:
   (taken at L = 1 and 2; swa windows are >= 2 tokens): full = attention layers (+ the MLP
   layers), swa = its layers (+ MLP if there is no full group), mamba = recurrent layers (+ MLP
   if there is no attention). Block bytes = the pool's page for every group (a block of any group
-  frees one page; `hybrid_cache.alpha_tuning.cost_fields`' default convention).
+  frees one page; `hybrid_cache.core.alpha_tuning.cost_fields`' default convention).
   """
   kinds = [g.kind for g in groups]
   mlp_home = "full" if "full" in kinds else ("swa" if "swa" in kinds else "mamba")
@@ -220,7 +220,7 @@ def make_manager(config: CacheConfig, backend: str):
 
     return JaxCacheManager(config)
   if backend == "reference":
-    from hybrid_cache.reference_policy import ReferencePolicy
+    from hybrid_cache.oracle.reference_policy import ReferencePolicy
 
     return ReferencePolicy(config)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 
 BACKENDS = ["reference", pytest.param("jax", marks=pytest.mark.slow)]
 

@@ -13,12 +13,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybrid_cache import block_index
-from hybrid_cache import block_pool
+from hybrid_cache.core import block_index
+from hybrid_cache.core import block_pool
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.state import BIG
-from hybrid_cache.state import init_state
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import init_state
 
 NB = 150  # not a multiple of the 64-wide prefix tile
 CFG = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=NB, max_model_len=64)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache import block_pool
+from hybrid_cache.core import block_pool
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.state import BIG
-from hybrid_cache.state import init_state
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import init_state
 
 CFG = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=11, max_model_len=64)
 
@@ -98,8 +98,8 @@ def test_vectorised_pop_equals_the_per_block_loop():
 
 
 def test_renormalising_keys_keeps_the_queue_order():
-  from hybrid_cache.state import C_HEAD
-  from hybrid_cache.state import C_TAIL
+  from hybrid_cache.core.state import C_HEAD
+  from hybrid_cache.core.state import C_TAIL
 
   state = init_state(CFG)
   state, _ = _pop(state, 6)

@@ -2,7 +2,7 @@
 
 Scenarios expressible through the `CacheManager` API run on both backends (the jax one is
 skipped while `hybrid_cache.manager` is not importable); the rest test the pure rules of
-`hybrid_cache.reference.rules` or use the reference's test-only helpers.
+`hybrid_cache.oracle.rules` or use the reference's test-only helpers.
 """
 
 import pytest
@@ -12,8 +12,8 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.hashing import MultiModalItem
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.reference import rules
-from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.oracle import rules
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid_cache import checkpoint
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine_config import cache_config_for
+from hybrid_cache.engine import checkpoint
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.config import cache_config_for
 
 BUDGET = 32
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.sim import cli as sim_cli
 from hybrid_cache.sim import trace as trace_lib
 

@@ -9,11 +9,11 @@ import jax
 import pytest
 
 from experiments.bench_compile import CompileCounter
-from hybrid_cache import compile_cache
-from hybrid_cache import replay as replay_lib
+from hybrid_cache.core import compile_cache
+from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.invariants import assert_invariants
+from hybrid_cache.core.invariants import assert_invariants
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.types import ScheduleEntry
 

@@ -6,16 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_cache import block_index
-from hybrid_cache import coordinator
+from hybrid_cache.core import block_index
+from hybrid_cache.core import coordinator
 from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.groups import full_attention
-from hybrid_cache.groups import recurrent
-from hybrid_cache.groups import sliding_window
-from hybrid_cache.state import init_state
-from hybrid_cache.state import layout
+from hybrid_cache.core.groups import full_attention
+from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core.state import init_state
+from hybrid_cache.core.state import layout
 
 
 def _mask(pattern: str) -> jnp.ndarray:

@@ -21,9 +21,9 @@ from hypothesis.stateful import rule
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.invariants import check_invariants
+from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
 from tests.hybrid_cache.paired_rules import paired_rules

@@ -2,9 +2,9 @@
 
 import pytest
 
-from hybrid_cache.engine_config import cache_config_for
-from hybrid_cache.engine_config import check_compatible
-from hybrid_cache.engine_config import resolve_model_config
+from hybrid_cache.engine.config import cache_config_for
+from hybrid_cache.engine.config import check_compatible
+from hybrid_cache.engine.config import resolve_model_config
 
 
 def test_partial_hit_config_is_rejected_with_the_field():

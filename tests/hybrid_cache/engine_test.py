@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_cache import engine_sharding
+from hybrid_cache.engine import sharding as engine_sharding
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine_config import cache_config_for
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.config import cache_config_for
 from models.config import ModelConfig
 from models.config import get_preset
 

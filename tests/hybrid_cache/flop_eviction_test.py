@@ -1,5 +1,5 @@
 """FLOP-aware eviction (SPEC B2): jitted `eviction.prepare` vs hand-computed orders and vs the
-plain-Python oracle (`hybrid_cache.reference.flop_eviction`), alpha = 0 == LRU, invariants,
+plain-Python oracle (`hybrid_cache.oracle.flop_eviction`), alpha = 0 == LRU, invariants,
 cost table, alpha tuner and config validation."""
 
 from __future__ import annotations
@@ -19,25 +19,25 @@ from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
-from hybrid_cache import alpha_tuning
-from hybrid_cache import block_index
-from hybrid_cache import eviction
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.core import alpha_tuning
+from hybrid_cache.core import block_index
+from hybrid_cache.core import eviction
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.eviction_costs import block_flops
-from hybrid_cache.eviction_costs import efficiency_table
-from hybrid_cache.invariants import check_invariants
+from hybrid_cache.core.eviction_costs import block_flops
+from hybrid_cache.core.eviction_costs import efficiency_table
+from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.reference.flop_eviction import FlopEviction
-from hybrid_cache.reference.flop_eviction import dead_states
-from hybrid_cache.reference_policy import ReferencePolicy
-from hybrid_cache.state import AUX_END
-from hybrid_cache.state import BIG
-from hybrid_cache.state import C_TAIL
-from hybrid_cache.state import init_state
-from hybrid_cache.state import layout
+from hybrid_cache.oracle.flop_eviction import FlopEviction
+from hybrid_cache.oracle.flop_eviction import dead_states
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import init_state
+from hybrid_cache.core.state import layout
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
 from tests.hybrid_cache.paired_rules import paired_rules

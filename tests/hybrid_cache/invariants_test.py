@@ -6,10 +6,10 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.invariants import assert_invariants
-from hybrid_cache.invariants import check_invariants
+from hybrid_cache.core.invariants import assert_invariants
+from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.state import BIG
+from hybrid_cache.core.state import BIG
 from hybrid_cache.types import ScheduleEntry as E
 
 CFG = CacheConfig(

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from hybrid_cache import scheduler
+from hybrid_cache.core import scheduler
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.invariants import assert_invariants
+from hybrid_cache.core.invariants import assert_invariants
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.types import ScheduleEntry as E
 
@@ -23,7 +23,7 @@ SCENARIOS = sorted(
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=os.path.basename)
 def test_example_scenarios_match_vllm(path):
-  from hybrid_cache import replay
+  from hybrid_cache.replay import replay
 
   with open(path.replace(".json", ".expected.json")) as f:
     expected = json.load(f)

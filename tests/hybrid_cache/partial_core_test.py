@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_cache import coordinator
-from hybrid_cache import scheduler
+from hybrid_cache.core import coordinator
+from hybrid_cache.core import scheduler
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.state import layout
+from hybrid_cache.core.state import layout
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
 
@@ -231,8 +231,8 @@ _SCENARIO_TESTS = (
 
 @pytest.mark.parametrize("name", _SCENARIO_TESTS)
 def test_hand_derived_scenarios_on_jax(name, monkeypatch):
-  from hybrid_cache import reference_policy
-  from hybrid_cache import replay as replay_lib
+  from hybrid_cache.oracle import reference_policy
+  from hybrid_cache.replay import replay as replay_lib
   from tests.hybrid_cache import partial_hits_test as ph
 
   monkeypatch.setattr(ph, "_run", lambda sc: replay_lib.replay(sc, "jax")["results"])

@@ -13,10 +13,10 @@ P = tokens 0..21 (22 tokens); Q = P[:20] + [900, 901] (22 tokens, shares 20 with
 
 import pytest
 
-from hybrid_cache import replay as replay_lib
+from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.reference import rules
+from hybrid_cache.oracle import rules
 
 
 def _scenario(num_blocks, actions, **extra):
@@ -125,7 +125,7 @@ def test_cow_block_counts_in_admission():
 
 def test_cow_copies_are_named_in_the_step_plan():
   # Q's admission step queues FA (4 -> 7) then Mamba (6 -> 8); P's last step queued 5 -> 6.
-  from hybrid_cache.reference_policy import ReferencePolicy
+  from hybrid_cache.oracle.reference_policy import ReferencePolicy
   from hybrid_cache.types import ScheduleEntry
 
   cfg = CacheConfig(

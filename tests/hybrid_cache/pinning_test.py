@@ -11,10 +11,10 @@ import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.invariants import assert_invariants
+from hybrid_cache.core.invariants import assert_invariants
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.reference import rules
-from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.oracle import rules
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry as E
 
 BASE = CacheConfig(

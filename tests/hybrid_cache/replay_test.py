@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from hybrid_cache import replay as replay_lib
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.replay import scenario as scenario_lib
 
 SCEN_DIR = os.path.join(os.path.dirname(__file__), "scenarios")
 SCENARIOS = sorted(
@@ -95,7 +95,7 @@ def test_cli_check_fails_on_mismatch(tmp_path):
     [
       sys.executable,
       "-m",
-      "hybrid_cache.replay",
+      "hybrid_cache.replay.replay",
       str(tmp_path),
       "--check",
       "--backend",

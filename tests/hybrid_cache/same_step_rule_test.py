@@ -5,7 +5,7 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.reference_policy import ReferencePolicy
+from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.types import ScheduleEntry
 
 

@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_cache import scheduler
+from hybrid_cache.core import scheduler
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.groups import recurrent
-from hybrid_cache.groups import sliding_window
-from hybrid_cache.state import layout
+from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core.state import layout
 
 
 def _split(cfg, start, n, num_tokens, spb, num_prompt=None, max_chunk=None):
@@ -125,8 +125,8 @@ def test_swa_dense_caches_only_segment_tails_s09():
 
 
 def test_admission_counts_evictable_hits_s32():
-  from hybrid_cache import admission
-  from hybrid_cache.state import init_state
+  from hybrid_cache.core import admission
+  from hybrid_cache.core.state import init_state
 
   cfg = CacheConfig(groups=(GroupSpec("swa", window=4),), block_size=2, num_blocks=16)
   cfg = cfg.replace(max_model_len=64)

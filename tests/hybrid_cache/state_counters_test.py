@@ -7,9 +7,9 @@ import numpy as np
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.state import AUX_END
-from hybrid_cache.state import C_REC_ADMITTED
-from hybrid_cache.state import C_REC_EVICTED
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import C_REC_ADMITTED
+from hybrid_cache.core.state import C_REC_EVICTED
 from hybrid_cache.types import ScheduleEntry
 
 CFG = CacheConfig(

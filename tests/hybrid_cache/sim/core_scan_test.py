@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hybrid_cache import hashing
-from hybrid_cache import invariants
+from hybrid_cache.core import invariants
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
@@ -224,9 +224,9 @@ def test_scan_matches_protocol_with_swa_and_pinning():
 
 
 def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
-  from hybrid_cache import eviction
+  from hybrid_cache.core import eviction
 
-  pytest.importorskip("hybrid_cache.alpha_tuning")
+  pytest.importorskip("hybrid_cache.core.alpha_tuning")
   from hybrid_cache.sim.metrics import flops_saved
 
   tr = small_chat(48)

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from hybrid_cache import invariants
+from hybrid_cache.core import invariants
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.oracle import oracle_reused

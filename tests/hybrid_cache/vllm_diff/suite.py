@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hybrid_cache import replay as replay_lib
+from hybrid_cache.replay import replay as replay_lib
 from tests.hybrid_cache.vllm_diff import compare
 
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from hybrid_cache import block_index
+from hybrid_cache.core import block_index
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.state import BIG
-from hybrid_cache.state import C_OVERFLOW
-from hybrid_cache.state import INFO_STATUS
-from hybrid_cache.state import P_NUM_BLOCKS
-from hybrid_cache.state import RG_LEN
-from hybrid_cache.state import STATUS_EMPTY
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import layout
-from hybrid_cache.state import runtime_params
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_OVERFLOW
+from hybrid_cache.core.state import INFO_STATUS
+from hybrid_cache.core.state import P_NUM_BLOCKS
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import STATUS_EMPTY
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import layout
+from hybrid_cache.core.state import runtime_params
 
 
 def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:

@@ -9,12 +9,12 @@ allocation pops from the head and evicts the popped block's key; freeing puts un
 at the head (in order) and hashed ones at the tail; a request frees tail first, one batch per
 group in group order; touching a free cached block unlinks it. Optional pinned tier (SPEC B1):
 SWA window drops pin the most recent window; a finished (not preempted) request pins what keeps
-its prefix hittable (`rules.finish_pin_indices`, same rule as `hybrid_cache.release`).
+its prefix hittable (`rules.finish_pin_indices`, same rule as `hybrid_cache.core.release`).
 
 Hash index (§1.5): key (hash, group) -> block ids in insertion order; lookups use the first.
 Coordinator (§3.2), admission / allocation / optimistic caching (§1.7, §4.2), align-mode
 layout and freeing (§2.4.3/4), block-aligned split + Marconi junction (§4.3/4), masks (§2.3.4,
-§2.4.7) and pre-forward state copies (§5.2) follow `hybrid_cache.reference.rules`.
+§2.4.7) and pre-forward state copies (§5.2) follow `hybrid_cache.oracle.rules`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.hashing import NO_EXTRAS
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.reference import flop_eviction
-from hybrid_cache.reference import rules
+from hybrid_cache.oracle import flop_eviction
+from hybrid_cache.oracle import rules
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats

@@ -1,6 +1,6 @@
 """Plain-Python oracle of FLOP-aware eviction (SPEC B2) for `ReferencePolicy`'s free list.
 
-Same rule as the jitted core (`hybrid_cache.eviction`), on the reference's ordered free list
+Same rule as the jitted core (`hybrid_cache.core.eviction`), on the reference's ordered free list
 (head first) instead of int32 keys. At the start of every scheduler step, when alpha > 0:
 
 1. blocks without a key stay first, in their current order (scratch first);
@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from collections.abc import Sequence
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.eviction_costs import alpha_milli
-from hybrid_cache.eviction_costs import efficiency_table
+from hybrid_cache.core.eviction_costs import alpha_milli
+from hybrid_cache.core.eviction_costs import efficiency_table
 
 NORM_BITS = 14
 

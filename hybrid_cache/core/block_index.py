@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache.state import BIG
-from hybrid_cache.state import C_OVERFLOW
-from hybrid_cache.state import C_SEQ
-from hybrid_cache.state import CacheState
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_OVERFLOW
+from hybrid_cache.core.state import C_SEQ
+from hybrid_cache.core.state import CacheState
 
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from hybrid_cache import block_pool
+from hybrid_cache.core import block_pool
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.state import INFO_COMPUTED
-from hybrid_cache.state import INFO_SPB
-from hybrid_cache.state import INFO_STATUS
-from hybrid_cache.state import RG_LAST
-from hybrid_cache.state import STATUS_WAITING
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import Layout
+from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import INFO_SPB
+from hybrid_cache.core.state import INFO_STATUS
+from hybrid_cache.core.state import RG_LAST
+from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
 
 
 def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:

@@ -16,7 +16,7 @@ the start of every scheduler step, so that the unchanged pop (smallest key first
   freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
   normalised efficiency q (FLOPs saved per byte, `eviction_costs.efficiency_table`); a single
   candidate or all-equal values normalise to 2^14 (Marconi's `_normalize`). Integer arithmetic
-  only, so the plain-Python oracle (`hybrid_cache.reference.flop_eviction`) agrees exactly.
+  only, so the plain-Python oracle (`hybrid_cache.oracle.flop_eviction`) agrees exactly.
 
 Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
 [W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
@@ -42,16 +42,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache import block_index
+from hybrid_cache.core import block_index
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.eviction_costs import ALPHA_MILLI_MAX
-from hybrid_cache.eviction_costs import alpha_milli
-from hybrid_cache.eviction_costs import efficiency_table
-from hybrid_cache.state import AUX_END
-from hybrid_cache.state import BIG
-from hybrid_cache.state import C_ALPHA_MILLI
-from hybrid_cache.state import C_TAIL
-from hybrid_cache.state import P_NUM_BLOCKS
+from hybrid_cache.core.eviction_costs import ALPHA_MILLI_MAX
+from hybrid_cache.core.eviction_costs import alpha_milli
+from hybrid_cache.core.eviction_costs import efficiency_table
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_ALPHA_MILLI
+from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import P_NUM_BLOCKS
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS

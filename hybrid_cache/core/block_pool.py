@@ -12,14 +12,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache import block_index
-from hybrid_cache import eviction
-from hybrid_cache.state import BIG
-from hybrid_cache.state import C_HEAD
-from hybrid_cache.state import C_PIN
-from hybrid_cache.state import C_REC_EVICTED
-from hybrid_cache.state import C_TAIL
-from hybrid_cache.state import CacheState
+from hybrid_cache.core import block_index
+from hybrid_cache.core import eviction
+from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_HEAD
+from hybrid_cache.core.state import C_PIN
+from hybrid_cache.core.state import C_REC_EVICTED
+from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import CacheState
 
 
 def num_free(state: CacheState) -> jax.Array:

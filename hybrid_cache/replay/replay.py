@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybrid_cache import cli_util
-from hybrid_cache import scenario as scenario_lib
+from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.types import CacheManager
@@ -68,7 +68,7 @@ def default_backend() -> str:
 
 def make_manager(config: CacheConfig, backend: str) -> CacheManager:
   if backend == "reference":
-    from hybrid_cache.reference_policy import ReferencePolicy
+    from hybrid_cache.oracle.reference_policy import ReferencePolicy
 
     return ReferencePolicy(config)
   if backend == "jax":

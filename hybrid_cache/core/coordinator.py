@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache import block_index
-from hybrid_cache.groups import full_attention
-from hybrid_cache.groups import recurrent
-from hybrid_cache.groups import sliding_window
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import Layout
+from hybrid_cache.core import block_index
+from hybrid_cache.core.groups import full_attention
+from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
 
 
 def group_hashes(lay: Layout, hashes: jax.Array, num_tokens: jax.Array, g: int):

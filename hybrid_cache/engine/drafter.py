@@ -1,4 +1,4 @@
-"""Draft proposers for the engine's speculative decoding (`hybrid_cache.engine_spec`).
+"""Draft proposers for the engine's speculative decoding (`hybrid_cache.engine.spec`).
 
 A drafter proposes up to k tokens that may follow a request's tokens; the target model then
 verifies them in one forward (greedy acceptance). Drafters here run on the host over token

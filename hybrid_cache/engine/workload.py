@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_cache.engine import Engine
-from hybrid_cache.engine import RequestOutput
-from hybrid_cache.engine_config import cache_config_for
+from hybrid_cache.engine.engine import Engine
+from hybrid_cache.engine.engine import RequestOutput
+from hybrid_cache.engine.config import cache_config_for
 
 # The three arms of the Marconi-admission experiments (CacheConfig overrides).
 STANDARD_ARMS: dict[str, dict[str, Any]] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.state import floor_to
+from hybrid_cache.core.state import floor_to
 
 
 def find(cached: jax.Array, cap: jax.Array, drop: jax.Array, bs: int, alignment: int):

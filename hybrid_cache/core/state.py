@@ -46,7 +46,7 @@ import flax.struct
 import jax
 import numpy as np
 
-from hybrid_cache.compile_cache import compile_key
+from hybrid_cache.core.compile_cache import compile_key
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from hybrid_cache.engine import Engine
+from hybrid_cache.engine.engine import Engine
 
 
 def _nonempty(tree) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Speculative decoding in the engine: config checks, the verify step and its state commits.
 
-A decoding request with a drafter (`hybrid_cache.engine_drafter`) runs one *verify window*
+A decoding request with a drafter (`hybrid_cache.engine.drafter`) runs one *verify window*
 per step instead of one token: its last sampled token t at position p (not yet computed) and
 up to k = `CacheConfig.num_speculative_tokens` draft tokens d_1..d_k at positions p+1..p+k.
 One forward of the target over all windows (S = k + 1 tokens each, shorter windows padded)
@@ -48,7 +48,7 @@ import numpy as np
 from flax import nnx
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.engine_drafter import Drafter
+from hybrid_cache.engine.drafter import Drafter
 from models.cache import ModelCache
 from models.config import ModelConfig
 from models.step_inputs import StepInputs

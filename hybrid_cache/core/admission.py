@@ -14,13 +14,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.state import C_STEP
-from hybrid_cache.state import P_MAX_BATCHED
-from hybrid_cache.state import P_MAX_MODEL_LEN
-from hybrid_cache.state import RG_LEN
-from hybrid_cache.state import CacheState
-from hybrid_cache.state import Layout
-from hybrid_cache.state import cdiv
+from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.state import P_MAX_BATCHED
+from hybrid_cache.core.state import P_MAX_MODEL_LEN
+from hybrid_cache.core.state import RG_LEN
+from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import cdiv
 
 
 def skipped_blocks(spec, tokens) -> jax.Array:

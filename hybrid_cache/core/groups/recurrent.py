@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from hybrid_cache.state import floor_to
+from hybrid_cache.core.state import floor_to
 
 
 def find(cached, cap, bs: int, alignment: int):
