@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
   args = ap.parse_args(argv)
   report = {int(x) for x in args.report.split(",") if x}
   try:
-    from hybrid_cache import compile_cache  # noqa: PLC0415 - absent before issue 13
+    from hybrid_cache.core import compile_cache  # noqa: PLC0415 - absent before issue 13
   except ImportError:
     compile_cache = None
   if args.max_live is not None and compile_cache is not None:

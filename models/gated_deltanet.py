@@ -130,3 +130,58 @@ class GatedDeltaNet(nnx.Module):
     z = self.in_proj_z(x)
     o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)
     return self.out_proj(o), state_pool_, conv_pool
+
+  def verify(
+    self,
+    x: jax.Array,
+    state_pool_: jax.Array,
+    conv_pool: jax.Array,
+    *,
+    state_read: jax.Array,
+    window: int,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Speculative verify: x [N*S, d_model] = N windows of S = `window` tokens each.
+
+    Reads each window's initial state from the pools (`state_read`, int32[N]) and writes
+    nothing: returns (y [N*S, d_model], states [N, S, H_v, d_k, d_v] fp32, conv windows
+    [N, S, conv_dim, K-1]) where index i is the state after window token i (the caller
+    commits the accepted one). Same recurrence as `__call__` (kernels.md §1.1) through the
+    multi-token verify kernel.
+    """
+    t = x.shape[0]
+    n = t // window
+    mixed = self.in_proj_qkv(x)
+    conv0 = state_pool.read_states(conv_pool, state_read)
+    y, windows = short_conv.verify_conv(
+      mixed,
+      self.conv_weight[...],
+      None,
+      conv0,
+      window=window,
+      implementation=implementation,
+    )
+    nq = self.hk * self.dk
+    q = y[:, :nq].reshape(n, window, self.hk, self.dk)
+    k = y[:, nq : 2 * nq].reshape(n, window, self.hk, self.dk)
+    v = y[:, 2 * nq :].reshape(n, window, self.hv, self.dv)
+    beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32)).reshape(n, window, self.hv)
+    a = self.in_proj_a(x).astype(jnp.float32)
+    g = (-jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])).reshape(
+      n, window, self.hv
+    )
+    s0 = state_pool.read_states(state_pool_, state_read)
+    o, states = gdn_api.gated_delta_rule_verify(
+      q,
+      k,
+      v,
+      g,
+      beta,
+      state_pool=s0,
+      read_indices=state_pool.slot_ids(n),
+      scale=self.dk**-0.5,
+      implementation=implementation,
+    )
+    z = self.in_proj_z(x)
+    o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)
+    return self.out_proj(o), states, windows

@@ -119,6 +119,71 @@ class HybridLM(nnx.Module):
     )
     return logits, new_cache
 
+  def verify(
+    self,
+    cache: ModelCache,
+    inputs: StepInputs,
+    *,
+    window: int,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, ModelCache, dict[str, tuple[jax.Array, jax.Array]]]:
+    """Speculative verify forward over N windows of S = `window` tokens (T = N*S).
+
+    `inputs` packs the windows uniformly (query_start_loc = 0, S, 2S, ...). Attention layers
+    write their K/V at `slot_mapping` as in `__call__`; recurrent layers read their initial
+    state at `state_read` and write nothing. Returns (logits f32[T, vocab], cache with K/V
+    written, per-token states): states[kind] = (state [L_kind, N, S, ...] fp32, conv windows
+    [L_kind, N, S, C, K-1]) for kind "G" / "M" present in the model, index i = after window
+    token i, for the caller to commit the accepted position.
+    """
+    cfg = self.cfg
+    k_all, v_all = cache.k, cache.v
+    pools = {
+      "G": (cache.gdn_state, cache.gdn_conv),
+      "M": (cache.mamba_state, cache.mamba_conv),
+    }
+    per_token: dict[str, list[tuple[jax.Array, jax.Array]]] = {"G": [], "M": []}
+    rec = {k: cfg.recurrent_index(k) for k in "GM" if k in cfg.layer_kinds}
+    x = self.embed(inputs.token_ids)
+    for block, kind, group, slot in zip(
+      self.blocks, cfg.layer_kinds, cfg.layer_group, cfg.layer_slot, strict=True
+    ):
+      h = block.mixer_norm(x)
+      if kind in "AS":
+        y, kp, vp = block.mixer(
+          h,
+          k_all[slot],
+          v_all[slot],
+          positions=inputs.positions,
+          block_table=inputs.block_tables[group],
+          slot_mapping=inputs.slot_mapping[group],
+          seq_lens=inputs.seq_lens,
+          query_start_loc=inputs.query_start_loc,
+          implementation=implementation,
+        )
+        k_all = k_all.at[slot].set(kp)
+        v_all = v_all.at[slot].set(vp)
+      else:
+        sp, cp = pools[kind]
+        y, states, windows = block.mixer.verify(
+          h,
+          sp[slot],
+          cp[slot],
+          state_read=inputs.state_read[rec[kind]],
+          window=window,
+          implementation=implementation,
+        )
+        per_token[kind].append((states, windows))
+      x = x + y
+      x = x + block.mlp(block.mlp_norm(x))
+    logits = self.lm_head(self.final_norm(x)).astype(jnp.float32)
+    out = {
+      kind: (jnp.stack([s for s, _ in lst]), jnp.stack([w for _, w in lst]))
+      for kind, lst in per_token.items()
+      if lst
+    }
+    return logits, cache.replace(k=k_all, v=v_all), out
+
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> HybridLM:
   """A `HybridLM` with random weights drawn from `seed` (deterministic)."""

@@ -143,3 +143,55 @@ class Mamba2(nnx.Module):
     )
     y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
     return self.out_proj(y), state_pool_, conv_pool
+
+  def verify(
+    self,
+    x: jax.Array,
+    state_pool_: jax.Array,
+    conv_pool: jax.Array,
+    *,
+    state_read: jax.Array,
+    window: int,
+    implementation: str | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Speculative verify: x [N*S, d_model] = N windows of S = `window` tokens each.
+
+    Reads each window's initial state from the pools (`state_read`, int32[N]) and writes
+    nothing: returns (y [N*S, d_model], states [N, S, H, P, N_state] fp32, conv windows
+    [N, S, conv_dim, K-1]), index i = after window token i (the caller commits the accepted
+    one). Same recurrence as `__call__` (kernels.md §4.1) through `ssd_verify`.
+    """
+    t = x.shape[0]
+    nseq = t // window
+    proj = self.in_proj(x)
+    z = proj[:, : self.d_inner]
+    xbc = proj[:, self.d_inner : self.d_inner + self.conv_dim]
+    dt = proj[:, self.d_inner + self.conv_dim :]
+    conv0 = state_pool.read_states(conv_pool, state_read)
+    xbc, windows = short_conv.verify_conv(
+      xbc,
+      self.conv_weight[...],
+      self.conv_bias[...],
+      conv0,
+      window=window,
+      implementation=implementation,
+    )
+    gn = self.g * self.n
+    xs = xbc[:, : self.d_inner].reshape(nseq, window, self.h, self.p)
+    b = xbc[:, self.d_inner : self.d_inner + gn].reshape(nseq, window, self.g, self.n)
+    c = xbc[:, self.d_inner + gn :].reshape(nseq, window, self.g, self.n)
+    s0 = state_pool.read_states(state_pool_, state_read)
+    y, states = ssd_api.ssd_verify(
+      xs,
+      dt.reshape(nseq, window, self.h),
+      -jnp.exp(self.A_log[...]),
+      b,
+      c,
+      D=self.D[...],
+      dt_bias=self.dt_bias[...],
+      state_pool=s0,
+      read_indices=state_pool.slot_ids(nseq),
+      implementation=implementation,
+    )
+    y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
+    return self.out_proj(y), states, windows

@@ -2,12 +2,16 @@
 
 One call site for both layers: a decode step (every sequence has one token, T == N) runs the
 stateful update kernel; otherwise the chunked kernel runs over the packed sequences and emits
-the conv states at this step's checkpoint boundaries.
+the conv states at this step's checkpoint boundaries. A speculative verify step (`verify_conv`)
+runs the chunked kernel over N windows of S tokens and returns the conv window after every
+token, so the caller can keep the one of the accepted position (the window shifted by the
+accepted count).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from kernels.pallas.conv1d import api as conv_api
 from models import state_pool
@@ -53,3 +57,37 @@ def causal_conv(
     implementation=implementation,
   )
   return y, (final, ckpts)
+
+
+def verify_conv(
+  x: jax.Array,
+  weight: jax.Array,
+  bias: jax.Array | None,
+  conv0: jax.Array,
+  *,
+  window: int,
+  implementation: str | None,
+) -> tuple[jax.Array, jax.Array]:
+  """x [N*S, C] (N windows of S = `window` tokens), conv0 [N, C, K-1]. Pools are not touched.
+
+  Returns (y [N*S, C], windows [N, S, C, K-1]) where windows[n, i] is the conv state after
+  token i of window n: the last K-1 pre-conv inputs of [conv0[n] ; x[n, :i+1]] (kernels.md
+  §1.5), i.e. conv0 shifted left by i+1 rows.
+  """
+  n, c, km1 = conv0.shape
+  cu = jnp.arange(n + 1, dtype=jnp.int32) * window
+  y, _, _ = conv_api.causal_conv1d(
+    x,
+    weight,
+    bias,
+    conv_state=conv0,
+    cu_seqlens=cu,
+    activation="silu",
+    implementation=implementation,
+  )
+  full = jnp.concatenate(
+    [conv0, jnp.swapaxes(x.reshape(n, window, c), 1, 2).astype(conv0.dtype)], axis=-1
+  )  # [N, C, K-1+S]
+  idx = jnp.arange(window)[:, None] + 1 + jnp.arange(km1)[None, :]  # [S, K-1]
+  windows = jnp.moveaxis(full[:, :, idx], 2, 1)  # [N, S, C, K-1]
+  return y, windows

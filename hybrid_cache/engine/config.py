@@ -113,11 +113,6 @@ def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
       "(fine-grained) hits (vLLM §2.5), whose copy-on-write of full-attention KV blocks the "
       "engine does not execute"
     )
-  if cache.num_speculative_tokens:
-    raise ValueError(
-      f"num_speculative_tokens must be 0 (the engine has no draft model), got "
-      f"{cache.num_speculative_tokens}"
-    )
   if effective_recurrent_mode(cache) == "all" and cache.block_size % KERNEL_CHUNK:
     raise ValueError(
       f"block_size must be a multiple of {KERNEL_CHUNK} (the kernels' checkpoint chunk) in "

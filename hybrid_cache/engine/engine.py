@@ -25,6 +25,11 @@ recurrent block table:
   * none (caching off): one block per request, read (start > 0) and written in place.
 A first chunk (start == 0) reads no state (zeros).
 
+Speculative decoding (`Engine(drafter=...)` with `CacheConfig.num_speculative_tokens` = k):
+decoding requests run verify windows of their last token + up to k drafts through the
+multi-token verify kernels, greedy acceptance, per-token state commits; the cache core sees
+only verified tokens, one step behind (see `hybrid_cache.engine_spec`).
+
 "Caching off" is `CacheConfig(enable_prefix_caching=False)`: the core then never looks up or
 registers hashes and keeps one recurrent block per request (mode "none").
 
@@ -55,6 +60,8 @@ from flax import nnx
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.engine import config as engine_config
 from hybrid_cache.engine import sharding as engine_sharding
+from hybrid_cache.engine import spec as engine_spec
+from hybrid_cache.engine.drafter import Drafter
 from hybrid_cache.factory import BACKENDS
 from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import RequestExtras
@@ -84,6 +91,7 @@ class RequestOutput:
     latency_s: seconds from `add_request` to the last output token.
     finished: all max_new_tokens were generated.
     error: why the request was dropped (e.g. it can never fit in the pool), else None.
+    num_draft_tokens / num_accepted_tokens: speculative drafts verified / accepted for it.
   """
 
   request_id: str
@@ -97,6 +105,8 @@ class RequestOutput:
   latency_s: float | None
   finished: bool
   error: str | None = None
+  num_draft_tokens: int = 0
+  num_accepted_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -111,6 +121,9 @@ class EngineStats:
   output_tokens: int = 0
   preemptions: int = 0
   state_copies: int = 0
+  draft_tokens: int = 0  # drafts verified (speculative decoding)
+  accepted_tokens: int = 0  # drafts accepted
+  verify_windows: int = 0  # verify windows run (one per decoding request and step)
   schedule_s: float = 0.0
   model_s: float = 0.0
   wall_s: float = 0.0
@@ -138,6 +151,14 @@ class _Req:
   first_token_time: float | None = None
   last_token_time: float | None = None
   error: str | None = None
+  # speculative decoding: private pool id (KV page + carried recurrent state), whether the
+  # carry slot holds the state after num_computed tokens, the block column whose K/V sits in
+  # the private page, drafts verified / accepted.
+  private: int | None = None
+  carry_valid: bool = False
+  scratch_col: int | None = None
+  drafted: int = 0
+  accepted: int = 0
 
   @property
   def num_tokens(self) -> int:
@@ -235,6 +256,8 @@ class Engine:
     decode_kernels: run steps whose sequences all have one token (pure decode steps) through
       the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket);
       False = every step through the chunked prefill kernels.
+    drafter: speculative decoding with this drafter (`hybrid_cache.engine_drafter`) and
+      k = cache_config.num_speculative_tokens drafts per step; None = off (k must be 0).
   """
 
   def __init__(
@@ -250,6 +273,7 @@ class Engine:
     token_buckets: Sequence[int] | None = None,
     seq_buckets: Sequence[int] | None = None,
     decode_kernels: bool = True,
+    drafter: Drafter | None = None,
   ):
     self.model_config = engine_config.resolve_model_config(model)
     if cache_config is None:
@@ -263,6 +287,12 @@ class Engine:
     self.cache_config = cache_config
     self.block_size = cache_config.block_size
     self.mode = engine_config.effective_recurrent_mode(cache_config)
+    self.num_spec = engine_spec.check_speculative(
+      self.model_config, cache_config, drafter, self.mode
+    )
+    self.drafter = drafter if self.num_spec else None
+    if self.drafter is not None and mesh is not None:
+      raise ValueError("mesh must be None with a drafter (speculative decoding runs on one device)")
     self.rgroups = self.model_config.recurrent_groups
     # Cache group of each recurrent family's layers (copies of group g go to these families).
     self._family_group = {
@@ -288,7 +318,13 @@ class Engine:
       self.mesh = engine_sharding.as_auto(mesh)
     self.manager = _make_manager(cache_manager, cache_config)
     self.graphdef, params = _split_model(self.model_config, seed)
-    cache = cache_lib.init_cache(self.model_config, cache_config.num_blocks, self.block_size)
+    # Speculative decoding: one private pool id per request slot after the core's blocks.
+    num_private = cache_config.max_requests if self.drafter is not None else 0
+    self._free_private = list(range(cache_config.num_blocks, cache_config.num_blocks + num_private))
+    self._pending_kv: list[tuple[int, int, int]] = []  # (cache group, src page, dst block)
+    cache = cache_lib.init_cache(
+      self.model_config, cache_config.num_blocks + num_private, self.block_size
+    )
     if self.mesh is not None:
       params = engine_sharding.shard_params(params, self.mesh)
       cache = engine_sharding.shard_cache(cache, self.mesh)
@@ -456,6 +492,8 @@ class Engine:
     t1 = time.perf_counter()
     self.stats.schedule_s += t1 - t0
     seqs, sched, failed = [], [], []
+    windows: list[engine_spec.Window] = []
+    verifying: list[_Req] = []
     for e in result.entries:
       r = self._reqs[e.req]
       if e.admission and e.hit is not None and e.scheduled_tokens > 0:
@@ -475,6 +513,14 @@ class Engine:
       all_tokens = r.prompt + r.output
       view = self.manager.request_view(e.req)
       tables = [list(t) for t in view.block_ids]
+      if self.drafter is not None:
+        self._flush_scratch(r, tables)
+        if start + n <= r.num_computed:
+          continue  # catch-up: the core reaches tokens the engine verified already
+        if start + n == r.num_tokens and r.num_computed == r.num_tokens - 1 >= len(r.prompt):
+          windows.append(self._window(r, tables, start))
+          verifying.append(r)
+          continue
       ids = [self._state_ids(tables[g], start, n) for g in self.rgroups] or [(-1, -1, [])]
       seqs.append(
         runner.SeqStep(
@@ -488,17 +534,160 @@ class Engine:
       )
       sched.append((r, start, n))
     copies = [c for c in result.state_copies if c.src_block != c.dst_block]
+    if (seqs or windows) and self._pending_kv:
+      self._flush_pending_kv()
     if seqs:
       self._run_model(seqs, sched, copies, finished)
+    if windows:
+      self._run_verify(windows, verifying, [] if seqs else copies, finished)
     self.stats.steps += 1
     self.stats.state_copies += len(copies)
     for _ in failed:
       self._preempt_newest()
-    if not seqs:
+    if not seqs and not windows:
       self._drop_stuck(finished)
     self.stats.model_s += time.perf_counter() - t1
     self.stats.wall_s += time.perf_counter() - t0
     return finished
+
+  def _copy_arrays(self, copies) -> tuple[np.ndarray, np.ndarray]:
+    """The plan's recurrent copies as (src, dst) int32[families, bucket] (-1 = padding)."""
+    ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
+    src = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    dst = np.full((len(_FAMILIES), ncopy), -1, np.int32)
+    fill = [0] * len(_FAMILIES)
+    for c in copies:
+      for f, (kind, _, _) in enumerate(_FAMILIES):
+        if self._family_group.get(kind) == c.group:
+          src[f, fill[f]], dst[f, fill[f]] = c.src_block, c.dst_block
+          fill[f] += 1
+    return src, dst
+
+  # ---- speculative decoding (hybrid_cache.engine_spec) ----
+
+  def _flush_scratch(self, r: _Req, tables: list[list[int]]) -> None:
+    """Queues the copy of r's private K/V page once the core gave its column a block."""
+    col = r.scratch_col
+    if col is None:
+      return
+    attn = [g for g, k in enumerate(self.model_config.cache_groups) if k != "mamba"]
+    if not all(len(tables[g]) > col and tables[g][col] > 0 for g in attn):
+      return
+    self._pending_kv.extend((g, r.private, tables[g][col]) for g in attn)
+    r.scratch_col = None
+
+  def _flush_pending_kv(self) -> None:
+    cfg = self.model_config
+    n_attn = cfg.count("AS")
+    width = _bucket(len(self._pending_kv), None, 4)
+    src = np.full((n_attn, width), -1, np.int32)
+    dst = np.full((n_attn, width), -1, np.int32)
+    fill = [0] * n_attn
+    for kind, group, slot in zip(cfg.layer_kinds, cfg.layer_group, cfg.layer_slot, strict=True):
+      if kind not in "AS":
+        continue
+      for g, s_id, d_id in self._pending_kv:
+        if g == group:
+          src[slot, fill[slot]], dst[slot, fill[slot]] = s_id, d_id
+          fill[slot] += 1
+    self.cache = engine_spec.copy_kv_pages(self.cache, jnp.asarray(src), jnp.asarray(dst))
+    self._pending_kv = []
+
+  def _release_private(self, r: _Req) -> None:
+    if r.private is not None:
+      self._pending_kv = [c for c in self._pending_kv if c[1] != r.private]
+      self._free_private.append(r.private)
+    r.private, r.carry_valid, r.scratch_col = None, False, None
+
+  def _window(self, r: _Req, tables: list[list[int]], start: int) -> engine_spec.Window:
+    """r's verify window: last token + drafts from the drafter (see engine_spec)."""
+    bs, c = self.block_size, r.num_computed
+    tokens = r.prompt + r.output
+    k = min(self.num_spec, r.max_new_tokens - len(r.output) - 1)
+    draft = []
+    if k > 0:
+      draft = engine_spec.check_proposal(
+        self.drafter.propose(tokens, k), k, self.model_config.vocab_size
+      )
+    if r.private is None:
+      r.private = self._free_private.pop()
+    col, off = engine_spec.boundary_commit(c, bs)
+    spill = off < len(draft)  # drafts reach the next (unallocated) column
+    tabs = []
+    for g, kind in enumerate(self.model_config.cache_groups):
+      row = list(tables[g])
+      if kind != "mamba" and spill:
+        row = row[: col + 1] + [r.private]
+      tabs.append(row)
+    if spill:
+      r.scratch_col = col + 1
+    if r.carry_valid:
+      read = [r.private] * len(self.rgroups)
+    else:
+      read = [self._state_ids(tables[g], start, 1)[0] for g in self.rgroups]
+    aligned = self.mode == "align" and off <= len(draft)
+    return engine_spec.Window(
+      tokens=[tokens[c]] + draft,
+      start=c,
+      tables=tabs,
+      state_read=read or [-1],
+      carry=r.private,
+      boundary_blocks=[tables[g][col] if aligned else -1 for g in self.rgroups] or [-1],
+      boundary_offset=off if aligned else -1,
+    )
+
+  def _run_verify(self, windows, reqs, copies, finished) -> None:
+    cfg = self.cache_config
+    pad_n = _bucket(len(windows), self.seq_buckets, 2)
+    inputs, arr = engine_spec.build_verify_inputs(
+      self.model_config,
+      windows,
+      self.block_size,
+      window=self.num_spec + 1,
+      pad_seqs=pad_n,
+      max_blocks=cfg.max_blocks_per_request,
+    )
+    src, dst = self._copy_arrays(copies)
+    target, accepted, logits, self.cache = engine_spec.verify_step(
+      self.graphdef,
+      self.params,
+      self.cache,
+      jnp.asarray(src),
+      jnp.asarray(dst),
+      inputs,
+      *(jnp.asarray(arr[k]) for k in ("drafts", "num_drafts", "carry", "boundary")),
+      jnp.asarray(arr["boundary_offset"]),
+      implementation=self.implementation,
+      window=self.num_spec + 1,
+    )
+    target, accepted, logits = np.asarray(target), np.asarray(accepted), np.asarray(logits)
+    now = time.perf_counter()
+    for i, (r, w) in enumerate(zip(reqs, windows, strict=True)):
+      a = int(accepted[i])
+      nd = len(w.tokens) - 1
+      r.drafted += nd
+      r.accepted += a
+      self.stats.draft_tokens += nd
+      self.stats.accepted_tokens += a
+      self.stats.verify_windows += 1
+      r.num_computed = w.start + a + 1
+      r.carry_valid = True
+      emit = [int(t) for t in target[i, : a + 1]][: r.max_new_tokens - len(r.output)]
+      for j, tok in enumerate(emit):
+        r.output.append(tok)
+        if r.return_logits:
+          r.logits.append(logits[i, j].copy())
+      self.stats.decode_tokens += len(emit)
+      self.stats.output_tokens += len(emit)
+      if r.first_token_time is None:
+        r.first_token_time = now
+      r.last_token_time = now
+      if r.done:
+        self.manager.free(r.rid)
+        self._running.remove(r.rid)
+        finished.append(self._finish(r))
+      else:
+        self.manager.append_tokens(r.rid, emit)
 
   def _run_model(self, seqs, sched, copies, finished) -> None:
     cfg = self.cache_config
@@ -511,15 +700,7 @@ class Engine:
     else:
       pad_t = _bucket(total, self.token_buckets, 16)
       pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
-    ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
-    src = np.full((len(_FAMILIES), ncopy), -1, np.int32)
-    dst = np.full((len(_FAMILIES), ncopy), -1, np.int32)
-    fill = [0] * len(_FAMILIES)
-    for c in copies:
-      for f, (kind, _, _) in enumerate(_FAMILIES):
-        if self._family_group.get(kind) == c.group:
-          src[f, fill[f]], dst[f, fill[f]] = c.src_block, c.dst_block
-          fill[f] += 1
+    src, dst = self._copy_arrays(copies)
     ckpt_cols = pad_t // self.block_size if self.mode == "all" and not decode else 0
     inputs = runner.build_step_inputs(
       self.model_config,
@@ -581,6 +762,7 @@ class Engine:
     r = self._reqs[rid]
     self.manager.preempt(rid)
     r.running, r.num_computed = False, 0
+    self._release_private(r)
     r.preemptions += 1
     self.stats.preemptions += 1
     self._waiting.appendleft(rid)
@@ -601,6 +783,10 @@ class Engine:
 
   def _finish(self, r: _Req) -> RequestOutput:
     del self._reqs[r.rid]
+    if self.drafter is not None:
+      self._release_private(r)
+      if r.error is None:
+        self.drafter.record(r.prompt + r.output)
     out = RequestOutput(
       request_id=r.rid,
       prompt_tokens=r.prompt,
@@ -613,6 +799,8 @@ class Engine:
       latency_s=None if r.last_token_time is None else r.last_token_time - r.arrival,
       finished=r.error is None and len(r.output) >= r.max_new_tokens,
       error=r.error,
+      num_draft_tokens=r.drafted,
+      num_accepted_tokens=r.accepted,
     )
     self._finished[r.rid] = out
     return out
