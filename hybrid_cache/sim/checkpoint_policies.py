@@ -1,0 +1,199 @@
+"""Checkpoint placement rules over `checkpoint_cache.UnitCache`, and the `adaptive` policy.
+
+Issue 15, item 3. Every rule picks, at prefill time of request r, the depths d (in units of U
+tokens, hit < d <= r's computed units) that get a checkpoint; the kernels emit a state at any
+chunk boundary at no extra compute, so a rule costs only the bytes it keeps.
+
+  ckpt_dense       every unit (a state every U tokens), LRU eviction.
+  ckpt_sparse:K    every K units (every K U tokens), LRU eviction.
+  ckpt_branch      Marconi's placement at U granularity: the branch point (the deepest unit r
+                   shares with any earlier request, if deeper than r's hit) and the last
+                   computed unit of r (its leaf), LRU eviction.
+  adaptive         learned placement + chain-aware FLOP-aware eviction, online (below).
+
+`adaptive`. Placement: the branch point (as above: a prefix some earlier request computed too is
+shared by >= 2 sequences) and one *continuation* point where r's successor is expected to
+diverge, from two statistics of what the cache has seen (`DivergenceStats`, decayed counts over
+the divergences observed so far, never the future):
+  - alignment A: the largest 2^j units (j <= 4) such that >= 90% of the observed divergence
+    depths are multiples of A (traces hashed in blocks diverge only on block boundaries:
+    Mooncake's 512-token blocks give A = 8 units at U = 64); 1 until 16 divergences are seen;
+  - output reuse: the share of divergences that lie in an earlier request's output region
+    (chat histories re-send the answer; Mooncake's fresh output ids never match). The
+    continuation point is the last multiple of A within r's input (share < 1/2) or within its
+    computed tokens (share >= 1/2).
+Eviction: GreedyDual over chain units weighted by FLOPs saved per byte (`UnitCache`), with a
+per-kind prior (share of checkpoints of that kind that were hit), hit counts and an exponent
+alpha re-tuned online: `SHADOW_ALPHAS` shadow caches replay the same requests with fixed alphas
+(same placement rule), and every `RETUNE_EVERY` requests the live cache takes the alpha whose
+shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
+All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hybrid_cache.sim.checkpoint_cache import CacheSizes
+from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.trace import Trace
+
+PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
+SPARSE_PREFIX = "ckpt_sparse:"
+SHADOW_ALPHAS = (0.0, 0.5, 1.0, 2.0)
+DEFAULT_ALPHA = 1.0  # the live cache's alpha before the first re-tune
+RETUNE_EVERY = 64
+RETUNE_HALF_LIFE = 256.0
+KIND_GRID, KIND_BRANCH, KIND_INPUT_END, KIND_SEQ_END = 0, 1, 2, 3
+_MAX_ALIGN_LOG2 = 4
+_MIN_OBS = 16.0
+_DECAY = 0.995
+
+
+def parse_placement(name: str) -> tuple[str, int]:
+  """(rule, K) of a checkpoint policy name; ValueError naming the allowed ones."""
+  if name in ("ckpt_dense", "ckpt_branch", "adaptive"):
+    return name, 1
+  if name.startswith(SPARSE_PREFIX):
+    raw = name[len(SPARSE_PREFIX) :]
+    try:
+      k = int(raw)
+    except ValueError:
+      k = 0
+    if k < 1:
+      raise ValueError(f"ckpt_sparse's K must be an integer >= 1, got {raw!r} in {name!r}")
+    return "ckpt_sparse", k
+  raise ValueError(f"checkpoint policy must be one of {PLACEMENTS}, got {name!r}")
+
+
+class DivergenceStats:
+  """Decayed counts of where requests diverged from what was seen (see the module doc)."""
+
+  def __init__(self):
+    self.obs = 0.0
+    self.aligned = [0.0] * (_MAX_ALIGN_LOG2 + 1)
+    self.out = 0.0
+
+  def alignment(self) -> int:
+    if self.obs < _MIN_OBS:
+      return 1
+    a = 1
+    for j in range(1, _MAX_ALIGN_LOG2 + 1):
+      if self.aligned[j] >= 0.9 * self.obs:
+        a = 1 << j
+    return a
+
+  def output_reused(self) -> bool:
+    return self.obs >= _MIN_OBS and self.out >= 0.5 * self.obs
+
+  def observe(self, depth: int, in_output: bool) -> None:
+    """A request diverged after `depth` >= 1 shared units (in an earlier output or not)."""
+    self.obs = self.obs * _DECAY + 1.0
+    self.out = self.out * _DECAY + (1.0 if in_output else 0.0)
+    for j in range(_MAX_ALIGN_LOG2 + 1):
+      self.aligned[j] = self.aligned[j] * _DECAY + (1.0 if depth % (1 << j) == 0 else 0.0)
+
+
+def _placer(rule: str, k: int, stats: DivergenceStats, n_path: int, n_in_units: int, seen: int):
+  """place(hit_depth) -> [(depth, kind)] for one request (see the module doc)."""
+
+  def place(d: int) -> list[tuple[int, int]]:
+    if rule == "ckpt_dense":
+      return [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
+    if rule == "ckpt_sparse":
+      return [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
+    out: dict[int, int] = {}
+    if seen > d:
+      out[seen] = KIND_BRANCH
+    if rule == "ckpt_branch":
+      if n_path > d:
+        out.setdefault(n_path, KIND_SEQ_END)
+    else:
+      a = stats.alignment()
+      if stats.output_reused():
+        c, kind = (n_path // a) * a, KIND_SEQ_END
+      else:
+        c, kind = (min(n_in_units, n_path) // a) * a, KIND_INPUT_END
+      if c > d:
+        out.setdefault(c, kind)
+    return sorted(out.items())
+
+  return place
+
+
+def run_checkpoint(
+  trace: Trace,
+  model: ModelConfig,
+  capacity_bytes: float,
+  policy: str,
+  unit: int = 64,
+  block_size: int = 64,
+  alpha: float | None = None,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
+
+  Args:
+    trace: requests in replay order.
+    model: cost model (bytes, FLOPs).
+    capacity_bytes: one capacity for KV pages and checkpoints (> 0).
+    policy: a `PLACEMENTS` name.
+    unit: checkpoint unit U in tokens (hits and states at multiples of U).
+    block_size: KV page B in tokens.
+    alpha: `adaptive` only: a fixed eviction exponent >= 0 instead of the online re-tuning.
+
+  Returns:
+    ([hit, input tokens, reused tokens] per request, extra summary fields).
+  """
+  rule, k = parse_placement(policy)
+  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
+    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
+  sizes = CacheSizes.of(model, capacity_bytes, unit, block_size)
+  trie = SeenTrie(sizes.unit)
+  stats = DivergenceStats()
+  tuned = rule == "adaptive" and alpha is None
+  live = UnitCache(
+    trie, sizes, model, (DEFAULT_ALPHA if tuned else float(alpha)) if rule == "adaptive" else None
+  )
+  shadows = [UnitCache(trie, sizes, model, a) for a in SHADOW_ALPHAS] if tuned else []
+  score = [0.0] * len(shadows)
+  decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
+  alphas_used: dict[float, int] = {}
+  triples = []
+  t0 = time.perf_counter()
+  for r, req in enumerate(trace.requests):
+    path, seen = trie.walk(req)
+    n_in = req.num_input_tokens
+    n_comp = n_in + max(req.num_output_tokens - 1, 0)
+    cap = (n_in - 1) // sizes.unit
+    place = _placer(rule, k, stats, len(path), n_in // sizes.unit, seen)
+    h = live.serve(r, path, cap, n_comp, place)
+    triples.append((int(h > 0), n_in, h))
+    for i, sh in enumerate(shadows):
+      hs = sh.serve(r, path, cap, n_comp, place)
+      score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
+    if tuned:
+      alphas_used[live.alpha] = alphas_used.get(live.alpha, 0) + 1
+      if (r + 1) % RETUNE_EVERY == 0:
+        live.alpha = SHADOW_ALPHAS[max(range(len(score)), key=lambda i: (score[i], -i))]
+    if 0 < seen < cap:
+      stats.observe(seen, trie.out[path[seen - 1]])
+  extra = {
+    "checkpoint_unit": sizes.unit,
+    "checkpoint_bytes": sizes.ckpt_bytes,
+    "kv_page_bytes": sizes.kv_page_bytes,
+    "states_admitted": live.admitted_ckpts,
+    "states_evicted": live.evicted_ckpts,
+    "final_cache_bytes": live.used,
+    "trie_units": len(trie),
+    "learned_alignment_units": stats.alignment(),
+    "learned_output_reuse": stats.output_reused(),
+    "alpha": live.alpha,
+    "alpha_requests": {str(a): n for a, n in sorted(alphas_used.items())} if tuned else None,
+    "wall_s": time.perf_counter() - t0,
+  }
+  return triples, extra
+
+
+__all__ = ["PLACEMENTS", "DivergenceStats", "parse_placement", "run_checkpoint"]
