@@ -31,14 +31,15 @@ at no extra compute, so here:
 
 Eviction is chain-aware GreedyDual (Cao & Irani's GreedyDual-Size-Frequency): the unit is a
 checkpoint plus, when it is a leaf, the KV back to the previous checkpoint or branch point
-(Marconi's evictable node); an interior checkpoint frees only its state. Its priority at
-insertion and at each hit is clock + w with
+(Marconi's evictable node); an interior checkpoint frees only its state. Its priority is
+stamp + w, stamp = the clock when it was inserted or last served a hit (the deepest checkpoint
+of a hit path serves it; a change of its unit's shape re-weights it at the same stamp), with
 
   w = (1 + hits) * p_kind * (eff / eff_ref) ** alpha,  eff = (F(d U) - F(a U)) / bytes,
 
 F = `prefill_flops`, a = the depth of the previous checkpoint on the path (what a hit falls back
 to without this one), bytes = what evicting it frees, eff_ref the running mean of eff,
-p_kind the placement rule's prior that a checkpoint of this kind is hit (`Placement`), and the
+p_kind the prior that a point of its placement kind is passed later (`SeenTrie.reach_prior`), the
 clock = the priority of the last eviction (so equal weights evict in LRU order, alpha = 0 is
 recency and frequency only, larger alpha favours FLOPs saved per byte).
 
@@ -60,6 +61,7 @@ from hybrid_cache.sim.vllm_plus import request_tokens
 _MASK64 = (1 << 64) - 1
 _SEED = 0x5EED_C4EC  # fixed: unit hashes are identical across runs
 _ROOT = -1
+PRIORS = ("hits", "reach", "none")
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -95,12 +97,25 @@ class SeenTrie:
     self.parent: list[int] = []
     self.depth: list[int] = []
     self.out: list[bool] = []
+    self.pending: dict[int, int] = {}  # candidate point -> kind, until a later request passes it
+    self.placed: dict[int, float] = {}
+    self.reached: dict[int, float] = {}
     rng = np.random.default_rng(_SEED)
     self.weights = rng.integers(1, 2**63, size=unit, dtype=np.int64).astype(np.uint64)
     self.weights |= np.uint64(1)
 
   def __len__(self) -> int:
     return len(self.parent)
+
+  def register(self, node: int, kind: int) -> None:
+    """Records a candidate checkpoint point of `kind` (counted once per node)."""
+    if node not in self.pending:
+      self.pending[node] = kind
+      self.placed[kind] = self.placed.get(kind, 0.0) + 1.0
+
+  def reach_prior(self, kind: int) -> float:
+    """(passed + 1) / (registered + 2): how often a point of `kind` was passed later."""
+    return (self.reached.get(kind, 0.0) + 1.0) / (self.placed.get(kind, 0.0) + 2.0)
 
   def walk(self, req: Request) -> tuple[list[int], int]:
     """Node ids of r's computed units (creating new ones) and how many of its input units
@@ -127,6 +142,11 @@ class SeenTrie:
         seen = k + 1
       path.append(nxt)
       node = nxt
+    if self.pending:
+      for k in range(seen):
+        kind = self.pending.pop(path[k], None)
+        if kind is not None:
+          self.reached[kind] = self.reached.get(kind, 0.0) + 1.0
     return path, seen
 
 
@@ -165,10 +185,23 @@ class CacheSizes:
 class UnitCache:
   """One cache over a shared `SeenTrie` (per-node arrays indexed by trie node id)."""
 
-  def __init__(self, trie: SeenTrie, sizes: CacheSizes, model: ModelConfig, alpha: float | None):
-    """alpha: the eviction weight's exponent (>= 0); None = plain LRU (every weight 1)."""
+  def __init__(
+    self,
+    trie: SeenTrie,
+    sizes: CacheSizes,
+    model: ModelConfig,
+    alpha: float | None,
+    prior: str = "hits",
+    frequency: bool = True,
+  ):
+    """alpha: the eviction weight's exponent (>= 0); None = plain LRU (every weight 1).
+    prior: "hits" (share of this cache's checkpoints of the kind that served a hit), "reach"
+    (share of the kind's candidate points a later request passed, `SeenTrie.reach_prior`) or
+    "none"; frequency: multiply by 1 + hits."""
+    if prior not in PRIORS:
+      raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     self.trie, self.sizes, self.model = trie, sizes, model
-    self.alpha = alpha
+    self.alpha, self.prior, self.frequency = alpha, prior, frequency
     self.present: list[bool] = []
     self.nchild: list[int] = []
     self.ckpt: list[bool] = []
@@ -176,6 +209,7 @@ class UnitCache:
     self.hits: list[int] = []
     self.kind: list[int] = []
     self.pin: list[int] = []
+    self.stamp: list[float] = []  # the clock when checkpoint n was last inserted or hit
     self.root_children = 0
     self.pages = 0
     self.nckpt = 0
@@ -183,11 +217,11 @@ class UnitCache:
     self.clock = 0.0
     self.seq = 0
     self.eff_sum, self.eff_n = 0.0, 0
+    self.kind_placed: dict[int, float] = {}
+    self.kind_hit: dict[int, float] = {}
     self.evicted_ckpts = 0
     self.admitted_ckpts = 0
     self._flops_cache: dict[int, int] = {}
-    self.kind_placed: dict[int, float] = {}
-    self.kind_hit: dict[int, float] = {}
 
   # ---- sizes ----
   def _grow(self) -> None:
@@ -200,6 +234,7 @@ class UnitCache:
       self.hits += [0] * n
       self.kind += [0] * n
       self.pin += [-1] * n
+      self.stamp += [0.0] * n
 
   @property
   def used(self) -> int:
@@ -282,15 +317,15 @@ class UnitCache:
       p = self.trie.parent[p]
     return b + pages * self.sizes.kv_page_bytes
 
-  def _prior(self, kind: int) -> float:
-    return (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
-
-  def _push(self, n: int) -> None:
-    """(Re)computes checkpoint n's GreedyDual priority and pushes it."""
+  def _push(self, n: int, touch: bool = True) -> None:
+    """(Re)computes checkpoint n's GreedyDual priority and pushes it; `touch` = it was
+    inserted or hit now (else it keeps its last stamp: only its unit's shape changed)."""
     self.ver[n] += 1
     self.seq += 1
+    if touch:
+      self.stamp[n] = self.clock
     if self.alpha is None:
-      heapq.heappush(self.heap, (self.clock + 1.0, self.seq, n, self.ver[n]))
+      heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, self.ver[n]))
       return
     gain = self.flops(self.trie.depth[n]) - self.flops(self._prev_ckpt_depth(n))
     eff = gain / max(self._unit_bytes(n), 1)
@@ -298,8 +333,16 @@ class UnitCache:
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n
     rel = eff / ref if ref > 0 else 1.0
-    w = (1 + self.hits[n]) * self._prior(self.kind[n]) * (rel**self.alpha if rel > 0 else 0.0)
-    heapq.heappush(self.heap, (self.clock + w, self.seq, n, self.ver[n]))
+    w = rel**self.alpha if rel > 0 else 0.0
+    if self.frequency:
+      w *= 1 + self.hits[n]
+    if self.prior == "reach":
+      w *= self.trie.reach_prior(self.kind[n])
+    elif self.prior == "hits":
+      w *= (self.kind_hit.get(self.kind[n], 0.0) + 1.0) / (
+        self.kind_placed.get(self.kind[n], 0.0) + 2.0
+      )
+    heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, self.ver[n]))
 
   def _evict_one(self, r: int) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
@@ -312,12 +355,14 @@ class UnitCache:
       if self.pin[n] == r:
         held.append(n)
         continue
+      if self.sizes.ckpt_bytes == 0 and self.nchild[n]:
+        continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
       self._drop(n, r)
       ok = True
       break
     for n in held:
-      self._push(n)
+      self._push(n, touch=False)
     return ok
 
   def _drop(self, n: int, r: int) -> None:
@@ -334,7 +379,7 @@ class UnitCache:
       if p == _ROOT or self.ckpt[p] or self.nchild[p] or self.pin[p] == r:
         break
     if p != _ROOT and self.ckpt[p] and self.nchild[p] == 0:
-      self._push(p)  # became a leaf: its unit now includes its chain
+      self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
   def fit(self, limit: int, r: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
@@ -355,7 +400,8 @@ class UnitCache:
     d, on_path = self.hit_depth(path, cap)
     for k in range(d):
       self.pin[path[k]] = r
-    for n in on_path:
+    if on_path:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      n = on_path[-1]
       self.hits[n] += 1
       self.kind_hit[self.kind[n]] = self.kind_hit.get(self.kind[n], 0.0) + 1.0
       self._push(n)
@@ -392,7 +438,7 @@ class UnitCache:
       new.append(n)
     for n in refresh:
       if n not in new:
-        self._push(n)
+        self._push(n, touch=False)
     for n in new:
       self._push(n)
     self.fit(s.capacity, -2)

@@ -54,7 +54,10 @@ def _replay_checked(trace, cap, policy, unit, block, alpha=None):
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
     cap_u = (n_in - 1) // unit
-    h = c.serve(r, path, cap_u, n_comp, cp._placer(rule, k, stats, len(path), n_in // unit, seen))
+    cands = []
+    if rule in ("ckpt_branch", "adaptive"):
+      cands = cp.candidates(rule, stats, len(path), n_in // unit, seen)
+    h = c.serve(r, path, cap_u, n_comp, cp._placer(rule, k, len(path), cands))
     hits.append(h)
     assert c.pages == _pages_from_scratch(c)
     assert c.nckpt == sum(c.ckpt)
