@@ -214,8 +214,8 @@ def rl_rollouts(
 
 def agentic(
   seed=0,
-  num_sessions=100,
-  sps=0.5,
+  num_sessions=150,
+  sps=2.0,
   num_sys_prompts=4,
   sys_prompt_len=6000,
   task_mean=300.0,
