@@ -31,11 +31,17 @@ alpha re-tuned online: `SHADOW_ALPHAS` shadow caches replay the same requests wi
 (same placement rule), and every `RETUNE_EVERY` requests the live cache takes the alpha whose
 shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
+
+TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
+time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
+(`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
 """
 
 from __future__ import annotations
 
 import time
+
+import numpy as np
 
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
@@ -50,6 +56,10 @@ DEFAULT_ALPHA = 1.0  # the live cache's alpha before the first re-tune
 RETUNE_EVERY = 64
 RETUNE_HALF_LIFE = 256.0
 KIND_GRID, KIND_BRANCH, KIND_INPUT_END, KIND_SEQ_END = 0, 1, 2, 3
+# Payload bandwidth of one state-slot copy on an H100: 18 MiB in 104 us (BENCHMARKS.md,
+# bench_state_copy, pallas[1024,4], 1 copy); charged to TTFT per checkpoint written and per
+# state restored for a hit.
+STATE_COPY_GB_PER_S = 18 * 2**20 / 104e-6 / 1e9
 _MAX_ALIGN_LOG2 = 4
 _MIN_OBS = 16.0
 _DECAY = 0.995
@@ -195,6 +205,7 @@ def run_checkpoint(
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   alphas_used: dict[float, int] = {}
   triples = []
+  copy_bytes = []
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
     path, seen = trie.walk(req)
@@ -207,8 +218,10 @@ def run_checkpoint(
       for q, kind in cands:
         trie.register(path[q - 1], kind)
     place = _placer(rule, k, len(path), cands)
+    before = live.admitted_ckpts
     h = live.serve(r, path, cap, n_comp, place)
     triples.append((int(h > 0), n_in, h))
+    copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * sizes.ckpt_bytes)
     for i, sh in enumerate(shadows):
       hs = sh.serve(r, path, cap, n_comp, place)
       score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
@@ -218,7 +231,12 @@ def run_checkpoint(
         live.alpha = SHADOW_ALPHAS[max(range(len(score)), key=lambda i: (score[i], -i))]
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
+  ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
+  ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
   extra = {
+    "checkpoint_copy_bytes": int(sum(copy_bytes)),
+    "ttft_mean_ms_with_copies": float(ttft.mean()) if len(ttft) else 0.0,
+    "ttft_p95_ms_with_copies": float(np.percentile(ttft, 95)) if len(ttft) else 0.0,
     "checkpoint_unit": sizes.unit,
     "checkpoint_bytes": sizes.ckpt_bytes,
     "kv_page_bytes": sizes.kv_page_bytes,

@@ -215,3 +215,17 @@ def test_cli_contract_and_errors(tmp_path, capsys):
   assert "alpha applies to adaptive only" in capsys.readouterr().err
   with pytest.raises(ValueError, match="unit must be an integer >= 1"):
     CacheSizes.of(TINY, 100.0, 0, 4)
+
+
+def test_ttft_charges_checkpoint_and_restore_copies():
+  a = list(range(1, 17))
+  trace = trace_of((a, [50]), (a + [60, 61, 62, 63, 64], [70]))
+  triples, extra = cp.run_checkpoint(trace, TINY, 10_000, "ckpt_sparse:2", unit=4, block_size=4)
+  # request 0 writes states at 8 and 16 tokens; request 1 restores the one at 16 and writes
+  # none (sparse:2's next point, 24 tokens, lies past its 5 whole computed units): 3 copies
+  assert [t[2] for t in triples] == [0, 16]
+  copies = (2 + 1) * TINY.state_bytes
+  assert extra["checkpoint_copy_bytes"] == copies
+  base = TINY.ttft_ms(np.array([16, 5])).mean()
+  per_ms = cp.STATE_COPY_GB_PER_S * 1e6
+  assert extra["ttft_mean_ms_with_copies"] == pytest.approx(base + copies / per_ms / 2)
