@@ -27,8 +27,9 @@ prior per placement kind and length class of the request: the share of such cand
 that a later request has passed so far (`SeenTrie.reach_prior`, counted on the trie of
 everything seen, whether a cache kept the point or not: a prior counted on the cache's own hits
 feeds on itself, as an evicted point is never hit), hit counts and an exponent
-alpha re-tuned online: `SHADOW_ALPHAS` shadow caches replay the same requests with fixed alphas
-(same placement rule), and every `RETUNE_EVERY` requests the live cache takes the alpha whose
+alpha re-tuned online: shadow caches replay the same requests with fixed weightings
+(`SHADOW_WEIGHTINGS`: plain LRU, and alpha 0 and 1 with frequency and either prior; same
+placement rule), and every `RETUNE_EVERY` requests the live cache takes the weighting whose
 shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
@@ -51,10 +52,18 @@ from hybrid_cache.sim.trace import Trace
 
 PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
 SPARSE_PREFIX = "ckpt_sparse:"
-SHADOW_ALPHAS = (0.0, 0.5, 1.0, 2.0)
-DEFAULT_ALPHA = 1.0  # the live cache's alpha before the first re-tune
-RETUNE_EVERY = 64
-RETUNE_HALF_LIFE = 256.0
+# (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
+SHADOW_WEIGHTINGS = (
+  ("lru", 0.0, "none", False),
+  ("hits/0", 0.0, "hits", True),
+  ("hits/1", 1.0, "hits", True),
+  ("reach/0", 0.0, "reach", True),
+  ("reach/1", 1.0, "reach", True),
+)
+SHADOW_ALPHAS = tuple(w[1] for w in SHADOW_WEIGHTINGS)
+DEFAULT_WEIGHTING = 2  # the live cache's weighting before the first re-tune (hits/1)
+RETUNE_EVERY = 256
+RETUNE_HALF_LIFE = 2048.0
 KIND_GRID, KIND_BRANCH, KIND_INPUT_END, KIND_SEQ_END = 0, 1, 2, 3
 # Payload bandwidth of one state-slot copy on an H100: 18 MiB in 104 us (BENCHMARKS.md,
 # bench_state_copy, pallas[1024,4], 1 copy); charged to TTFT per checkpoint written and per
@@ -184,7 +193,8 @@ def run_checkpoint(
     unit: checkpoint unit U in tokens (hits and states at multiples of U).
     block_size: KV page B in tokens.
     alpha: `adaptive` only: a fixed eviction exponent >= 0 instead of the online re-tuning.
-    prior, frequency: `adaptive`'s eviction weight terms (`UnitCache`; for ablations).
+    prior, frequency: `adaptive`'s eviction weight terms with a fixed alpha (`UnitCache`; for
+      ablations; the online re-tuning chooses among `SHADOW_WEIGHTINGS`).
     length_classes: `adaptive`'s priors per (kind, length class) instead of per kind.
 
   Returns:
@@ -197,13 +207,19 @@ def run_checkpoint(
   trie = SeenTrie(sizes.unit)
   stats = DivergenceStats()
   tuned = rule == "adaptive" and alpha is None
-  live_alpha = (DEFAULT_ALPHA if tuned else float(alpha)) if rule == "adaptive" else None
-  live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
-  shadows = [UnitCache(trie, sizes, model, a, prior, frequency) for a in SHADOW_ALPHAS]
+  weightings = list(SHADOW_WEIGHTINGS)
+  if tuned:
+    _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
+    live = UnitCache(trie, sizes, model, a0, p0, f0)
+  else:
+    live_alpha = float(alpha) if rule == "adaptive" else None
+    live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
+  shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
   shadows = shadows if tuned else []
+  current = DEFAULT_WEIGHTING
   score = [0.0] * len(shadows)
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
-  alphas_used: dict[float, int] = {}
+  alphas_used: dict[str, int] = {}
   triples = []
   copy_bytes = []
   t0 = time.perf_counter()
@@ -226,9 +242,11 @@ def run_checkpoint(
       hs = sh.serve(r, path, cap, n_comp, place)
       score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
     if tuned:
-      alphas_used[live.alpha] = alphas_used.get(live.alpha, 0) + 1
+      lab = weightings[current][0]
+      alphas_used[lab] = alphas_used.get(lab, 0) + 1
       if (r + 1) % RETUNE_EVERY == 0:
-        live.alpha = SHADOW_ALPHAS[max(range(len(score)), key=lambda i: (score[i], -i))]
+        current = max(range(len(score)), key=lambda i: (score[i], -i))
+        _, live.alpha, live.prior, live.frequency = weightings[current]
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
   ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
@@ -247,7 +265,8 @@ def run_checkpoint(
     "learned_alignment_units": stats.alignment(),
     "learned_output_reuse": stats.output_reused(),
     "alpha": live.alpha,
-    "alpha_requests": {str(a): n for a, n in sorted(alphas_used.items())} if tuned else None,
+    "weighting": weightings[current][0] if tuned else None,
+    "alpha_requests": dict(sorted(alphas_used.items())) if tuned else None,
     "wall_s": time.perf_counter() - t0,
   }
   return triples, extra

@@ -193,7 +193,7 @@ def test_adaptive_alpha_retuned_online_and_placements_counted():
   cap = TINY.state_bytes + 4 * longest + 4 * 600
   triples, extra = cp.run_checkpoint(trace, TINY, cap, "adaptive", unit=16, block_size=64)
   assert sum(extra["alpha_requests"].values()) == len(trace)
-  assert extra["alpha"] in cp.SHADOW_ALPHAS
+  assert extra["weighting"] in [w[0] for w in cp.SHADOW_WEIGHTINGS]
   assert extra["states_admitted"] >= extra["states_evicted"] > 0
   assert any(t[2] for t in triples)
 
