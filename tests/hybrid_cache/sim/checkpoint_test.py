@@ -11,6 +11,7 @@ from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cli import simulate
+from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
@@ -117,7 +118,8 @@ def test_branch_point_gets_a_state_on_second_sighting():
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_online_prefix_of_a_cut_trace(policy, tmp_path):
+def test_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
+  monkeypatch.setattr(cp, "RETUNE_EVERY", 4)  # adaptive re-tunes several times within the cut
   trace = agentic(seed=3, num_sessions=6, sys_prompt_len=300, min_turns=3, max_turns=6)
   trace = trace.head(60)
   path = tmp_path / "t.jsonl"
@@ -150,6 +152,9 @@ def test_online_prefix_of_a_cut_trace(policy, tmp_path):
     dumps.append(json.loads(out.read_text()))
   full = dumps[0]
   assert any(t[2] for t in full)
+  if policy == "adaptive":
+    _, extra = simulate(trace, get_model("marconi_7b"), 3e9, "adaptive", 128, checkpoint_unit=64)
+    assert len(extra["alpha_requests"]) > 1  # the weighting did change during the replay
   assert dumps[1] == full[:37]
   assert dumps[2] == full[:11]
 
