@@ -28,7 +28,7 @@ A first chunk (start == 0) reads no state (zeros).
 Speculative decoding (`Engine(drafter=...)` with `CacheConfig.num_speculative_tokens` = k):
 decoding requests run verify windows of their last token + up to k drafts through the
 multi-token verify kernels, greedy acceptance, per-token state commits; the cache core sees
-only verified tokens, one step behind (see `hybrid_cache.engine_spec`).
+only verified tokens, one step behind (see `hybrid_cache.engine.spec`).
 
 "Caching off" is `CacheConfig(enable_prefix_caching=False)`: the core then never looks up or
 registers hashes and keeps one recurrent block per request (mode "none").
@@ -256,7 +256,7 @@ class Engine:
     decode_kernels: run steps whose sequences all have one token (pure decode steps) through
       the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket);
       False = every step through the chunked prefill kernels.
-    drafter: speculative decoding with this drafter (`hybrid_cache.engine_drafter`) and
+    drafter: speculative decoding with this drafter (`hybrid_cache.engine.drafter`) and
       k = cache_config.num_speculative_tokens drafts per step; None = off (k must be 0).
   """
 
@@ -563,7 +563,7 @@ class Engine:
           fill[f] += 1
     return src, dst
 
-  # ---- speculative decoding (hybrid_cache.engine_spec) ----
+  # ---- speculative decoding (hybrid_cache.engine.spec) ----
 
   def _flush_scratch(self, r: _Req, tables: list[list[int]]) -> None:
     """Queues the copy of r's private K/V page once the core gave its column a block."""

@@ -17,6 +17,12 @@ hits in multiples of --block-size (default 64; 1 covers every policy): the per-r
 bound_flops_saved / bound_tokens_reused (with bound_token_hit_rate) are the bounds no policy
 exceeds; clairvoyant_flops_saved / clairvoyant_tokens_reused repeat the schedule's values.
 --bound-iterations sets its subgradient iterations.
+
+Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
+`checkpoint_policies.py`): recurrent checkpoints at multiples of --checkpoint-unit U (default
+64) for any KV page --block-size B (default 64), exact bytes (states never padded to a page);
+`adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
+--hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import time
 
 from hybrid_cache import cli_util
+from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
@@ -45,6 +52,7 @@ from hybrid_cache.sim.vllm_plus import run_vllm_plus
 DEFAULT_CORE_BLOCK = 64
 DEFAULT_FLOP_ALPHA = 1.0  # flop_aware's static alpha unless --alpha is given
 DEFAULT_BOUND_ITERATIONS = 500  # offline_bound's subgradient iterations per objective
+DEFAULT_CHECKPOINT_UNIT = 64  # the GDN/SSD kernels' chunk: a state at any multiple is free
 
 
 def _retention(text: str):
@@ -101,6 +109,7 @@ def simulate(
   block_size: int | None = None,
   core: dict | None = None,
   bound_iterations: int = DEFAULT_BOUND_ITERATIONS,
+  checkpoint_unit: int = DEFAULT_CHECKPOINT_UNIT,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
@@ -108,6 +117,8 @@ def simulate(
   ("policy", None or an int), pinning (bool), token_budget (None = whole prompt per step); see
   `core_sim.py`. `bound_iterations`: offline_bound's subgradient iterations (its triples are
   the clairvoyant schedule's hits; the bounds are in the extra fields, see the module doc).
+  `checkpoint_unit`: checkpoint policies' unit U (hits and states at multiples of it); their
+  `core` dict may hold "alpha" (adaptive's fixed exponent, None or "tuned" = online).
   """
   policy = parse_policy(policy_name)
   if policy.required_block_size is not None:
@@ -118,7 +129,7 @@ def simulate(
         f"block_size must be {policy.required_block_size} for policy {policy.name}, "
         f"got {block_size}"
       )
-  if policy.kind in ("core", "bound") and block_size is None:
+  if policy.kind in ("core", "bound", "ckpt") and block_size is None:
     block_size = DEFAULT_CORE_BLOCK
   if block_size is None:
     block_size = 1
@@ -131,6 +142,21 @@ def simulate(
     return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
   if policy.kind == "bound":
     return _simulate_bound(trace, model, capacity_bytes, block_size, extra, bound_iterations)
+  if policy.kind == "ckpt":
+    alpha = _alpha((core or {}).get("alpha"))
+    if alpha is not None and alpha != "tuned" and policy.name != "adaptive":
+      raise ValueError(f"alpha applies to adaptive only, got --alpha for {policy.name}")
+    check_capacity(trace, model, capacity_bytes)
+    triples, ck = checkpoint_policies.run_checkpoint(
+      trace,
+      model,
+      capacity_bytes,
+      policy.name,
+      unit=checkpoint_unit,
+      block_size=block_size,
+      alpha=None if alpha == "tuned" else alpha,
+    )
+    return triples, extra | ck
   check_capacity(trace, model, capacity_bytes)
   t0 = time.perf_counter()
   if policy.kind == "oracle":
@@ -191,9 +217,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   pinning = core.pop("pinning", False)
   budget = core.pop("token_budget", None)
   alpha = _alpha(core.pop("alpha", None))
+  hbs = core.pop("hash_block_size", None)
   if core:
     raise ValueError(
-      f"core options must be backend/retention/pinning/token_budget/alpha, got {core}"
+      "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size, "
+      f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
     alpha = DEFAULT_FLOP_ALPHA
@@ -208,6 +236,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     retention=retention,
     pinning=pinning,
     token_budget=budget,
+    hash_block_size=hbs,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -258,6 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
     type=cli_util.int_arg(0),
     default=DEFAULT_BOUND_ITERATIONS,
     help="offline_bound: subgradient iterations per objective (0: the capacity-cut oracle)",
+  )
+  p.add_argument(
+    "--checkpoint-unit",
+    type=cli_util.int_arg(1),
+    default=DEFAULT_CHECKPOINT_UNIT,
+    help="checkpoint policies: tokens per checkpoint unit U (states at its multiples)",
+  )
+  p.add_argument(
+    "--hash-block-size",
+    type=cli_util.int_arg(1),
+    default=None,
+    help="core policies: vLLM's hash block (partial hits when it divides a larger block)",
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
@@ -338,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
       "token_budget": args.token_budget,
       "alpha": _alpha(args.alpha),
     }
+    if args.hash_block_size is not None:
+      core["hash_block_size"] = args.hash_block_size
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)
@@ -350,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         args.block_size,
         core=core,
         bound_iterations=args.bound_iterations,
+        checkpoint_unit=args.checkpoint_unit,
       )
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(

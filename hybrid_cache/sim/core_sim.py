@@ -166,14 +166,29 @@ def build_config(
   retention: int | None | str = "policy",
   pinning: bool = False,
   token_budget: int | None = None,
+  hash_block_size: int | None = None,
 ) -> tuple[CacheConfig, dict]:
-  """The CacheConfig of a core policy for this trace and budget, and the sizing summary."""
+  """The CacheConfig of a core policy for this trace and budget, and the sizing summary.
+
+  `hash_block_size` (None = the block size): vLLM's hash block (`prefix_match_unit`); a divisor
+  of `block_size` below it turns on vLLM's partial hits for `align` recurrent groups.
+  """
   if policy not in CORE_POLICY_CONFIGS:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
   if not capacity_bytes > 0:
     raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
+  if hash_block_size is not None and (
+    isinstance(hash_block_size, bool)
+    or not isinstance(hash_block_size, int)
+    or hash_block_size < 1
+    or block_size % hash_block_size
+  ):
+    raise ValueError(
+      f"hash_block_size must be None or an integer >= 1 dividing block_size={block_size}, "
+      f"got {hash_block_size!r}"
+    )
   p = CORE_POLICY_CONFIGS[policy]
   groups = model_groups(model, p.mode)
   gb = group_block_bytes(model, groups, block_size)
@@ -206,6 +221,7 @@ def build_config(
     eviction=p.eviction,
     pinning=pinning,
     max_requests=1,
+    hash_block_size=hash_block_size,
     **_eviction_costs(model, groups, block_size, p.eviction),
   )
   sizing = {
@@ -219,6 +235,9 @@ def build_config(
     "eviction": p.eviction,
     "pinning": pinning,
   }
+  if hash_block_size is not None:
+    sizing["hash_block_size"] = hash_block_size
+    sizing["partial_hits"] = cfg.partial_hits
   return cfg, sizing
 
 

@@ -7,6 +7,12 @@ marconi_compat_vllm     Marconi's vLLM+ baseline (a state per 32-token block, LR
 oracle                  infinite cache (every block and boundary state kept), any block size.
 offline_bound           offline upper bound at the capacity (`offline_bound.py`): the block size
                         is the hit unit; the replayed hits are its clairvoyant schedule's.
+adaptive                checkpoints placed by value at multiples of the checkpoint unit U,
+                        chain-aware FLOP-aware eviction, alpha re-tuned online
+                        (`checkpoint_policies.py`).
+ckpt_dense, ckpt_sparse:K, ckpt_branch
+                        checkpoints every U, every K U, or at branch points and leaves (Marconi at U
+                        granularity), LRU eviction (`checkpoint_policies.py`).
 vllm_none, vllm_align, vllm_align_marconi, vllm_align_dense, align_dense, vllm_all, lru,
 flop_aware              policies over the cache core (`core_sim.py`: JaxCacheManager, or
                         ReferencePolicy with --backend reference), any block size; `vllm_align`
@@ -34,14 +40,19 @@ CORE_POLICIES = (
 ) + tuple(p for p in EVICTION_POLICIES if p not in ("lru", "flop_aware"))
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
+CKPT_POLICIES = ("adaptive", "ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch")
 ALL_POLICIES = (
-  COMPAT_POLICIES + (STATIC_PREFIX + "<alpha>", "oracle", "offline_bound") + CORE_POLICIES
+  COMPAT_POLICIES
+  + (STATIC_PREFIX + "<alpha>", "oracle", "offline_bound")
+  + CORE_POLICIES
+  + CKPT_POLICIES
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-  """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "bound", "core"}."""
+  """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "bound", "core",
+  "ckpt"}."""
 
   name: str
   kind: str
@@ -73,6 +84,11 @@ def parse_policy(name: str) -> Policy:
     return Policy(name, "bound")
   if name in CORE_POLICIES:
     return Policy(name, "core")
+  if name in ("adaptive", "ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
+    from hybrid_cache.sim.checkpoint_policies import parse_placement
+
+    parse_placement(name)
+    return Policy(name, "ckpt")
   raise ValueError(f"policy must be one of {ALL_POLICIES}, got {name!r}")
 
 

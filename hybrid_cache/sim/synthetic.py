@@ -14,6 +14,13 @@ with the given means (at least 1). Kinds:
 - self_consistency: every prompt is sent `n` times (different outputs).
 - rl_rollouts: groups of `group` rollouts of a prompt, `steps` turns each (input of turn t =
   previous input + output + tool/env feedback).
+- agentic: tool-using agent sessions (issue 15): `num_sys_prompts` long system prompts (tool
+  definitions, Zipf-ish popularity, `sys_prompt_len` tokens each), a user task, then rounds of
+  tool call (output) + tool result (`obs_mean`) appended to the history; when the history passes
+  `history_budget` tokens the oldest rounds are dropped and replaced by a fresh summary of
+  `stub_len` tokens (context compaction, so the next input shares only system prompt + task);
+  with probability `p_fanout` a turn is sent `fanout` times (parallel samples / sub-agents;
+  only the first continues).
 """
 
 from __future__ import annotations
@@ -24,7 +31,15 @@ from hybrid_cache.sim.trace import Request
 from hybrid_cache.sim.trace import Trace
 from hybrid_cache.sim.trace import token_request
 
-KINDS = ("chat", "agent", "shared_prefix", "doc_qa", "self_consistency", "rl_rollouts")
+KINDS = (
+  "chat",
+  "agent",
+  "shared_prefix",
+  "doc_qa",
+  "self_consistency",
+  "rl_rollouts",
+  "agentic",
+)
 
 
 class _Gen:
@@ -197,6 +212,54 @@ def rl_rollouts(
   return _finish(reqs, f"rl_rollouts_seed{seed}")
 
 
+def agentic(
+  seed=0,
+  num_sessions=150,
+  sps=2.0,
+  num_sys_prompts=4,
+  sys_prompt_len=6000,
+  task_mean=300.0,
+  min_turns=5,
+  max_turns=30,
+  obs_mean=700.0,
+  out_mean=120.0,
+  history_budget=12000,
+  stub_len=200,
+  p_fanout=0.1,
+  fanout=3,
+  vocab=32000,
+) -> Trace:
+  g = _Gen(seed, vocab)
+  prompts = [
+    g.tokens(max(1, int(sys_prompt_len * (0.5 + g.rng.random())))) for _ in range(num_sys_prompts)
+  ]
+  weights = 1.0 / np.arange(1, num_sys_prompts + 1)
+  weights /= weights.sum()
+  reqs = []
+  for s in range(num_sessions):
+    t = s / sps
+    sys_prompt = prompts[int(g.rng.choice(num_sys_prompts, p=weights))]
+    task = g.tokens(g.length(task_mean))
+    hist: list[int] = []
+    rounds: list[int] = []  # length of each round in hist
+    for turn in range(int(g.rng.integers(min_turns, max_turns + 1))):
+      if len(hist) > history_budget:
+        while rounds and len(hist) > history_budget // 2:
+          hist = hist[rounds.pop(0) :]
+        hist = g.tokens(stub_len) + hist
+        rounds.insert(0, stub_len)
+      inp = sys_prompt + task + hist
+      copies = fanout if g.rng.random() < p_fanout else 1
+      outs = [g.tokens(g.length(out_mean)) for _ in range(copies)]
+      for out in outs:
+        reqs.append((t, len(reqs), token_request(inp, out, session_id=s, turn_id=turn, ts=t)))
+      obs = g.tokens(g.length(obs_mean))
+      hist = hist + outs[0] + obs
+      rounds.append(len(outs[0]) + len(obs))
+      t += float(g.rng.exponential(3.0))
+  return _finish(reqs, f"agentic_seed{seed}")
+
+
 GENERATORS = {
   "chat": chat,
   "agent": agent,
@@ -204,6 +267,7 @@ GENERATORS = {
   "doc_qa": doc_qa,
   "self_consistency": self_consistency,
   "rl_rollouts": rl_rollouts,
+  "agentic": agentic,
 }
 
 

@@ -43,6 +43,14 @@ TINY = {
     "max_num_batched_tokens = 32",
     "max_model_len = 128",
   ],
+  "beyond_vllm": [
+    "seeds = (0,)",
+    "capacities = (1.5e9,)",
+    "params = {'num_sessions': 3, 'sys_prompt_len': 300, 'obs_mean': 60.0, 'max_turns': 6}",
+    "block_size = 64",
+    "bound_iterations = 20",
+    "backend = 'reference'",
+  ],
   "swa_pinning_sweep": [
     "num_prefixes = (1, 2)",
     "prefix_len = 40",

@@ -11,6 +11,7 @@ SMALL = {
   "doc_qa": dict(num_docs=3, doc_mean=200),
   "self_consistency": dict(num_prompts=3, n=4),
   "rl_rollouts": dict(num_prompts=2, group=3, steps=2),
+  "agentic": dict(num_sessions=3, sys_prompt_len=100, obs_mean=40.0, max_turns=6),
 }
 
 
@@ -57,3 +58,42 @@ def test_unknown_kind_and_param():
     synthetic.generate("nope")
   with pytest.raises(ValueError, match="parameters"):
     synthetic.generate("chat", bogus=1)
+
+
+def _lcp(a, b):
+  n = 0
+  for x, y in zip(a.tolist(), b.tolist()):
+    if x != y:
+      break
+    n += 1
+  return n
+
+
+def test_agentic_shares_prompts_compacts_history_and_fans_out():
+  tr = synthetic.generate(
+    "agentic",
+    seed=2,
+    num_sessions=6,
+    num_sys_prompts=2,
+    sys_prompt_len=100,
+    obs_mean=300.0,
+    min_turns=12,
+    max_turns=12,
+    history_budget=1500,
+    p_fanout=0.3,
+  )
+  by = {}
+  for r in tr.requests:
+    by.setdefault(r.session_id, []).append(r)
+  # sessions share a system prompt (>= 50 tokens: lengths are 0.5-1.5x the mean)
+  firsts = [v[0] for v in by.values()]
+  assert max(_lcp(a.seq, b.seq) for a in firsts for b in firsts if a is not b) >= 50
+  compactions = fanouts = 0
+  for reqs in by.values():
+    for a, b in zip(reqs, reqs[1:]):
+      if b.turn_id == a.turn_id:  # fan-out: same input, another output
+        fanouts += 1
+        assert b.seq[: b.num_input_symbols].tolist() == a.seq[: a.num_input_symbols].tolist()
+      elif _lcp(a.seq, b.seq) < a.num_input_tokens:  # compaction: only prompt + task shared
+        compactions += 1
+  assert fanouts > 0 and compactions > 0

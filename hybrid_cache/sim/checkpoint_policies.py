@@ -1,0 +1,275 @@
+"""Checkpoint placement rules over `checkpoint_cache.UnitCache`, and the `adaptive` policy.
+
+Issue 15, item 3. Every rule picks, at prefill time of request r, the depths d (in units of U
+tokens, hit < d <= r's computed units) that get a checkpoint; the kernels emit a state at any
+chunk boundary at no extra compute, so a rule costs only the bytes it keeps.
+
+  ckpt_dense       every unit (a state every U tokens), LRU eviction.
+  ckpt_sparse:K    every K units (every K U tokens), LRU eviction.
+  ckpt_branch      Marconi's placement at U granularity: the branch point (the deepest unit r
+                   shares with any earlier request, if deeper than r's hit) and the last
+                   computed unit of r (its leaf), LRU eviction.
+  adaptive         learned placement + chain-aware FLOP-aware eviction, online (below).
+
+`adaptive`. Placement: the branch point (as above: a prefix some earlier request computed too is
+shared by >= 2 sequences) and one *continuation* point where r's successor is expected to
+diverge, from two statistics of what the cache has seen (`DivergenceStats`, decayed counts over
+the divergences observed so far, never the future):
+  - alignment A: the largest 2^j units (j <= 4) such that >= 90% of the observed divergence
+    depths are multiples of A (traces hashed in blocks diverge only on block boundaries:
+    Mooncake's 512-token blocks give A = 8 units at U = 64); 1 until 16 divergences are seen;
+  - output reuse: the share of divergences that lie in an earlier request's output region
+    (chat histories re-send the answer; Mooncake's fresh output ids never match). The
+    continuation point is the last multiple of A within r's input (share < 1/2) or within its
+    computed tokens (share >= 1/2).
+Eviction: GreedyDual over chain units weighted by FLOPs saved per byte (`UnitCache`), with a
+prior per placement kind and length class of the request: the share of such candidate points
+that a later request has passed so far (`SeenTrie.reach_prior`, counted on the trie of
+everything seen, whether a cache kept the point or not: a prior counted on the cache's own hits
+feeds on itself, as an evicted point is never hit), hit counts and an exponent
+alpha re-tuned online: shadow caches replay the same requests with fixed weightings
+(`SHADOW_WEIGHTINGS`: plain LRU, and alpha 0 and 1 with frequency and either prior; same
+placement rule), and every `RETUNE_EVERY` requests the live cache takes the weighting whose
+shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
+All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
+
+TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
+time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
+(`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hybrid_cache.sim.checkpoint_cache import CacheSizes
+from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.trace import Trace
+
+PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
+SPARSE_PREFIX = "ckpt_sparse:"
+# (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
+SHADOW_WEIGHTINGS = (
+  ("lru", 0.0, "none", False),
+  ("hits/0", 0.0, "hits", True),
+  ("hits/1", 1.0, "hits", True),
+  ("reach/0", 0.0, "reach", True),
+  ("reach/1", 1.0, "reach", True),
+)
+SHADOW_ALPHAS = tuple(w[1] for w in SHADOW_WEIGHTINGS)
+DEFAULT_WEIGHTING = 2  # the live cache's weighting before the first re-tune (hits/1)
+RETUNE_EVERY = 256
+RETUNE_HALF_LIFE = 2048.0
+KIND_GRID, KIND_BRANCH, KIND_INPUT_END, KIND_SEQ_END = 0, 1, 2, 3
+# Payload bandwidth of one state-slot copy on an H100: 18 MiB in 104 us (BENCHMARKS.md,
+# bench_state_copy, pallas[1024,4], 1 copy); charged to TTFT per checkpoint written and per
+# state restored for a hit.
+STATE_COPY_GB_PER_S = 18 * 2**20 / 104e-6 / 1e9
+_MAX_ALIGN_LOG2 = 4
+_MIN_OBS = 16.0
+_DECAY = 0.995
+
+
+_LEN_CLASSES = 8
+
+
+def length_class(units: int) -> int:
+  """log2 class of a request's computed units (0: < 16 units, ..., 7: >= 2048 units)."""
+  return min(max(units, 1).bit_length() - 4, _LEN_CLASSES - 1) if units >= 16 else 0
+
+
+def parse_placement(name: str) -> tuple[str, int]:
+  """(rule, K) of a checkpoint policy name; ValueError naming the allowed ones."""
+  if name in ("ckpt_dense", "ckpt_branch", "adaptive"):
+    return name, 1
+  if name.startswith(SPARSE_PREFIX):
+    raw = name[len(SPARSE_PREFIX) :]
+    try:
+      k = int(raw)
+    except ValueError:
+      k = 0
+    if k < 1:
+      raise ValueError(f"ckpt_sparse's K must be an integer >= 1, got {raw!r} in {name!r}")
+    return "ckpt_sparse", k
+  raise ValueError(f"checkpoint policy must be one of {PLACEMENTS}, got {name!r}")
+
+
+class DivergenceStats:
+  """Decayed counts of where requests diverged from what was seen (see the module doc)."""
+
+  def __init__(self):
+    self.obs = 0.0
+    self.aligned = [0.0] * (_MAX_ALIGN_LOG2 + 1)
+    self.out = 0.0
+
+  def alignment(self) -> int:
+    if self.obs < _MIN_OBS:
+      return 1
+    a = 1
+    for j in range(1, _MAX_ALIGN_LOG2 + 1):
+      if self.aligned[j] >= 0.9 * self.obs:
+        a = 1 << j
+    return a
+
+  def output_reused(self) -> bool:
+    return self.obs >= _MIN_OBS and self.out >= 0.5 * self.obs
+
+  def observe(self, depth: int, in_output: bool) -> None:
+    """A request diverged after `depth` >= 1 shared units (in an earlier output or not)."""
+    self.obs = self.obs * _DECAY + 1.0
+    self.out = self.out * _DECAY + (1.0 if in_output else 0.0)
+    for j in range(_MAX_ALIGN_LOG2 + 1):
+      self.aligned[j] = self.aligned[j] * _DECAY + (1.0 if depth % (1 << j) == 0 else 0.0)
+
+
+def candidates(
+  rule: str,
+  stats: DivergenceStats,
+  n_path: int,
+  n_in_units: int,
+  seen: int,
+  length_classes: bool = False,
+) -> list[tuple[int, int]]:
+  """The branch-point and leaf/continuation depths of a request with their kinds (any hit).
+
+  `adaptive` kinds carry the request's length class (kind * _LEN_CLASSES + class): the
+  eviction prior is learned per (kind, length class), as short contexts are continued more
+  often than long ones (Mooncake conversation trace: 64% of inputs < 4k tokens, 31% of > 20k).
+  """
+  out: dict[int, int] = {}
+  if seen > 0:
+    out[seen] = KIND_BRANCH
+  if rule == "ckpt_branch":
+    if n_path > 0:
+      out.setdefault(n_path, KIND_SEQ_END)
+    return sorted(out.items())
+  a = stats.alignment()
+  if stats.output_reused():
+    c, kind = (n_path // a) * a, KIND_SEQ_END
+  else:
+    c, kind = (min(n_in_units, n_path) // a) * a, KIND_INPUT_END
+  if c > 0:
+    out.setdefault(c, kind)
+  cls = length_class(n_path) if length_classes else 0
+  return sorted((q, kk * _LEN_CLASSES + cls) for q, kk in out.items())
+
+
+def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
+  """place(hit_depth) -> [(depth, kind)] deeper than the hit (see the module doc)."""
+
+  def place(d: int) -> list[tuple[int, int]]:
+    if rule == "ckpt_dense":
+      return [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
+    if rule == "ckpt_sparse":
+      return [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
+    return [(q, kind) for q, kind in cands if q > d]
+
+  return place
+
+
+def run_checkpoint(
+  trace: Trace,
+  model: ModelConfig,
+  capacity_bytes: float,
+  policy: str,
+  unit: int = 64,
+  block_size: int = 64,
+  alpha: float | None = None,
+  prior: str = "hits",
+  frequency: bool = True,
+  length_classes: bool = False,
+) -> tuple[list[tuple[int, int, int]], dict]:
+  """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
+
+  Args:
+    trace: requests in replay order.
+    model: cost model (bytes, FLOPs).
+    capacity_bytes: one capacity for KV pages and checkpoints (> 0).
+    policy: a `PLACEMENTS` name.
+    unit: checkpoint unit U in tokens (hits and states at multiples of U).
+    block_size: KV page B in tokens.
+    alpha: `adaptive` only: a fixed eviction exponent >= 0 instead of the online re-tuning.
+    prior, frequency: `adaptive`'s eviction weight terms with a fixed alpha (`UnitCache`; for
+      ablations; the online re-tuning chooses among `SHADOW_WEIGHTINGS`).
+    length_classes: `adaptive`'s priors per (kind, length class) instead of per kind.
+
+  Returns:
+    ([hit, input tokens, reused tokens] per request, extra summary fields).
+  """
+  rule, k = parse_placement(policy)
+  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
+    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
+  sizes = CacheSizes.of(model, capacity_bytes, unit, block_size)
+  trie = SeenTrie(sizes.unit)
+  stats = DivergenceStats()
+  tuned = rule == "adaptive" and alpha is None
+  weightings = list(SHADOW_WEIGHTINGS)
+  if tuned:
+    _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
+    live = UnitCache(trie, sizes, model, a0, p0, f0)
+  else:
+    live_alpha = float(alpha) if rule == "adaptive" else None
+    live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
+  shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
+  shadows = shadows if tuned else []
+  current = DEFAULT_WEIGHTING
+  score = [0.0] * len(shadows)
+  decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
+  alphas_used: dict[str, int] = {}
+  triples = []
+  copy_bytes = []
+  t0 = time.perf_counter()
+  for r, req in enumerate(trace.requests):
+    path, seen = trie.walk(req)
+    n_in = req.num_input_tokens
+    n_comp = n_in + max(req.num_output_tokens - 1, 0)
+    cap = (n_in - 1) // sizes.unit
+    cands = []
+    if rule in ("ckpt_branch", "adaptive"):
+      cands = candidates(rule, stats, len(path), n_in // sizes.unit, seen, length_classes)
+      for q, kind in cands:
+        trie.register(path[q - 1], kind)
+    place = _placer(rule, k, len(path), cands)
+    before = live.admitted_ckpts
+    h = live.serve(r, path, cap, n_comp, place)
+    triples.append((int(h > 0), n_in, h))
+    copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * sizes.ckpt_bytes)
+    for i, sh in enumerate(shadows):
+      hs = sh.serve(r, path, cap, n_comp, place)
+      score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
+    if tuned:
+      lab = weightings[current][0]
+      alphas_used[lab] = alphas_used.get(lab, 0) + 1
+      if (r + 1) % RETUNE_EVERY == 0:
+        current = max(range(len(score)), key=lambda i: (score[i], -i))
+        _, live.alpha, live.prior, live.frequency = weightings[current]
+    if 0 < seen < cap:
+      stats.observe(seen, trie.out[path[seen - 1]])
+  ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
+  ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
+  extra = {
+    "checkpoint_copy_bytes": int(sum(copy_bytes)),
+    "ttft_mean_ms_with_copies": float(ttft.mean()) if len(ttft) else 0.0,
+    "ttft_p95_ms_with_copies": float(np.percentile(ttft, 95)) if len(ttft) else 0.0,
+    "checkpoint_unit": sizes.unit,
+    "checkpoint_bytes": sizes.ckpt_bytes,
+    "kv_page_bytes": sizes.kv_page_bytes,
+    "states_admitted": live.admitted_ckpts,
+    "states_evicted": live.evicted_ckpts,
+    "final_cache_bytes": live.used,
+    "trie_units": len(trie),
+    "learned_alignment_units": stats.alignment(),
+    "learned_output_reuse": stats.output_reused(),
+    "alpha": live.alpha,
+    "weighting": weightings[current][0] if tuned else None,
+    "alpha_requests": dict(sorted(alphas_used.items())) if tuned else None,
+    "wall_s": time.perf_counter() - t0,
+  }
+  return triples, extra
+
+
+__all__ = ["PLACEMENTS", "DivergenceStats", "parse_placement", "run_checkpoint"]

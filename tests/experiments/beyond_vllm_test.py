@@ -1,0 +1,37 @@
+"""experiments.beyond_vllm: records per (seed, capacity), ratios, nothing over the bound."""
+
+from experiments import beyond_vllm
+
+PARAMS = {"num_sessions": 4, "sys_prompt_len": 300, "obs_mean": 60.0, "max_turns": 6}
+
+
+def test_compare_records_and_ratios():
+  recs = beyond_vllm.compare(
+    "agentic",
+    "synthetic",
+    capacities=(1.5e9, 3e9),
+    seeds=(0, 1),
+    block_size=64,
+    bound_iterations=30,
+    params=PARAMS,
+    backend="reference",
+  )
+  assert [(r["seed"], r["capacity_bytes"]) for r in recs] == [
+    (0, 1.5e9),
+    (0, 3e9),
+    (1, 1.5e9),
+    (1, 3e9),
+  ]
+  for r in recs:
+    rows = r["rows"]
+    assert set(rows) == {"lru", *beyond_vllm.DEFAULT_POLICIES}
+    vbest = max(rows["vllm_align_marconi"]["flops_saved"], rows["vllm_partial"]["flops_saved"])
+    assert r["vllm_best_flops"] == vbest
+    bound = rows["offline_bound"]["flops_saved"]
+    for p in ("lru", "vllm_align_marconi", "vllm_partial", "adaptive"):
+      assert rows[p]["flops_saved"] <= bound
+    assert rows["offline_bound"]["clairvoyant_flops_saved"] <= bound
+    assert 0.0 <= r["lru_of_token_oracle"] <= 1.0
+    if vbest:
+      assert r["adaptive_over_vllm"] == rows["adaptive"]["flops_saved"] / vbest
+    assert r["adaptive_of_bound"] == rows["adaptive"]["flops_saved"] / bound
