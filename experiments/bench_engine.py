@@ -2,6 +2,7 @@
 latency ratio (align + Marconi admission vs caching off) measured side by side in one run.
 
   python -m experiments.bench_engine [--presets=qwen35_tiny,...] [--num_prompts=20]
+      [--implementation=xla|pallas|interpret]
 
 Prints a table and the command; every number comes from this one process (compilations are
 excluded: each configuration runs once untimed first). Decode is timed twice per preset, side
@@ -31,9 +32,19 @@ _BATCH = flags.DEFINE_integer("batch", 4, "Concurrent requests (throughput).")
 _DECODE = flags.DEFINE_integer("decode_len", 32, "Generated tokens per request (throughput).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 20, "Shared-prefix prompts.")
 _PREFIX = flags.DEFINE_integer("prefix_len", 500, "Shared prefix length.")
+_IMPL = flags.DEFINE_enum(
+  "implementation", None, ["xla", "pallas", "interpret"], "Kernels (default: by backend)."
+)
 
 
-def _engine(preset: str, prefill_len: int, batch: int, decode_len: int, decode_kernels: bool):
+def _engine(
+  preset: str,
+  prefill_len: int,
+  batch: int,
+  decode_len: int,
+  decode_kernels: bool,
+  implementation: str | None = None,
+):
   budget = batch * prefill_len
   cc = cache_config_for(
     preset,
@@ -50,6 +61,7 @@ def _engine(preset: str, prefill_len: int, batch: int, decode_len: int, decode_k
     token_buckets=(batch, budget),
     seq_buckets=(2 * batch,),
     decode_kernels=decode_kernels,
+    implementation=implementation,
   )
 
 
@@ -66,7 +78,12 @@ def _time_round(eng: Engine, prompts: list[list[int]], decode_len: int) -> tuple
 
 
 def throughput(
-  preset: str, prefill_len: int, batch: int, decode_len: int, rounds: int = 3
+  preset: str,
+  prefill_len: int,
+  batch: int,
+  decode_len: int,
+  rounds: int = 3,
+  implementation: str | None = None,
 ) -> dict[str, float]:
   """Prefill tok/s (all prompts at once, budget = batch * prompt) and decode tok/s.
 
@@ -76,7 +93,9 @@ def throughput(
   """
   rng = np.random.RandomState(0)
   prompts = [rng.randint(0, 256, prefill_len).tolist() for _ in range(batch)]
-  engines = {k: _engine(preset, prefill_len, batch, decode_len, k) for k in (True, False)}
+  engines = {
+    k: _engine(preset, prefill_len, batch, decode_len, k, implementation) for k in (True, False)
+  }
   for eng in engines.values():
     _time_round(eng, prompts, decode_len)  # compile
   best = {k: [float("inf"), float("inf")] for k in engines}
@@ -101,7 +120,7 @@ def main(argv: Sequence[str]) -> None:
     f"{'chunked-kernel decode step ms':>31s}{'ratio':>7s}"
   )
   for p in _PRESETS.value:
-    r = throughput(p, _PREFILL.value, _BATCH.value, _DECODE.value)
+    r = throughput(p, _PREFILL.value, _BATCH.value, _DECODE.value, implementation=_IMPL.value)
     old = r["chunked_decode_step_ms"]
     print(
       f"{p:18s}{r['prefill_tok_s']:15.0f}{r['decode_tok_s']:14.1f}{r['decode_step_ms']:16.1f}"
@@ -118,7 +137,7 @@ def main(argv: Sequence[str]) -> None:
     4,
     common=common,
     repeats=3,
-    engine_kwargs=dict(max_num_seqs=1, token_buckets=(32, 512, 1024)),
+    engine_kwargs=dict(max_num_seqs=1, token_buckets=(32, 512, 1024), implementation=_IMPL.value),
   )
   off, on = res["off"], res["align_marconi"]
   print(

@@ -17,6 +17,7 @@ from typing import Any
 from absl import logging
 
 from experiments import plotting
+from hybrid_cache.engine import config as engine_config
 from hybrid_cache.engine import workload as engine_workload
 
 PLOTTED = ["cached_tokens", "prefill_tokens_computed", "wall_s"]
@@ -35,6 +36,8 @@ class ArmsSetup:
     cache_manager: "jax" (jitted core) or "reference" (host reference policy).
     repeats: timed rounds after the warm-up round; the best round is reported.
     token_buckets: padded step sizes of the jitted model step (None: engine default).
+    implementation: kernels of the model step ("xla" | "pallas" | "interpret" | None = by
+      backend; `engine_config.IMPLEMENTATIONS`).
     progress: print per-round progress.
   """
 
@@ -51,6 +54,7 @@ class ArmsSetup:
   cache_manager: str = "jax"
   repeats: int = 1
   token_buckets: tuple[int, ...] | None = (32, 512)
+  implementation: str | None = None
   progress: bool = True
 
   def __post_init__(self):
@@ -61,6 +65,7 @@ class ArmsSetup:
         raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
     if self.prefix_len + self.suffix_len < 1:
       raise ValueError("prefix_len + suffix_len must be >= 1 (a prompt needs a token), got 0")
+    engine_config.check_implementation(self.implementation)
 
 
 _MIN_SIZES = {
@@ -123,7 +128,10 @@ def run_arms(
     repeats=s.repeats,
     concurrency=s.concurrency,
     engine_kwargs=dict(
-      cache_manager=s.cache_manager, token_buckets=s.token_buckets, max_num_seqs=s.concurrency
+      cache_manager=s.cache_manager,
+      token_buckets=s.token_buckets,
+      max_num_seqs=s.concurrency,
+      implementation=s.implementation,
     ),
     progress=s.progress,
   )

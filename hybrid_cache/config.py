@@ -38,6 +38,10 @@ _KIND_ALIASES = {
 RECURRENT_MODES = ("none", "align", "all")
 EVICTION_COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 PROFILES = ("vllm", "pinned")
+# Where freed blocks go (vLLM §1.6): "scratch_first" = vLLM 0.33 (#42656/#43447: blocks without a
+# hash at the free-queue head, reused first); "all_tail" = before June 2026, every freed block
+# appended at the tail in the order freed (the order vLLM #40676's pinning was measured under).
+FREE_ORDERS = ("scratch_first", "all_tail")
 
 
 def _check_int(field: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
@@ -130,6 +134,8 @@ class CacheConfig:
     use_eagle: EAGLE lookups (drop one unit); all groups are EAGLE groups if none is flagged.
     pinning: the pinned tier of SPEC B1 (off in the `vllm` profile).
     pin_min_drop_size: an SWA window drop smaller than this many blocks pins nothing.
+    free_order: where freed blocks enter the free queue (`FREE_ORDERS`): "scratch_first"
+      (vLLM 0.33) or "all_tail" (vLLM before #43447, the pre-fix order).
     eviction: a registered eviction policy (`hybrid_cache.policies`): "lru" (vLLM's free
       queue order), "flop_aware" (SPEC B2: Marconi's utility, `core/policies/flop_aware.py`;
       alpha lives in the state, `eviction.set_alpha`) or another registered name.
@@ -160,6 +166,7 @@ class CacheConfig:
   use_eagle: bool = False
   pinning: bool = False
   pin_min_drop_size: int = 1
+  free_order: str = "scratch_first"
   eviction: str = "lru"
   max_requests: int = 64
   eviction_flops_linear: tuple[float, ...] = ()
@@ -182,6 +189,8 @@ class CacheConfig:
     _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
     _check_int("pin_min_drop_size", self.pin_min_drop_size, minimum=1)
     _check_int("max_requests", self.max_requests, minimum=1)
+    if self.free_order not in FREE_ORDERS:
+      raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {self.free_order!r}")
     if self.eviction not in EVICTION_POLICIES:
       raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
     self._check_eviction_costs()

@@ -3,8 +3,9 @@
 Free queue (vLLM §1.6): a block is free iff `queue_key[0, b] < BIG` (normal queue) or
 `queue_key[1, b] < BIG` (pinned tier, SPEC B1). Popping takes the smallest normal key; when the
 normal queue is empty the oldest pinned block is demoted (equivalently popped). Freeing puts
-unhashed blocks at the head (a batch keeps its order), hashed blocks at the tail, pinned blocks at
-the pinned tail. Touching unlinks a free block. All functions are pure and jittable.
+unhashed blocks at the head (a batch keeps its order; `free_order="all_tail"`: at the tail too),
+hashed blocks at the tail, pinned blocks at the pinned tail. Touching unlinks a free block.
+All functions are pure and jittable.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybrid_cache.core.state import C_HEAD
 from hybrid_cache.core.state import C_PIN
 from hybrid_cache.core.state import C_REC_EVICTED
 from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import P_ALL_TAIL
 from hybrid_cache.core.state import CacheState
 
 
@@ -47,6 +49,8 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   `batch` (same shape, non-decreasing) numbers the `free_blocks` calls: blocks reaching ref 0
   without a key go to the head, a later batch in front of an earlier one, each batch keeping its
   order; keyed blocks go to the tail in list order; pinned ones to the pinned tier's tail.
+  With `free_order="all_tail"` (`params[P_ALL_TAIL]`, vLLM before #43447) blocks without a key
+  go to the tail too, in list order among the keyed ones.
   """
   nb = state.ref_cnt.shape[0]
   valid = ids > 0
@@ -56,7 +60,7 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   freed = valid & (new_ref == 0)
   safe = jnp.where(valid, ids, 0)
   pinned = freed & (state.block_aux[safe, 1] > 0)
-  hashed = freed & ~pinned & (state.block_group[safe] >= 0)
+  hashed = freed & ~pinned & ((state.block_group[safe] >= 0) | (state.params[P_ALL_TAIL] != 0))
   head = freed & ~pinned & ~hashed
   c = state.counters
   # tail and pinned tail: increasing keys in list order

@@ -57,6 +57,7 @@ DYNAMIC_FIELDS = {
   "retention_interval": None,
   "pin_min_drop_size": 1,
   "marconi_junction": True,
+  "free_order": "scratch_first",
 }
 _COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 

@@ -23,7 +23,8 @@ Leaves (14, each its own buffer so the state can be donated):
   inside jit instead of the config so that configs differing only in them share compiled
   programs (`compile_cache.compile_key`): the real pool size, the token budget per step,
   max_model_len, watermark blocks, full_sequence_must_fit, retention_interval (-1 = None),
-  pin_min_drop_size, marconi_junction. Written by `init_state`, never changed.
+  pin_min_drop_size, marconi_junction, free_order (1 = "all_tail"). Written by `init_state`,
+  never changed.
 
 Padded pool (`compile_cache.bucket_num_blocks`): the pool arrays have `Layout.num_blocks`
 entries (the next power of two); the config's blocks `[0, params[P_NUM_BLOCKS])` are the real
@@ -74,8 +75,9 @@ AUX_STEP, AUX_PINNED, AUX_END = range(3)
   P_RETENTION,
   P_PIN_MIN_DROP,
   P_JUNCTION,
-) = range(8)
-NUM_PARAMS = 8
+  P_ALL_TAIL,
+) = range(9)
+NUM_PARAMS = 9
 RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
 
 
@@ -225,6 +227,7 @@ def runtime_params(config: CacheConfig) -> np.ndarray:
   p[P_RETENTION] = RETENTION_NONE if r is None else r
   p[P_PIN_MIN_DROP] = config.pin_min_drop_size
   p[P_JUNCTION] = int(config.marconi_junction)
+  p[P_ALL_TAIL] = int(config.free_order == "all_tail")
   return p
 
 

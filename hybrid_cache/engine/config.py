@@ -1,17 +1,24 @@
-"""Cache configuration derived from a model: one group per layer kind, one shared block size.
+"""Cache configuration derived from a model: one group per layer kind, and what the engine accepts.
 
 The model's layer pattern fixes the groups (vLLM groups layers by spec): full-attention layers
 form a "full" group, sliding-window layers an "swa" group with the model's window, GDN/Mamba2
 layers one "mamba" group in the chosen recurrent mode (or, with the model's
 `recurrent_grouping="per_kind"`, one "mamba" group per recurrent kind, all in that mode).
 Groups follow `ModelConfig.cache_groups` (order of first appearance), so group g of the cache
-core is group g of the model's `StepInputs`. All groups share `block_size` (the model's KV
-pages and state pools are indexed by the same block ids).
+core is group g of the model's `StepInputs`.
+
+Block sizes: every group draws ids from one pool (the model's KV pages and state pools are
+indexed by the same block ids). The model has one KV page size, so the attention groups (full,
+swa) share one block size (`kv_block_size`); the recurrent groups, whose pools hold one state
+per block whatever its token span, may use another (`recurrent_block_size`, vLLM's larger
+mamba block): hits then align to the LCM of the sizes (`CacheConfig.scheduler_block_size`), or
+to the hash block with partial hits (vLLM §2.5), whose copy-on-write copies the engine runs.
 
 Example::
 
   cache_config_for(qwen35_tiny(), block_size=16, num_blocks=128)
   # CacheConfig(groups=(GroupSpec("mamba", mode="align"), GroupSpec("full")), block_size=16, ...)
+  cache_config_for(qwen35_tiny(), block_size=32, recurrent_block_size=16)  # LCM 32
 """
 
 from __future__ import annotations
@@ -24,6 +31,21 @@ from models.config import ModelConfig
 from models.config import get_preset
 
 KERNEL_CHUNK = 64  # checkpoint granularity of the GDN / SSD kernels ("all" mode)
+IMPLEMENTATIONS = ("xla", "pallas", "interpret")  # kernel implementations (None = by backend)
+
+
+def check_implementation(implementation: str | None) -> str | None:
+  """Returns `implementation` if it is one of `IMPLEMENTATIONS` or None, else ValueError.
+
+  "xla": the jnp reference kernels; "pallas": the Pallas GPU kernels; "interpret": the same
+  Pallas kernels run by the Pallas interpreter (any backend, slow; how CI covers the GPU
+  path); None: "pallas" on a GPU backend, else "xla" (`kernels.pallas.common`).
+  """
+  if implementation is not None and implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+      f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}"
+    )
+  return implementation
 
 
 def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
@@ -41,6 +63,7 @@ def cache_config_for(
   mode: str = "align",
   block_size: int = 16,
   num_blocks: int = 256,
+  recurrent_block_size: int | None = None,
   **policy: Any,
 ) -> CacheConfig:
   """The `CacheConfig` whose groups match `model`'s layer pattern.
@@ -48,8 +71,10 @@ def cache_config_for(
   Args:
     model: a preset name or a `ModelConfig`.
     mode: recurrent mode of the mamba group ("none" | "align" | "all").
-    block_size: tokens per block, shared by every group.
+    block_size: tokens per block of the attention groups (the KV page), and of every group
+      unless `recurrent_block_size` is given.
     num_blocks: blocks in the shared pool (block 0 is the null block).
+    recurrent_block_size: tokens per block of the mamba groups (None = `block_size`).
     **policy: any other `CacheConfig` field (enable_prefix_caching, marconi_junction, pinning,
       max_num_batched_tokens, max_model_len, retention_interval, ...).
   """
@@ -61,7 +86,7 @@ def cache_config_for(
     if kind == "swa":
       groups.append(GroupSpec("swa", window=cfg.window))
     elif kind == "mamba":
-      groups.append(GroupSpec("mamba", mode=mode))
+      groups.append(GroupSpec("mamba", block_size=recurrent_block_size, mode=mode))
     else:
       groups.append(GroupSpec("full"))
   return CacheConfig(groups=tuple(groups), block_size=block_size, num_blocks=num_blocks, **policy)
@@ -81,6 +106,18 @@ def effective_recurrent_mode(cache: CacheConfig) -> str | None:
   return modes[0]
 
 
+def kv_block_size(cache: CacheConfig) -> int:
+  """Tokens per KV page: the attention groups' block size (`cache.block_size` without one)."""
+  sizes = [g.block_size for g in cache.resolved_groups if g.kind != "mamba"]
+  return sizes[0] if sizes else cache.block_size
+
+
+def state_block_size(cache: CacheConfig) -> int:
+  """Tokens per recurrent state block: the mamba groups' block size (KV page without one)."""
+  sizes = [g.block_size for g in cache.resolved_groups if g.kind == "mamba"]
+  return sizes[0] if sizes else kv_block_size(cache)
+
+
 def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
   """Raises ValueError unless `cache`'s groups are the ones `model` needs (see module doc)."""
   kinds = tuple(g.kind for g in cache.resolved_groups)
@@ -89,12 +126,14 @@ def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
       f"cache_config.groups must be {model.cache_groups} (from layer_pattern "
       f"{model.layer_pattern!r}), got {kinds}; use cache_config_for(model)"
     )
-  sizes = set(cache.group_block_sizes)
-  if len(sizes) != 1:
-    raise ValueError(
-      f"cache_config.groups[].block_size must be equal across groups (one page size), got "
-      f"{cache.group_block_sizes}"
-    )
+  for kind, what in (("attention", "one KV page size"), ("mamba", "one state block size")):
+    rec = kind == "mamba"
+    sizes = [g.block_size for g in cache.resolved_groups if (g.kind == "mamba") == rec]
+    if len(set(sizes)) > 1:
+      raise ValueError(
+        f"cache_config.groups[].block_size must be equal across the {kind} groups ({what}), "
+        f"got {cache.group_block_sizes}"
+      )
   for i, g in enumerate(cache.resolved_groups):
     if g.kind == "swa" and g.window != model.window:
       raise ValueError(
@@ -106,15 +145,8 @@ def check_compatible(model: ModelConfig, cache: CacheConfig) -> None:
     raise ValueError(
       f"cache_config.groups[].mode must be the same for every mamba group, got {sorted(modes)}"
     )
-  if cache.partial_hits:
+  if effective_recurrent_mode(cache) == "all" and state_block_size(cache) % KERNEL_CHUNK:
     raise ValueError(
-      f"cache_config.hash_block_size must equal the block size for the engine, got "
-      f"{cache.resolved_hash_block_size} < {cache.block_size}: that enables partial "
-      "(fine-grained) hits (vLLM §2.5), whose copy-on-write of full-attention KV blocks the "
-      "engine does not execute"
-    )
-  if effective_recurrent_mode(cache) == "all" and cache.block_size % KERNEL_CHUNK:
-    raise ValueError(
-      f"block_size must be a multiple of {KERNEL_CHUNK} (the kernels' checkpoint chunk) in "
-      f"recurrent mode 'all', got {cache.block_size}"
+      f"the mamba groups' block_size must be a multiple of {KERNEL_CHUNK} (the kernels' "
+      f"checkpoint chunk) in recurrent mode 'all', got {state_block_size(cache)}"
     )

@@ -6,8 +6,9 @@ Each `Engine.step()`:
      order) then the waiting ones (preempted first), under the token budget;
   3. one jitted model step over all scheduled tokens (ragged prefill chunks and decodes
      packed together, T and N padded to power-of-two buckets; a step of single tokens only
-     runs the recurrent layers' decode kernels), which first applies the
-     plan's recurrent `StateCopy`s (`copy_state_slots`), then runs the model with the core's
+     runs the recurrent layers' decode kernels), which first applies the plan's
+     `StateCopy`s (recurrent groups: `copy_state_slots`; attention groups: the KV pages, the
+     copy-on-write of a partial hit, vLLM §2.5), then runs the model with the core's
      block ids (KV pages and state pools share the pool's block id space);
   4. greedy sampling on the last token of each sequence whose tokens are all computed;
   5. commit: sampled tokens are appended to the manager (extending the hash chain) or the
@@ -15,7 +16,8 @@ Each `Engine.step()`:
      blocks to makes the newest running request preempted (recompute: blocks freed,
      computed tokens reset; it is re-admitted later, with a fresh prefix lookup).
 
-Which recurrent state block is read and written (vLLM §5.1-5.4), with B = block size,
+Which recurrent state block is read and written (vLLM §5.1-5.4), with B = the recurrent
+groups' block size (it may differ from the attention groups' KV page, `engine_config`),
 `start` = tokens computed before the step and `end` = after it, `row` = the request's
 recurrent block table:
   * align: the plan copies the previous state block into column cdiv(end, B) - 1; the model
@@ -120,7 +122,8 @@ class EngineStats:
   prompt_tokens: int = 0
   output_tokens: int = 0
   preemptions: int = 0
-  state_copies: int = 0
+  state_copies: int = 0  # recurrent state copies and KV page copies executed
+  kv_page_copies: int = 0  # of which KV page copies (partial hits' copy-on-write, vLLM §2.5)
   draft_tokens: int = 0  # drafts verified (speculative decoding)
   accepted_tokens: int = 0  # drafts accepted
   verify_windows: int = 0  # verify windows run (one per decoding request and step)
@@ -183,6 +186,36 @@ def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
 _FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
 
 
+def _chain_copies(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+  """Copies in plan order -> one batch with the same effect (src -> dst, src != dst).
+
+  A batched copy reads every source before writing, so a copy whose source an earlier copy
+  of the same step wrote (a partial hit's copy-on-write block, then the align-mode copy out
+  of it) reads that earlier copy's source instead.
+  """
+  written: dict[int, int] = {}
+  out = []
+  for s, d in pairs:
+    s = written.get(s, s)
+    written[d] = s
+    if s != d:
+      out.append((s, d))
+  return out
+
+
+def _copy_kv_pages(cache: cache_lib.ModelCache, src, dst) -> cache_lib.ModelCache:
+  """KV pages src[i] -> dst[i] in every attention layer (-1 = padding; sources read first).
+
+  A copied block belongs to one group, so writing it in the other groups' layers too only
+  overwrites pages no request of those groups holds."""
+  nb = cache.k.shape[1]
+  ok = (src >= 0) & (dst >= 0)
+  s, d = jnp.where(ok, src, 0), jnp.where(ok, dst, nb)
+  k = cache.k.at[:, d].set(cache.k[:, s], mode="drop")
+  v = cache.v.at[:, d].set(cache.v[:, s], mode="drop")
+  return cache.replace(k=k, v=v)
+
+
 def _apply_copies(cache: cache_lib.ModelCache, src, dst, implementation):
   """Recurrent state copies src[f, i] -> dst[f, i] (all layers of family f = 0 (GDN) or
   1 (Mamba2), state and conv); -1 = padding."""
@@ -200,13 +233,26 @@ def _apply_copies(cache: cache_lib.ModelCache, src, dst, implementation):
   jax.jit, static_argnames=("graphdef", "implementation", "mesh"), donate_argnames=("cache",)
 )
 def _model_step(
-  graphdef, params, cache, copy_src, copy_dst, inputs, sample_idx, implementation, mesh=None
+  graphdef,
+  params,
+  cache,
+  copy_src,
+  copy_dst,
+  inputs,
+  sample_idx,
+  implementation,
+  mesh=None,
+  kv_src=None,
+  kv_dst=None,
 ):
   """Copies, forward, greedy sampling: (tokens int32[N], logits f32[N, V], cache).
 
-  With a `mesh`, the returned cache keeps the input cache's shardings (one compilation per
-  step shape, not one per new output layout).
+  `copy_src/dst` are recurrent state copies per family, `kv_src/dst` KV page copies (None =
+  none). With a `mesh`, the returned cache keeps the input cache's shardings (one compilation
+  per step shape, not one per new output layout).
   """
+  if kv_src is not None:
+    cache = _copy_kv_pages(cache, kv_src, kv_dst)
   cache = _apply_copies(cache, copy_src, copy_dst, implementation)
   model = nnx.merge(graphdef, params)
   logits, cache = model(cache, inputs, implementation=implementation)
@@ -246,7 +292,9 @@ class Engine:
     seed: seed of the model's random weights.
     mesh: a `jax.sharding.Mesh`; heads are split over its "model" axis (or its only axis).
       None = one device.
-    implementation: kernel implementation ("xla" | "pallas" | "interpret" | None = by backend).
+    implementation: kernel implementation (`engine_config.IMPLEMENTATIONS`: "xla", "pallas",
+      "interpret" = the Pallas kernels in the Pallas interpreter; None = "pallas" on a GPU,
+      else "xla").
     cache_manager: "jax" (the jitted core, default), "reference" (the plain-Python oracle,
       same protocol and block ids) or a factory `CacheConfig -> CacheManager`.
     max_num_seqs: most sequences per step (default: cache_config.max_requests).
@@ -285,7 +333,8 @@ class Engine:
       raise ValueError(f"seed must be an integer, got {seed!r}")
     self.seed = seed
     self.cache_config = cache_config
-    self.block_size = cache_config.block_size
+    self.block_size = engine_config.kv_block_size(cache_config)  # KV page
+    self.state_block_size = engine_config.state_block_size(cache_config)
     self.mode = engine_config.effective_recurrent_mode(cache_config)
     self.num_spec = engine_spec.check_speculative(
       self.model_config, cache_config, drafter, self.mode
@@ -300,7 +349,7 @@ class Engine:
       for k in "GM"
       if k in self.model_config.layer_kinds
     }
-    self.implementation = implementation
+    self.implementation = engine_config.check_implementation(implementation)
     self.max_num_seqs = max_num_seqs or cache_config.max_requests
     if not 1 <= self.max_num_seqs <= cache_config.max_requests:
       raise ValueError(
@@ -427,13 +476,13 @@ class Engine:
     """Running requests first, then waiting ones in queue order (up to max_num_seqs).
 
     In recurrent mode "all" the kernels checkpoint every B tokens from a chunk's start, so
-    prefill chunks must end on a block boundary (or at the sequence end): each entry then
-    gets a `max_tokens` computed against the budget left, assuming every earlier entry takes
+    prefill chunks must end on a recurrent block boundary (or at the sequence end): each entry
+    then gets a `max_tokens` computed against the budget left, assuming every earlier entry takes
     its maximum (the core may give less, never more, so ends stay aligned).
     """
     out: list[ScheduleEntry] = []
     budget = self.cache_config.max_num_batched_tokens
-    bs = self.block_size
+    bs = self.state_block_size
     aligned = self.mode == "all"
     for rid in self._running:
       if len(out) >= self.max_num_seqs:
@@ -467,7 +516,7 @@ class Engine:
     return out
 
   def _state_ids(self, row: Sequence[int], start: int, n: int) -> tuple[int, int, list[int]]:
-    bs = self.block_size
+    bs = self.state_block_size
     end = start + n
     if self.mode == "none":
       return (row[0] if start > 0 else -1), row[0], []
@@ -534,6 +583,7 @@ class Engine:
       )
       sched.append((r, start, n))
     copies = [c for c in result.state_copies if c.src_block != c.dst_block]
+    self.stats.state_copies += len(copies)
     if (seqs or windows) and self._pending_kv:
       self._flush_pending_kv()
     if seqs:
@@ -541,7 +591,6 @@ class Engine:
     if windows:
       self._run_verify(windows, verifying, [] if seqs else copies, finished)
     self.stats.steps += 1
-    self.stats.state_copies += len(copies)
     for _ in failed:
       self._preempt_newest()
     if not seqs and not windows:
@@ -551,16 +600,20 @@ class Engine:
     return finished
 
   def _copy_arrays(self, copies) -> tuple[np.ndarray, np.ndarray]:
-    """The plan's recurrent copies as (src, dst) int32[families, bucket] (-1 = padding)."""
-    ncopy = max(_bucket(len(copies), None, 4), _bucket(self.max_num_seqs, None, 4))
+    """The plan's recurrent copies as (src, dst) int32[families, bucket] (-1 = padding),
+    chained per family (`_chain_copies`: a batched copy reads every source first)."""
+    per_family = [
+      _chain_copies(
+        [(c.src_block, c.dst_block) for c in copies if self._family_group.get(kind) == c.group]
+      )
+      for kind, _, _ in _FAMILIES
+    ]
+    ncopy = max(_bucket(max(map(len, per_family)), None, 4), _bucket(self.max_num_seqs, None, 4))
     src = np.full((len(_FAMILIES), ncopy), -1, np.int32)
     dst = np.full((len(_FAMILIES), ncopy), -1, np.int32)
-    fill = [0] * len(_FAMILIES)
-    for c in copies:
-      for f, (kind, _, _) in enumerate(_FAMILIES):
-        if self._family_group.get(kind) == c.group:
-          src[f, fill[f]], dst[f, fill[f]] = c.src_block, c.dst_block
-          fill[f] += 1
+    for f, pairs in enumerate(per_family):
+      for i, (a, b) in enumerate(pairs):
+        src[f, i], dst[f, i] = a, b
     return src, dst
 
   # ---- speculative decoding (hybrid_cache.engine.spec) ----
@@ -701,12 +754,24 @@ class Engine:
       pad_t = _bucket(total, self.token_buckets, 16)
       pad_n = _bucket(len(seqs) + 1, self.seq_buckets, 2)
     src, dst = self._copy_arrays(copies)
-    ckpt_cols = pad_t // self.block_size if self.mode == "all" and not decode else 0
+    kv_groups = {g for g, kind in enumerate(self.model_config.cache_groups) if kind != "mamba"}
+    kv = _chain_copies([(c.src_block, c.dst_block) for c in copies if c.group in kv_groups])
+    kv_args = {}
+    if kv:  # partial hits only: a separate compilation for steps that copy KV pages
+      kv_src = np.full((_bucket(len(kv), None, 4),), -1, np.int32)
+      kv_dst = np.full_like(kv_src, -1)
+      kv_src[: len(kv)], kv_dst[: len(kv)] = zip(*kv)
+      kv_args = dict(kv_src=jnp.asarray(kv_src), kv_dst=jnp.asarray(kv_dst))
+      if self.mesh is not None:
+        kv_args = engine_sharding.replicate(kv_args, self.mesh)
+    self.stats.kv_page_copies += len(kv)
+    sbs = self.state_block_size
+    ckpt_cols = pad_t // sbs if self.mode == "all" and not decode else 0
     inputs = runner.build_step_inputs(
       self.model_config,
       seqs,
       self.block_size,
-      ckpt_every=self.block_size if ckpt_cols else None,
+      ckpt_every=sbs if ckpt_cols else None,
       num_ckpt_cols=ckpt_cols,
       max_blocks=cfg.max_blocks_per_request,
       pad_tokens=pad_t,
@@ -726,6 +791,7 @@ class Engine:
       *args,
       implementation=self.implementation,
       mesh=self.mesh,
+      **kv_args,
     )
     toks, logits = np.asarray(toks), np.asarray(logits)
     now = time.perf_counter()

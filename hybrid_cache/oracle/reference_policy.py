@@ -227,7 +227,7 @@ class ReferencePolicy:
       if self._ref[b] == 0:
         if self._pinned[b] and self.config.pinning:
           self._pinned_free.append(b)
-        elif self._key[b] is None:
+        elif self._key[b] is None and self.config.free_order == "scratch_first":
           head.append(b)
         else:
           self._free.append(b)

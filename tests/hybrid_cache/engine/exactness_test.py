@@ -1,0 +1,203 @@
+"""Exactness matrix (issue 16): presets x cache policies on the jitted core, cached == uncached.
+
+One row of `MATRIX` per policy cell: the `cache_config_for` overrides, the presets it applies to
+and what the run must show besides exactness (that the policy really acted: hits, copy-on-write
+copies, ...). Every cell serves the same workload through the engine with the jitted core
+(`cache_manager="jax"`) and compares with the uncached run of the preset (prefix caching off):
+greedy tokens equal and logits within fp32 1e-5 relative (SPEC D).
+
+Workload: a 72-token prefix (4.5 blocks of 16) served first as a prompt of its own (+3 tokens,
+so vLLM §2.5's partial entry sits at 72), then behind three prompts with 21-token suffixes;
+budget 32 (chunked prefill), windows of 24 (SWA drops), Marconi junctions at 72.
+
+The default run holds `DEFAULT` (one jitted-core compilation per distinct cache config: the
+two GDN/Mamba2 presets share theirs); everything else runs under `-m slow`. A new cell (e.g.
+speculative decoding) is one more `Cell` row, with Engine keyword arguments in `engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hybrid_cache.engine.config import cache_config_for
+from hybrid_cache.engine.engine import Engine
+
+PRESETS = ("qwen35_tiny", "nemotron_h_tiny", "gemma3_tiny", "hybrid3_tiny")
+RECURRENT = ("qwen35_tiny", "nemotron_h_tiny", "hybrid3_tiny")
+BASE = dict(block_size=16, num_blocks=96, max_model_len=256, max_requests=4)
+BUDGET = 32
+PREFIX = 72
+MAX_NEW = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One policy of the matrix.
+
+  Attributes:
+    name: the policy.
+    cache: `cache_config_for` overrides (on top of `BASE` and the token budget).
+    presets: the presets the policy means something for.
+    check: extra assertion on (outputs, engine): the policy acted.
+    engine: extra `Engine` keyword arguments.
+  """
+
+  name: str
+  cache: dict[str, Any]
+  presets: tuple[str, ...] = PRESETS
+  check: Callable[[list, Engine], None] | None = None
+  engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _hits(outs) -> list[int]:
+  return [o.num_cached_tokens for o in outs]
+
+
+def _prefix_hits(align: int) -> Callable[[list, Engine], None]:
+  """Every later prompt hits the shared prefix floored to `align` tokens."""
+
+  def check(outs, eng):
+    assert _hits(outs)[1:] == [PREFIX // align * align] * 3, _hits(outs)
+    assert eng.stats.cached_tokens > 0
+
+  return check
+
+
+def _no_hits(outs, eng):
+  assert eng.stats.cached_tokens == 0, _hits(outs)
+
+
+def _partial_cow(hit: int, kv: bool) -> Callable[[list, Engine], None]:
+  """Partial hits (vLLM §2.5) of `hit` tokens; copies ran (KV pages too iff `kv`)."""
+
+  def check(outs, eng):
+    assert _hits(outs)[1:] == [hit] * 3, _hits(outs)
+    assert eng.cache_config.partial_hits
+    assert eng.stats.state_copies > 0
+    assert (eng.stats.kv_page_copies > 0) == kv, eng.stats
+
+  return check
+
+
+def _pinned(outs, eng):
+  _prefix_hits(16)(outs, eng)
+  assert eng.manager.pool_stats().num_pinned_blocks > 0
+
+
+MATRIX = (
+  Cell("none", dict(mode="none"), RECURRENT, _no_hits),
+  Cell("align", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)),
+  Cell(
+    "all",
+    dict(mode="all", block_size=64, max_num_batched_tokens=64, max_model_len=512),
+    RECURRENT,
+    _prefix_hits(64),
+  ),
+  Cell("align_marconi", dict(mode="align", marconi_junction=True), check=_prefix_hits(16)),
+  Cell("retention_0", dict(retention_interval=0), check=_prefix_hits(16)),
+  Cell("retention_2B", dict(retention_interval=32), check=_prefix_hits(16)),
+  Cell("flop_aware", dict(eviction="flop_aware", num_blocks=40), check=_prefix_hits(16)),
+  Cell(
+    "pinning_min_drop",
+    dict(pinning=True, pin_min_drop_size=2),
+    ("gemma3_tiny", "hybrid3_tiny"),
+    _pinned,
+  ),
+  # vLLM §2.5: hash block 8 < the recurrent block 16 -> hits at 72 = 4.5 blocks, the
+  # full-attention block 4 and the recurrent state block copied on write.
+  Cell(
+    "partial_hits",
+    dict(hash_block_size=8),
+    ("qwen35_tiny", "nemotron_h_tiny"),
+    _partial_cow(PREFIX, kv=True),
+  ),
+  # Unequal group block sizes (one KV page for the attention groups, `engine_config`):
+  # recurrent 16 beside attention 32 -> hits align to the LCM, 32.
+  Cell("unequal_lcm", dict(block_size=32, recurrent_block_size=16), RECURRENT, _prefix_hits(32)),
+  # recurrent 32 beside attention 16 -> partial hits on the 16-token hash block (recurrent CoW).
+  Cell("unequal_partial", dict(recurrent_block_size=32), RECURRENT, _partial_cow(64, kv=False)),
+  # recurrent 64 in mode "all" beside attention 16 -> checkpoints every 64 tokens, LCM 64.
+  Cell(
+    "unequal_all",
+    dict(mode="all", recurrent_block_size=64, max_num_batched_tokens=64),
+    RECURRENT,
+    _prefix_hits(64),
+  ),
+)
+_BY_NAME = {c.name: c for c in MATRIX}
+
+# The default slice: 3 jitted-core compilations (qwen35 and nemotron share a config).
+DEFAULT = {
+  ("partial_hits", "qwen35_tiny"),
+  ("partial_hits", "nemotron_h_tiny"),
+  ("unequal_lcm", "hybrid3_tiny"),
+  ("pinning_min_drop", "gemma3_tiny"),
+}
+
+
+def _workload() -> list[list[int]]:
+  rng = np.random.RandomState(16)
+  prefix = rng.randint(0, 256, PREFIX).tolist()
+  first = prefix + rng.randint(0, 256, 3).tolist()
+  return [first] + [prefix + rng.randint(0, 256, 21).tolist() for _ in range(3)]
+
+
+def _serve(preset: str, manager: str, engine_kw: dict[str, Any], **cache: Any):
+  kw = {**BASE, "max_num_batched_tokens": BUDGET, **cache}
+  cfg = cache_config_for(preset, **kw)
+  budget = cfg.max_num_batched_tokens
+  eng = Engine(
+    preset,
+    cfg,
+    seed=0,
+    cache_manager=manager,
+    token_buckets=(budget,),
+    seq_buckets=(8,),
+    max_num_seqs=4,
+    **engine_kw,
+  )
+  return eng.generate(_workload(), MAX_NEW, return_logits=True), eng
+
+
+@functools.cache
+def _uncached(preset: str):
+  # The oracle: prefix caching off (the host reference manager; no policy acts without hits).
+  outs, _ = _serve(preset, "reference", {}, enable_prefix_caching=False)
+  return outs
+
+
+def _assert_exact(got, want):
+  for g, w in zip(got, want, strict=True):
+    assert g.finished and w.finished, (g.error, w.error)
+    assert g.output_tokens == w.output_tokens, (g.request_id, g.output_tokens, w.output_tokens)
+    rel = float(np.max(np.abs(g.logits - w.logits)) / np.max(np.abs(w.logits)))
+    assert rel <= 1e-5, (g.request_id, rel)
+
+
+def _params():
+  out = []
+  for cell in MATRIX:
+    for preset in cell.presets:
+      marks = () if (cell.name, preset) in DEFAULT else (pytest.mark.slow,)
+      out.append(pytest.param(cell.name, preset, marks=marks, id=f"{cell.name}-{preset}"))
+  return out
+
+
+@pytest.mark.parametrize("cell,preset", _params())
+def test_cached_equals_uncached(cell, preset):
+  c = _BY_NAME[cell]
+  outs, eng = _serve(preset, "jax", c.engine, **c.cache)
+  _assert_exact(outs, _uncached(preset))
+  if c.check is not None:
+    c.check(outs, eng)
+
+
+def test_matrix_covers_every_preset_and_the_default_slice_exists():
+  assert {p for c in MATRIX for p in c.presets} == set(PRESETS)
+  assert all(cell in _BY_NAME and preset in _BY_NAME[cell].presets for cell, preset in DEFAULT)
