@@ -101,10 +101,15 @@ class ResolvedGroup:
   eagle: bool
 
   @property
+  def window_blocks(self) -> int:
+    """Blocks that cover the W - 1 tokens a window needs before a position: ceil((W-1)/B)."""
+    assert self.window is not None
+    return -(-(self.window - 1) // self.block_size)
+
+  @property
   def swa_need(self) -> int:
     """Contiguous blocks an SWA hit needs before the resume point: ceil((W-1)/B) (+1 EAGLE)."""
-    assert self.window is not None
-    return -(-(self.window - 1) // self.block_size) + (1 if self.eagle else 0)
+    return self.window_blocks + (1 if self.eagle else 0)
 
 
 def _json_bool(field: str, value: Any) -> bool:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache.core import groups
-from hybrid_cache.core.state import C_STEP
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
+from hybrid_cache.core.groups.demand import BlockDemand
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
@@ -41,14 +39,13 @@ def blocks_needed(
   `swa_cap`: cap SWA groups at their per-request worst case (the full-sequence gate).
   """
   rg = state.req_group[r]
-  s = lay.num_spec_blocks
   total = jnp.int32(0)
   impossible = jnp.bool_(False)
   # hit blocks with ref 0 of every group in one [G, MB] reduction (not one per group)
   evictable_all = jnp.sum((hit_ids > 0) & (state.ref_cnt[hit_ids] == 0), axis=1).astype(jnp.int32)
   for g, spec in enumerate(lay.groups):
+    kind = groups.rules(spec)
     bs = spec.block_size
-    length = rg[g, RG_LEN]
     # with partial hits (§2.5) a hit may end inside a block: cdiv(hit, bs) hit entries
     hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
     # +1 copy-on-write block for a hit ending inside this group's block (a new request) or a
@@ -56,48 +53,24 @@ def blocks_needed(
     part = jnp.int32(0)
     if lay.partial:
       part = (is_new & (hit % bs != 0) & (hit > 0)).astype(jnp.int32)
-      if spec.kind == "mamba" and spec.mode == "align":
-        part = part | (~is_new & (state.req_partial[r, g] > 0)).astype(jnp.int32)
-    ids = hit_ids[g]
-    evictable = evictable_all[g]
-    if spec.kind == "mamba":
-      # Same-step rule (§2.4.6) lives in the recurrent manager, whatever its mode: a hit whose
-      # last state block's key was cached during this scheduling step, by that block or by any
-      # other (vLLM keeps `cached_blocks_this_step` by hash: a duplicate registered by another
-      # request of the step refuses the hit too), has not been computed yet.
-      last = ids[jnp.maximum(hits_len - 1, 0)]
-      step = state.counters[C_STEP]
-      same_key = (state.block_group == state.block_group[last]) & jnp.all(
-        state.block_hash == state.block_hash[last][None, :], axis=1
-      )
-      same_step = (state.block_aux[last, 0] == step) | jnp.any(
-        same_key & (state.block_aux[:, 0] == step)
-      )
-      impossible |= is_new & (hit > 0) & (last > 0) & same_step
-    if spec.kind == "mamba" and spec.mode == "align":
-      req = cdiv(main_tokens, bs) + s
-      k = req - hits_len - length
-      if lay.partial:
-        k = jnp.where(part > 0, jnp.maximum(k, 0) + 1, k)
-      first = jnp.where(length == 0, 1 + s, 1)
-      if lay.partial:
-        first = first + part
-      k = jnp.where(k > 0, jnp.minimum(k, first), 0)  # vLLM's physical block cap
-    elif spec.kind == "mamba" and spec.mode == "none":
-      k = jnp.where(length == 0, 1 + s, 0)
-    else:
-      extra = bs * s if spec.kind == "mamba" else 0
-      target = cdiv(need_tokens + extra, bs)
-      if swa_cap and spec.kind == "swa":
-        # min(W - 1 + max_num_batched_tokens, max_model_len) without int32 overflow
-        budget, mml = state.params[P_MAX_BATCHED], state.params[P_MAX_MODEL_LEN]
-        bound = cdiv(jnp.minimum(budget, mml - (spec.window - 1)) + (spec.window - 1), bs)
-        target = jnp.minimum(target, bound + 1)
-      skip = groups.rules(spec).skipped_blocks(spec, hit)
-      k_new = jnp.maximum(target - jnp.maximum(skip, hits_len), 0)
-      k_run = jnp.maximum(target - length, 0)
-      k = jnp.where(is_new, k_new, k_run)
-      if lay.partial:
-        k = k + part
-    total = total + k + evictable
+      part = part | kind.own_partial(spec, state, r, g, is_new)
+    d = BlockDemand(
+      state=state,
+      r=r,
+      g=g,
+      is_new=is_new,
+      hit=hit,
+      length=rg[g, RG_LEN],
+      hits_len=hits_len,
+      part=part,
+      hit_ids=hit_ids[g],
+      need_tokens=need_tokens,
+      main_tokens=main_tokens,
+      num_spec_blocks=lay.num_spec_blocks,
+      partial=lay.partial,
+      swa_cap=swa_cap,
+    )
+    k, refused = kind.blocks_needed(spec, d)
+    impossible |= refused
+    total = total + k + evictable_all[g]
   return total, impossible

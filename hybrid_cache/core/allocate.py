@@ -26,7 +26,6 @@ from hybrid_cache.core.state import C_SEQ
 from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import INFO_COMPUTED
 from hybrid_cache.core.state import P_MAX_MODEL_LEN
-from hybrid_cache.core.state import P_PIN_MIN_DROP
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
@@ -42,31 +41,21 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
   """Frees blocks of request `r` no longer needed once `c` tokens are computed."""
   pos = jnp.arange(lay.max_blocks)
   for g, spec in enumerate(lay.groups):
-    if spec.kind == "full" or (spec.kind == "mamba" and spec.mode == "none"):
+    kind = groups.rules(spec)
+    if not kind.frees_skipped(spec):
       continue
     row = state.tables[r, g]
     length = state.req_group[r, g, RG_LEN]
-    cg = c
-    k = jnp.minimum(groups.rules(spec).skipped_blocks(spec, cg), length)
+    k = jnp.minimum(kind.skipped_blocks(spec, c), length)
+    # blocks [j0 + 1, k) are dropped now; the ones up to j0 were already (null in the row)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
     drop = (pos > j0) & (pos < k)
-    if spec.kind == "swa" and config.pinning:
-      need = -(-(spec.window - 1) // spec.block_size)
-      big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
-      to_pin = drop & (pos >= k - need) & big_enough & (state.block_group[row] >= 0)
-      state = block_pool.pin(state, jnp.where(to_pin, row, 0))
+    state = kind.before_skipped_free(config, state, spec, row, drop, k, j0)
     ids = jnp.where(drop, row, 0)[::-1]
     state = block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
     row = jnp.where(drop, 0, row)
-    rg = state.req_group
-    if spec.kind == "mamba" and spec.mode == "align":
-      ls = state.req_group[r, g, RG_LAST]
-      due = (ls >= 0) & (ls < cdiv(cg, spec.block_size) - 1)
-      blk = jnp.where(due, row[jnp.maximum(ls, 0)], 0)
-      state = block_pool.free_ordered(state, blk[None], jnp.zeros((1,), jnp.int32))
-      row = jnp.where(due & (pos == ls), 0, row)
-      rg = state.req_group.at[r, g, RG_LAST].set(jnp.where(due, -1, ls))
-    state = state.replace(tables=state.tables.at[r, g].set(row), req_group=rg)
+    state, row = kind.after_skipped_free(state, spec, r, g, row, c)
+    state = state.replace(tables=state.tables.at[r, g].set(row))
   return state
 
 

@@ -175,7 +175,7 @@ def _layout(config: CacheConfig) -> Layout:
   for i, g in enumerate(groups):
     specs.setdefault(g, []).append(i)
   sg = [
-    SpecGroup(s, tuple(m), -(-(s.window - 1) // s.block_size) if s.kind == "swa" else 0)
+    SpecGroup(s, tuple(m), s.window_blocks if s.kind == "swa" else 0)
     for s, m in specs.items()
   ]
   sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)

@@ -6,6 +6,9 @@ Each kind's module implements the same functions, dispatched once through `rules
   valid_ends(spec, need, cached, cs, aligned, lead)  where a hit may end (the closed form)
   skipped_blocks(spec, tokens)                       leading blocks no longer needed
   finish_pin_mask(spec, keyed, pos)                  blocks a finished request pins (SPEC B1)
+  frees_skipped(spec)                                whether a running request releases blocks
+  before_skipped_free(config, state, spec, row, drop, k, j0)   pins among the dropped (swa)
+  after_skipped_free(state, spec, r, g, row, c)      releases beyond the skipped (align state)
 
 plus each kind's own helpers (`find`, `retention_mask`).
 """

@@ -5,6 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache.core.groups.demand import BlockDemand
+from hybrid_cache.core.groups.demand import grow_to
+from hybrid_cache.core.groups.demand import target_blocks
 from hybrid_cache.core.state import floor_to
 
 
@@ -40,3 +43,18 @@ def skipped_blocks(spec, tokens):
 def finish_pin_mask(spec, keyed, pos):
   """Blocks a finished request pins (SPEC B1): every keyed block of its prefix."""
   return keyed
+
+
+def frees_skipped(spec) -> bool:
+  """Whether a running request releases leading blocks as it advances: never."""
+  return False
+
+
+def own_partial(spec, state, r, g, is_new):
+  """A partial entry of the request's own that needs a copy-on-write block: none."""
+  return jnp.int32(0)
+
+
+def blocks_needed(spec, d: BlockDemand):
+  """(blocks, refused): one block per B tokens up to `need_tokens` (vLLM §2.1)."""
+  return grow_to(spec, d, target_blocks(spec, d), jnp.zeros_like(d.hit)), jnp.bool_(False)

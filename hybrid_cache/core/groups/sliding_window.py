@@ -5,6 +5,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.core import block_pool
+from hybrid_cache.core.groups.demand import BlockDemand
+from hybrid_cache.core.groups.demand import grow_to
+from hybrid_cache.core.groups.demand import target_blocks
+from hybrid_cache.core.state import P_MAX_BATCHED
+from hybrid_cache.core.state import P_MAX_MODEL_LEN
+from hybrid_cache.core.state import P_PIN_MIN_DROP
+from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 
 
@@ -86,3 +94,45 @@ def retention_mask(pos, bs, need, align, retention, eagle, boundaries):
     e = floor_to(b, align) // bs + shift
     mask |= (retention >= 0) & (b > 0) & (pos >= e - need) & (pos < e)
   return mask
+
+
+def frees_skipped(spec) -> bool:
+  """Whether a running request releases leading blocks as it advances: those out of the window
+  (vLLM §2.3.3)."""
+  return True
+
+
+def before_skipped_free(config, state, spec, row, drop, k, j0):
+  """Pins the window's blocks among the dropped ones (SPEC B1, `config.pinning`): the last
+  `window_blocks` before position k, unless fewer than `pin_min_drop_size` blocks drop (a decode
+  tail drops one block at a time; its blocks carry unique hashes)."""
+  if not config.pinning:
+    return state
+  pos = jnp.arange(row.shape[0])
+  big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
+  to_pin = drop & (pos >= k - spec.window_blocks) & big_enough & (state.block_group[row] >= 0)
+  return block_pool.pin(state, jnp.where(to_pin, row, 0))
+
+
+def after_skipped_free(state, spec, r, g, row, c):
+  """Nothing more to release."""
+  return state, row
+
+
+def own_partial(spec, state, r, g, is_new):
+  """A partial entry of the request's own that needs a copy-on-write block: none."""
+  return jnp.int32(0)
+
+
+def blocks_needed(spec, d: BlockDemand):
+  """(blocks, refused): as full attention, past the blocks out of the window (§2.3); with
+  `swa_cap` (the full-sequence gate) at most the per-request worst case,
+  cdiv(min(W - 1 + max_num_batched_tokens, max_model_len), B) + 1."""
+  target = target_blocks(spec, d)
+  if d.swa_cap:
+    # min(W - 1 + max_num_batched_tokens, max_model_len) without int32 overflow
+    budget, mml = d.state.params[P_MAX_BATCHED], d.state.params[P_MAX_MODEL_LEN]
+    w1 = spec.window - 1
+    bound = cdiv(jnp.minimum(budget, mml - w1) + w1, spec.block_size)
+    target = jnp.minimum(target, bound + 1)
+  return grow_to(spec, d, target, skipped_blocks(spec, d.hit)), jnp.bool_(False)
