@@ -732,15 +732,20 @@ class Engine:
           r.logits.append(logits[i, j].copy())
       self.stats.decode_tokens += len(emit)
       self.stats.output_tokens += len(emit)
-      if r.first_token_time is None:
-        r.first_token_time = now
-      r.last_token_time = now
-      if r.done:
-        self.manager.free(r.rid)
-        self._running.remove(r.rid)
-        finished.append(self._finish(r))
-      else:
-        self.manager.append_tokens(r.rid, emit)
+      self._commit_tokens(r, emit, now, finished)
+
+  def _commit_tokens(self, r: _Req, tokens: list[int], now: float, finished: list) -> None:
+    """After r's sampled `tokens` are appended to r.output: token times, then the request
+    finishes (blocks freed) or the manager extends its hash chain with the tokens."""
+    if r.first_token_time is None:
+      r.first_token_time = now
+    r.last_token_time = now
+    if r.done:
+      self.manager.free(r.rid)
+      self._running.remove(r.rid)
+      finished.append(self._finish(r))
+    else:
+      self.manager.append_tokens(r.rid, tokens)
 
   def _run_model(self, seqs, sched, copies, finished) -> None:
     cfg = self.cache_config
@@ -811,15 +816,7 @@ class Engine:
       self.stats.output_tokens += 1
       if r.return_logits:
         r.logits.append(logits[i].copy())
-      if r.first_token_time is None:
-        r.first_token_time = now
-      r.last_token_time = now
-      if r.done:
-        self.manager.free(r.rid)
-        self._running.remove(r.rid)
-        finished.append(self._finish(r))
-      else:
-        self.manager.append_tokens(r.rid, [tok])
+      self._commit_tokens(r, [tok], now, finished)
 
   def _preempt_newest(self) -> None:
     if not self._running:

@@ -15,8 +15,6 @@ import pytest
 from hypothesis import Phase
 from hypothesis import settings
 from hypothesis.stateful import initialize
-from hypothesis.stateful import invariant
-from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from hybrid_cache.config import CacheConfig
@@ -40,8 +38,7 @@ from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.types import ScheduleEntry
-from tests.hybrid_cache.paired_rules import NAMES
-from tests.hybrid_cache.paired_rules import paired_rules
+from tests.hybrid_cache.paired_rules import eviction_rules
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "scenarios")
 
@@ -263,7 +260,7 @@ ALPHAS = (0.0, 0.5, 1.0, 2.0, 10.0)
 _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
 
 
-class FlopMachine(paired_rules(prompts)):
+class FlopMachine(eviction_rules(prompts)):
   """Drives JaxCacheManager and FlopReference with the same calls; compares everything."""
 
   @initialize(ci=st.integers(0, len(CONFIGS) - 1), alpha=st.sampled_from(ALPHAS))
@@ -280,36 +277,6 @@ class FlopMachine(paired_rules(prompts)):
   @rule(alpha=st.sampled_from(ALPHAS))
   def set_alpha(self, alpha):
     self._alpha(alpha)
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data(), preempt=st.booleans())
-  def finish(self, data, preempt):
-    name = data.draw(st.sampled_from(list(self._active())))
-    self._both(lambda m: m.preempt(name) if preempt else m.free(name))
-
-  @rule(name=st.sampled_from(NAMES), tokens=prompts, keep=st.booleans())
-  def serve(self, name, tokens, keep):
-    """Adds `name` if idle, runs it alone until computed (or stalled), then frees it unless
-    `keep`: the way keyed blocks reach the free queue between steps."""
-    if name not in self._active():
-      self._both(lambda m: m.add_request(name, tokens))
-    for _ in range(8):
-      view = self.ref.request_view(name)
-      if view.num_computed_tokens >= view.num_tokens:
-        break
-      self._both(lambda m: m.schedule([ScheduleEntry(name)]))
-      if self.ref.request_view(name).num_computed_tokens == view.num_computed_tokens:
-        break
-    if not keep:
-      self._both(lambda m: m.free(name))
-
-  @invariant()
-  def same_pool_and_queue(self):
-    if not hasattr(self, "jax"):
-      return
-    assert self.jax.pool_stats() == self.ref.pool_stats()
-    assert _jax_free_queue(self.jax.state) == list(self.ref.free_queue())
-    assert check_invariants(self.config, self.jax.state) == []
 
 
 TestFlopMachine = FlopMachine.TestCase

@@ -1,5 +1,5 @@
 """Hypothesis rules shared by the state machines that drive `JaxCacheManager` and a plain-Python
-manager with the same calls (`differential_test.py`, `flop_eviction_test.py`).
+manager with the same calls (`differential_test.py`, `flop_eviction_test.py`, `policies_test.py`).
 
 `paired_rules(prompts)` returns a `RuleBasedStateMachine` base class with the common rules (add,
 schedule, append, lookup) and `_both`, which runs one call on `self.jax` and `self.ref` and
@@ -10,10 +10,15 @@ their `@initialize` rule and add their own rules and invariants.
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import jax
+import numpy as np
 from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
+from hybrid_cache.core.invariants import check_invariants
+from hybrid_cache.core.state import BIG
 from hybrid_cache.types import ScheduleEntry
 
 NAMES = ("a", "b", "c", "d", "e")
@@ -65,3 +70,50 @@ def paired_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       self._both(lambda m: m.lookup(tokens))
 
   return PairedRules
+
+
+def free_queue(m) -> list[int]:
+  """The normal free queue of either backend, head (next victim) first."""
+  if hasattr(m, "free_queue"):
+    return list(m.free_queue())
+  qk = np.asarray(jax.device_get(m.state.queue_key[0]))
+  ids = np.nonzero(qk < BIG)[0]
+  return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
+
+
+def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
+  """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
+  until computed, then freed unless kept: how keyed blocks reach the free queue between
+  steps), `finish`, and an invariant comparing the pool counters, the free-queue order and the
+  jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
+
+  class EvictionRules(paired_rules(prompts)):
+    @precondition(lambda self: self._active())
+    @rule(data=st.data(), preempt=st.booleans())
+    def finish(self, data, preempt):
+      name = data.draw(st.sampled_from(list(self._active())))
+      self._both(lambda m: m.preempt(name) if preempt else m.free(name))
+
+    @rule(name=st.sampled_from(NAMES), tokens=prompts, keep=st.booleans())
+    def serve(self, name, tokens, keep):
+      if name not in self._active():
+        self._both(lambda m: m.add_request(name, tokens))
+      for _ in range(8):
+        view = self.ref.request_view(name)
+        if view.num_computed_tokens >= view.num_tokens:
+          break
+        self._both(lambda m: m.schedule([ScheduleEntry(name)]))
+        if self.ref.request_view(name).num_computed_tokens == view.num_computed_tokens:
+          break
+      if not keep:
+        self._both(lambda m: m.free(name))
+
+    @invariant()
+    def same_pool_and_queue(self):
+      if not hasattr(self, "jax"):
+        return
+      assert self.jax.pool_stats() == self.ref.pool_stats()
+      assert free_queue(self.jax) == free_queue(self.ref)
+      assert check_invariants(self.config, self.jax.state) == []
+
+  return EvictionRules

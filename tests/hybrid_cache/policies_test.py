@@ -10,38 +10,23 @@ import subprocess
 import sys
 
 import hypothesis.strategies as st
-import jax
-import numpy as np
 import pytest
 from hypothesis import Phase
 from hypothesis import settings
 from hypothesis.stateful import initialize
-from hypothesis.stateful import invariant
-from hypothesis.stateful import precondition
-from hypothesis.stateful import rule
 
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.core.invariants import check_invariants
-from hybrid_cache.core.state import BIG
 from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
-from tests.hybrid_cache.paired_rules import paired_rules
+from tests.hybrid_cache.paired_rules import eviction_rules
+from tests.hybrid_cache.paired_rules import free_queue
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # flop_aware has its own machine and hand-derived tests (flop_eviction_test.py)
 GENERIC = tuple(p for p in policies.EVICTION_POLICIES if p not in ("lru", "flop_aware"))
-
-
-def _free_queue(m) -> list[int]:
-  """The normal free queue, head (next victim) first, of either backend."""
-  if hasattr(m, "free_queue"):
-    return list(m.free_queue())
-  qk = np.asarray(jax.device_get(m.state.queue_key[0]))
-  ids = np.nonzero(qk < BIG)[0]
-  return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
 
 
 def _serve(m, name, tokens):
@@ -91,7 +76,7 @@ def test_deepest_first_evicts_the_deepest_key_first(backend):
     _serve(m, "A", list(range(5)))
     _serve(m, "B", list(range(100, 109)))
     m.schedule([])  # the re-ordering runs at the start of a step
-    orders[eviction] = _free_queue(m)
+    orders[eviction] = free_queue(m)
   assert orders["lru"] == [4, 5, 6, 7, 8, 9, 1, 3, 2]
   assert orders["deepest_first"] == [4, 5, 6, 7, 8, 9, 3, 1, 2]
 
@@ -119,7 +104,7 @@ prompts = st.builds(
 _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.shrink)
 
 
-class EvictionMachine(paired_rules(prompts)):
+class EvictionMachine(eviction_rules(prompts)):
   """Drives the jitted core and the oracle under one registered eviction policy; compares every
   result, the pool counters, the free-queue order and the state invariants."""
 
@@ -128,36 +113,6 @@ class EvictionMachine(paired_rules(prompts)):
     self.config = CacheConfig(eviction=name, **CONFIGS[ci], **_COMMON)
     self.jax = make_manager(self.config, "jax")
     self.ref = make_manager(self.config, "reference")
-
-  @precondition(lambda self: self._active())
-  @rule(data=st.data(), preempt=st.booleans())
-  def finish(self, data, preempt):
-    name = data.draw(st.sampled_from(list(self._active())))
-    self._both(lambda m: m.preempt(name) if preempt else m.free(name))
-
-  @rule(name=st.sampled_from(NAMES), tokens=prompts, keep=st.booleans())
-  def serve(self, name, tokens, keep):
-    """Runs `name` alone until computed, then frees it unless `keep` (keyed blocks reach the
-    free queue between steps, where the policy re-orders them)."""
-    if name not in self._active():
-      self._both(lambda m: m.add_request(name, tokens))
-    for _ in range(8):
-      view = self.ref.request_view(name)
-      if view.num_computed_tokens >= view.num_tokens:
-        break
-      self._both(lambda m: m.schedule([ScheduleEntry(name)]))
-      if self.ref.request_view(name).num_computed_tokens == view.num_computed_tokens:
-        break
-    if not keep:
-      self._both(lambda m: m.free(name))
-
-  @invariant()
-  def same_pool_and_queue(self):
-    if not hasattr(self, "jax"):
-      return
-    assert self.jax.pool_stats() == self.ref.pool_stats()
-    assert _free_queue(self.jax) == _free_queue(self.ref)
-    assert check_invariants(self.config, self.jax.state) == []
 
 
 TestEvictionMachine = EvictionMachine.TestCase
