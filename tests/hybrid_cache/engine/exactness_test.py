@@ -11,8 +11,8 @@ so vLLM §2.5's partial entry sits at 72), then behind three prompts with 21-tok
 budget 32 (chunked prefill), windows of 24 (SWA drops), Marconi junctions at 72.
 
 The default run holds `DEFAULT` (one jitted-core compilation per distinct cache config: the
-two GDN/Mamba2 presets share theirs); everything else runs under `-m slow`. A new cell (e.g.
-speculative decoding) is one more `Cell` row, with Engine keyword arguments in `engine`.
+two GDN/Mamba2 presets share theirs); everything else runs under `-m slow`. A new cell is one
+more `Cell` row, with Engine keyword arguments in `engine` (as the speculative cell's drafter).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import numpy as np
 import pytest
 
 from hybrid_cache.engine.config import cache_config_for
+from hybrid_cache.engine.drafter import NgramDrafter
 from hybrid_cache.engine.engine import Engine
+from models.config import get_preset
 
 PRESETS = ("qwen35_tiny", "nemotron_h_tiny", "gemma3_tiny", "hybrid3_tiny")
 RECURRENT = ("qwen35_tiny", "nemotron_h_tiny", "hybrid3_tiny")
@@ -45,14 +47,16 @@ class Cell:
     cache: `cache_config_for` overrides (on top of `BASE` and the token budget).
     presets: the presets the policy means something for.
     check: extra assertion on (outputs, engine): the policy acted.
-    engine: extra `Engine` keyword arguments.
+    engine: extra `Engine` keyword arguments, or a function of the preset giving them.
   """
 
   name: str
   cache: dict[str, Any]
   presets: tuple[str, ...] = PRESETS
   check: Callable[[list, Engine], None] | None = None
-  engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+  engine: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(
+    default_factory=dict
+  )
 
 
 def _hits(outs) -> list[int]:
@@ -90,6 +94,16 @@ def _pinned(outs, eng):
   assert eng.manager.pool_stats().num_pinned_blocks > 0
 
 
+def _ngram_drafter(preset: str) -> dict[str, Any]:
+  """Speculative decoding with prompt lookup (`engine.drafter.NgramDrafter`)."""
+  return {"drafter": NgramDrafter(get_preset(preset).vocab_size, min_ngram=1)}
+
+
+def _speculated(outs, eng):
+  _prefix_hits(16)(outs, eng)
+  assert eng.stats.verify_windows > 0, eng.stats  # decoding ran through verify windows
+
+
 MATRIX = (
   Cell("none", dict(mode="none"), RECURRENT, _no_hits),
   Cell("align", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)),
@@ -123,6 +137,15 @@ MATRIX = (
   # recurrent 32 beside attention 16 -> partial hits on the 16-token hash block (recurrent CoW).
   Cell("unequal_partial", dict(recurrent_block_size=32), RECURRENT, _partial_cow(64, kv=False)),
   # recurrent 64 in mode "all" beside attention 16 -> checkpoints every 64 tokens, LCM 64.
+  # Speculative decoding (k = 2 drafts a step through the multi-token verify kernels, per-token
+  # state commits); the drafter reads no hidden state, so vLLM's non-EAGLE rules apply.
+  Cell(
+    "speculative",
+    dict(num_speculative_tokens=2),
+    RECURRENT,
+    _speculated,
+    engine=_ngram_drafter,
+  ),
   Cell(
     "unequal_all",
     dict(mode="all", recurrent_block_size=64, max_num_batched_tokens=64),
@@ -138,6 +161,7 @@ DEFAULT = {
   ("partial_hits", "nemotron_h_tiny"),
   ("unequal_lcm", "hybrid3_tiny"),
   ("pinning_min_drop", "gemma3_tiny"),
+  ("speculative", "hybrid3_tiny"),
 }
 
 
@@ -192,7 +216,8 @@ def _params():
 @pytest.mark.parametrize("cell,preset", _params())
 def test_cached_equals_uncached(cell, preset):
   c = _BY_NAME[cell]
-  outs, eng = _serve(preset, "jax", c.engine, **c.cache)
+  engine_kw = c.engine(preset) if callable(c.engine) else c.engine
+  outs, eng = _serve(preset, "jax", engine_kw, **c.cache)
   _assert_exact(outs, _uncached(preset))
   if c.check is not None:
     c.check(outs, eng)
