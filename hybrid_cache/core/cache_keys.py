@@ -13,8 +13,7 @@ import jax.numpy as jnp
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
-from hybrid_cache.core.groups import recurrent
-from hybrid_cache.core.groups import sliding_window
+from hybrid_cache.core import groups
 from hybrid_cache.core.split import checkpoint_position
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
@@ -55,7 +54,8 @@ def cache_blocks(
   rg = state.req_group[r]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
-    eagle = spec.eagle and spec.kind != "mamba"
+    kind = groups.rules(spec)
+    eagle = kind.eagle_lookahead(spec)
     upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
     row = state.tables[r, g]
     nca = rg[g, RG_NCACHED]
@@ -65,18 +65,7 @@ def cache_blocks(
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
     sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
-    if spec.kind == "swa":
-      need = -(-(spec.window - 1) // bs) + (1 if spec.eagle else 0)
-      sel &= sliding_window.retention_mask(
-        pos, bs, need, lay.hit_align, state.params[P_RETENTION], spec.eagle, boundaries
-      )
-    elif spec.kind == "mamba":
-      if spec.mode == "none":
-        sel &= False
-      else:
-        sel &= recurrent.retention_mask(
-          pos, bs, lay.hit_align, state.params[P_RETENTION], boundaries
-        )
+    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.params[P_RETENTION], boundaries)
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))

@@ -58,3 +58,13 @@ def own_partial(spec, state, r, g, is_new):
 def blocks_needed(spec, d: BlockDemand):
   """(blocks, refused): one block per B tokens up to `need_tokens` (vLLM §2.1)."""
   return grow_to(spec, d, target_blocks(spec, d), jnp.zeros_like(d.hit)), jnp.bool_(False)
+
+
+def eagle_lookahead(spec) -> bool:
+  """EAGLE groups register keys one block past the computed floor (vLLM §4.5)."""
+  return spec.eagle
+
+
+def cache_mask(spec, pos, align, retention, boundaries):
+  """bool[MB]: blocks whose keys are registered: all (full attention keeps its prefix)."""
+  return jnp.ones(pos.shape, bool)

@@ -136,3 +136,16 @@ def blocks_needed(spec, d: BlockDemand):
   else:
     k = grow_to(spec, d, target_blocks(spec, d, bs * s), skipped_blocks(spec, d.hit))
   return k, _same_step(d)
+
+
+def eagle_lookahead(spec) -> bool:
+  """Recurrent states are registered at the computed floor only, EAGLE or not."""
+  return False
+
+
+def cache_mask(spec, pos, align, retention, boundaries):
+  """bool[MB]: state blocks whose keys are registered: none in mode none, else
+  `retention_mask` (§2.4.7)."""
+  if spec.mode == "none":
+    return jnp.zeros(pos.shape, bool)
+  return retention_mask(pos, spec.block_size, align, retention, boundaries)

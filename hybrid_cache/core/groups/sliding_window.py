@@ -136,3 +136,15 @@ def blocks_needed(spec, d: BlockDemand):
     bound = cdiv(jnp.minimum(budget, mml - w1) + w1, spec.block_size)
     target = jnp.minimum(target, bound + 1)
   return grow_to(spec, d, target, skipped_blocks(spec, d.hit)), jnp.bool_(False)
+
+
+def eagle_lookahead(spec) -> bool:
+  """EAGLE groups register keys one block past the computed floor (vLLM §4.5)."""
+  return spec.eagle
+
+
+def cache_mask(spec, pos, align, retention, boundaries):
+  """bool[MB]: blocks whose keys are registered (`retention_mask`, §2.3.4)."""
+  return retention_mask(
+    pos, spec.block_size, spec.swa_need, align, retention, spec.eagle, boundaries
+  )
