@@ -169,24 +169,12 @@ def run(
       outs, summ = _round(eng, ARMS[name][1], turn1, follows, max_new_tokens, concurrency)
       if progress:
         print(f"round {rnd} {name:24s} wall={summ['wall_s']:.2f}s cached={summ['cached_tokens']}")
-      if name not in results:
-        results[name], outputs[name] = summ, outs
-        summ["wall_s_rounds"] = [summ["wall_s"]]
-        continue
-      best = results[name]
-      best["wall_s_rounds"].append(summ["wall_s"])
-      if summ["wall_s"] < best["wall_s"]:
-        best["wall_s"], best["mean_ttft_s"] = summ["wall_s"], summ["mean_ttft_s"]
+      engine_workload.record_round(results, outputs, name, summ, outs)
   ref = outputs[REFERENCE]
   for name, res in results.items():
-    outs = outputs[name]
-    res["outputs_equal_to_reference"] = all(
-      a.output_tokens == b.output_tokens for a, b in zip(outs, ref, strict=True)
-    )
-    res["max_logit_rel_diff_vs_reference"] = max(
-      float(np.max(np.abs(a.logits - b.logits)) / np.max(np.abs(b.logits)))
-      for a, b in zip(outs, ref, strict=True)
-    )
+    eq, rel = engine_workload.compare_outputs(outputs[name], ref)
+    res["outputs_equal_to_reference"] = eq
+    res["max_logit_rel_diff_vs_reference"] = rel
     drafted = res["draft_tokens"]
     res["acceptance"] = res["accepted_tokens"] / drafted if drafted else None
     res["hit_rate"] = res["cached_tokens"] / res["prompt_tokens"]

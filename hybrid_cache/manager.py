@@ -213,13 +213,14 @@ class JaxCacheManager:
             cow_copies.append(StateCopy(entries[i].req, g, src, dst))
     ga, gb = cols.vector("alone"), cols.vector("hit_blocks")
     gc_, gd = cols.vector("lens_before"), cols.vector("lens_after")
+    scalars = cols.scalars
     results, copies = [], []
     empty = self._empty_ids
     align = self._align_groups
     for i, e in enumerate(entries):
       r = rs[i]
       h = head[i]
-      adm, hit, spb, sched, reason, computed = h[cols.scalars]
+      adm, hit, spb, sched, reason, computed = h[scalars]
       row = rows[i]
       after = h[gd]
       if sched:

@@ -78,19 +78,7 @@ class HybridLM(nnx.Module):
     ):
       h = block.mixer_norm(x)
       if kind in "AS":
-        y, kp, vp = block.mixer(
-          h,
-          k_all[slot],
-          v_all[slot],
-          positions=inputs.positions,
-          block_table=inputs.block_tables[group],
-          slot_mapping=inputs.slot_mapping[group],
-          seq_lens=inputs.seq_lens,
-          query_start_loc=inputs.query_start_loc,
-          implementation=implementation,
-        )
-        k_all = k_all.at[slot].set(kp)
-        v_all = v_all.at[slot].set(vp)
+        y, k_all, v_all = _attend(block, h, k_all, v_all, slot, group, inputs, implementation)
       else:
         sp, cp = pools[kind]
         y, s_new, c_new = block.mixer(
@@ -150,19 +138,7 @@ class HybridLM(nnx.Module):
     ):
       h = block.mixer_norm(x)
       if kind in "AS":
-        y, kp, vp = block.mixer(
-          h,
-          k_all[slot],
-          v_all[slot],
-          positions=inputs.positions,
-          block_table=inputs.block_tables[group],
-          slot_mapping=inputs.slot_mapping[group],
-          seq_lens=inputs.seq_lens,
-          query_start_loc=inputs.query_start_loc,
-          implementation=implementation,
-        )
-        k_all = k_all.at[slot].set(kp)
-        v_all = v_all.at[slot].set(vp)
+        y, k_all, v_all = _attend(block, h, k_all, v_all, slot, group, inputs, implementation)
       else:
         sp, cp = pools[kind]
         y, states, windows = block.mixer.verify(
@@ -183,6 +159,24 @@ class HybridLM(nnx.Module):
       if lst
     }
     return logits, cache.replace(k=k_all, v=v_all), out
+
+
+def _attend(block, h, k_all, v_all, slot: int, group: int, inputs: StepInputs, implementation):
+  """One attention layer (full or sliding window) of `__call__` and `verify`: reads and writes
+  its paged K/V (layer `slot` of the stacked pools, block tables of `group`).
+  Returns (y, k_all, v_all)."""
+  y, kp, vp = block.mixer(
+    h,
+    k_all[slot],
+    v_all[slot],
+    positions=inputs.positions,
+    block_table=inputs.block_tables[group],
+    slot_mapping=inputs.slot_mapping[group],
+    seq_lens=inputs.seq_lens,
+    query_start_loc=inputs.query_start_loc,
+    implementation=implementation,
+  )
+  return y, k_all.at[slot].set(kp), v_all.at[slot].set(vp)
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> HybridLM:

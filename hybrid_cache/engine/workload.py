@@ -112,6 +112,39 @@ def _timed(engine, prompts, max_new_tokens, concurrency, progress):
   return _summary(engine, outs), outs
 
 
+def record_round(
+  results: dict[str, dict[str, Any]],
+  outputs: dict[str, list[RequestOutput]],
+  name: str,
+  summ: dict[str, Any],
+  outs: list[RequestOutput],
+) -> None:
+  """Adds one timed round of arm `name`: its first round's summary and outputs are kept; later
+  rounds only lower `wall_s` / `mean_ttft_s` to the best round's (robust to other load) and
+  append to `wall_s_rounds`."""
+  if name not in results:
+    results[name], outputs[name] = summ, outs
+    summ["wall_s_rounds"] = [summ["wall_s"]]
+    return
+  best = results[name]
+  best["wall_s_rounds"].append(summ["wall_s"])
+  if summ["wall_s"] < best["wall_s"]:
+    best["wall_s"], best["mean_ttft_s"] = summ["wall_s"], summ["mean_ttft_s"]
+
+
+def compare_outputs(
+  outs: Sequence[RequestOutput], ref: Sequence[RequestOutput]
+) -> tuple[bool, float]:
+  """(greedy tokens all equal, max relative logit difference) of `outs` against `ref`, request
+  by request (both served with `return_logits=True`)."""
+  eq = all(a.output_tokens == b.output_tokens for a, b in zip(outs, ref, strict=True))
+  rel = max(
+    float(np.max(np.abs(a.logits - b.logits)) / np.max(np.abs(b.logits)))
+    for a, b in zip(outs, ref, strict=True)
+  )
+  return bool(eq), rel
+
+
 def compare_arms(
   model: Any,
   arms: Mapping[str, Mapping[str, Any]],
@@ -145,23 +178,12 @@ def compare_arms(
   for _ in range(repeats):
     for name, eng in engines.items():
       summ, outs = _timed(eng, prompts, max_new_tokens, concurrency, progress)
-      if name not in results:
-        results[name], outputs[name] = summ, outs
-        summ["wall_s_rounds"] = [summ["wall_s"]]
-        continue
-      best = results[name]
-      best["wall_s_rounds"].append(summ["wall_s"])
-      if summ["wall_s"] < best["wall_s"]:
-        best["wall_s"], best["mean_ttft_s"] = summ["wall_s"], summ["mean_ttft_s"]
+      record_round(results, outputs, name, summ, outs)
   if "off" in outputs:
     ref = outputs["off"]
     for name, outs in outputs.items():
-      eq = all(a.output_tokens == b.output_tokens for a, b in zip(outs, ref, strict=True))
-      rel = max(
-        float(np.max(np.abs(a.logits - b.logits)) / np.max(np.abs(b.logits)))
-        for a, b in zip(outs, ref, strict=True)
-      )
-      results[name]["outputs_equal_to_off"] = bool(eq)
+      eq, rel = compare_outputs(outs, ref)
+      results[name]["outputs_equal_to_off"] = eq
       results[name]["max_logit_rel_diff_vs_off"] = rel
       results[name]["latency_ratio_vs_off"] = results[name]["wall_s"] / results["off"]["wall_s"]
   return results

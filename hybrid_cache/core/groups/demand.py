@@ -60,4 +60,5 @@ def grow_to(spec, d: BlockDemand, target, skip) -> jax.Array:
 
 
 def target_blocks(spec, d: BlockDemand, extra_tokens: int = 0) -> jax.Array:
+  """Blocks that cover `need_tokens` + `extra_tokens` (recurrent `all`: the S lookahead blocks)."""
   return cdiv(d.need_tokens + extra_tokens, spec.block_size)
