@@ -18,6 +18,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
@@ -118,10 +119,8 @@ def allocate_slots(
   # touching unlinks the hits that sit in a queue (small gather, no pool reduction)
   in_queue = (touched > 0)[None, :] & (state.queue_key[:, touched] < BIG)
   n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
-  # touch scatters into queue_key in place only if XLA sees every read of it (the gather
-  # above) ordered before: the ids depend on n_norm (>= 0 always, so this is the identity);
-  # without it XLA copies the [2, NB] array twice per entry
-  touched = jnp.where(n_norm >= 0, touched, 0)
+  # touch scatters into queue_key in place only if XLA sees the gather above ordered before
+  touched = xla_cpu.ordered_after(touched, n_norm)
   state = block_pool.touch(state, touched)
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]

@@ -17,18 +17,12 @@ from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_OVERFLOW
 from hybrid_cache.core.state import C_SEQ
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.xla_cpu import materialise
+from hybrid_cache.core.xla_cpu import prefix_count
+from hybrid_cache.core.xla_cpu import row_count
 
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
-
-
-def _row_count(mask: jax.Array) -> jax.Array:
-  """i32[k]: set entries per row of `mask` (bool[k, n], n < 2^24) by one exact f32
-  matrix-vector product (XLA:CPU splits an integer reduction over more than 32 elements into
-  a reduce-window plus a reduce, each a separate thunk)."""
-  ones = jnp.ones((mask.shape[1],), jnp.float32)
-  hi = jax.lax.Precision.HIGHEST
-  return jnp.matmul(mask.astype(jnp.float32), ones, precision=hi).astype(jnp.int32)
 
 
 def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
@@ -76,17 +70,6 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   return jnp.max(jnp.where(oldest, blk, -1), axis=-1)
 
 
-def materialise(x: jax.Array) -> jax.Array:
-  """`x` (1-D) written to its own buffer: a fusion boundary.
-
-  XLA:CPU fuses a cheap elementwise producer into a pairwise [N, N] consumer and recomputes
-  it N times per element (`lax.optimization_barrier` is expanded away before fusion); an
-  identity scatter is not fused into its consumers.
-  """
-  n = x.shape[0]
-  return jnp.zeros_like(x).at[jnp.arange(n)].set(x, unique_indices=True, indices_are_sorted=True)
-
-
 def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
   """bool[N]: some block carries key (h[i], group) (`probe(...) >= 0` for one static group,
   without picking the oldest duplicate). h: u32[N, 2]."""
@@ -95,24 +78,6 @@ def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
   b = materialise(bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets))
   same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & mine[b]
   return jnp.any(same, axis=-1)
-
-
-def inclusive_count(mask: jax.Array, width: int = 32) -> jax.Array:
-  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
-
-  XLA:CPU lowers `cumsum` to a reduce-window (quadratic in N); a [N/w, w] x [w, w] triangular
-  matmul plus a [N/w, N/w] one for the row offsets is exact (counts < 2^24, HIGHEST precision).
-  """
-  n = mask.shape[0]
-  rows = -(-n // width)
-  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
-  x = x.reshape(rows, width)
-  hi = jax.lax.Precision.HIGHEST
-  up = jnp.asarray(np.arange(width)[:, None] <= np.arange(width)[None, :], jnp.float32)
-  within = jnp.matmul(x, up, precision=hi)
-  low = jnp.asarray(np.arange(rows)[None, :] < np.arange(rows)[:, None], jnp.float32)
-  off = jnp.matmul(low, within[:, -1], precision=hi)
-  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
 
 
 def _rank_in_bucket(bks: jax.Array, buckets: int, chunk: int = _RANK_CHUNK) -> jax.Array:
@@ -216,11 +181,11 @@ def insert(
     i = np.arange(k)
     earlier = jnp.asarray(i[None, :] < i[:, None])
     both = jnp.stack([(bks[None, :] == bks[:, None]) & earlier, valid[None, :] & earlier])
-    rank, before = _row_count(both.reshape(2 * k, k)).reshape(2, k)
-    # before = inclusive_count(valid) - 1 where valid
+    rank, before = row_count(both.reshape(2 * k, k)).reshape(2, k)
+    # before = prefix_count(valid) - 1 where valid
   else:
     rank = _rank_in_bucket(bks, buckets)
-    before = inclusive_count(valid) - 1
+    before = prefix_count(valid) - 1
   way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
   ok &= valid
   seq = c[C_SEQ] + before

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from hybrid_cache.core import block_index
 from hybrid_cache.core import eviction
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_HEAD
 from hybrid_cache.core.state import C_PIN
@@ -164,37 +165,6 @@ def _smallest_mask(keys: jax.Array, k: jax.Array, pivots: int = 3) -> jax.Array:
   return _smallest(keys, k, pivots)[0]
 
 
-def _inclusive_prefix(mask: jax.Array, width: int = 64) -> jax.Array:
-  """i32[N]: inclusive prefix count of `mask` (bool[N]) via two small exact f32 matmuls.
-
-  XLA:CPU lowers `cumsum` over thousands of elements to a slow reduce-window; a [N/w, w] x
-  [w, w] triangular matmul is several times cheaper and exact (counts < 2^24, HIGHEST precision
-  so no TF32 on GPUs).
-  """
-  n = mask.shape[0]
-  rows = -(-n // width)
-  x = jnp.zeros((rows * width,), jnp.float32).at[:n].set(mask.astype(jnp.float32))
-  x = x.reshape(rows, width)
-  hi = jax.lax.Precision.HIGHEST
-  up = (jnp.arange(width)[:, None] <= jnp.arange(width)[None, :]).astype(jnp.float32)
-  within = jnp.matmul(x, up, precision=hi)
-  low = (jnp.arange(rows)[None, :] < jnp.arange(rows)[:, None]).astype(jnp.float32)
-  off = jnp.matmul(low, within[:, -1], precision=hi)
-  return (within + off[:, None]).reshape(-1)[:n].astype(jnp.int32)
-
-
-def _compact(mask: jax.Array, size: int) -> jax.Array:
-  """i32[size]: indices of the set entries of `mask` in increasing order, 0-padded.
-
-  Same result as `jnp.nonzero(mask, size=size, fill_value=0)[0]` without a cumsum over N: each
-  set entry is scattered to its prefix count (unique destinations, extra entries dropped).
-  """
-  n = mask.shape[0]
-  p = _inclusive_prefix(mask)
-  dest = jnp.where(mask & (p <= size), p - 1, size)
-  return jnp.zeros((size,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32), mode="drop")
-
-
 def _by_key_offset(keys: jax.Array, size: int) -> jax.Array:
   """i32[size]: each normal-queue block (`keys` i32[NB], BIG = not queued) at its key's offset
   from the smallest key, for offsets < size; 0 marks a hole (keys are unique and block 0 is
@@ -242,7 +212,7 @@ def pop_many(
     sel1 = _smallest_mask(qk[0], k1)
     sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
     sel = sel1 | sel2
-    ids = _compact(sel, kmax)
+    ids = xla_cpu.compact(sel, kmax)
     cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
     cls = jnp.where(jnp.arange(kmax) < jnp.sum(sel), cls, 2)
     # pop order = rank by (class, key) packed into one uint32 (normal keys stay inside
@@ -261,7 +231,9 @@ def pop_many(
     dest = jnp.where(w > 0, p - 1, kmax)
     return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
 
-  if order is None:
+  if order is None and not xla_cpu.enabled("pop_window"):
+    ordered = by_rank()  # the plain twin: rank selection over the whole pool
+  elif order is None:
     # common case: only normal-queue blocks, and at least k1 normal keys lie in the window
     # [min, min + win): each such block's id is scattered to its key offset (already in pop
     # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
@@ -332,7 +304,7 @@ def queue_order(state: CacheState, kmax: int) -> jax.Array:
   nb = state.ref_cnt.shape[0]
   ws, win = 2 * nb, 2 * kmax
   w = _by_key_offset(state.queue_key[0], ws)
-  p = _inclusive_prefix(w > 0)
+  p = xla_cpu.prefix_count(w > 0, 64)
   dest = jnp.where(w > 0, p - 1, ws + win)
   return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from hybrid_cache.core import block_index
 from hybrid_cache.core import groups
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.partial import lookup_partial
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
@@ -183,10 +184,7 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   pos = np.arange(mb)
   sg_cached = [jnp.all(cached[jnp.asarray(s.members)], axis=0) for s in sgs]
   rows = jnp.concatenate([cached, jnp.stack(sg_cached)], axis=0)  # [G + NS, MB]
-  # inclusive prefix counts of every row in one small exact matmul (no reduce-window cumsum)
-  tri = jnp.asarray((pos[:, None] <= pos[None, :]).astype(np.float32))
-  cs = jnp.matmul(rows.astype(jnp.float32), tri, precision=jax.lax.Precision.HIGHEST)
-  cs = cs.astype(jnp.int32)
+  cs = xla_cpu.row_prefix_counts(rows)  # inclusive prefix count of every row
   specs = [(g, g.window and -(-(g.window - 1) // g.block_size)) for g in lay.groups]
   specs += [(s.spec, s.need) for s in sgs]
   valid = jnp.stack(

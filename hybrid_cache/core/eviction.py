@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.eviction_costs import alpha_milli
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import BIG
@@ -118,27 +119,6 @@ def dead_states(lay, state) -> jax.Array:
   return rec & aligned & ~found
 
 
-def stable_argsort(x: jax.Array) -> jax.Array:
-  """i32[N]: `jnp.argsort(x, stable=True)` of int32 `x` (N <= 2^16), by two radix passes.
-
-  XLA:CPU sorts a single primitive operand with a fast path but a (key, index) pair through
-  a comparator call per comparison (several times slower). Each pass sorts one packed uint32,
-  16 key bits above the log2(N) position bits (unique, so no tie order is needed): first by
-  the low 16 bits and block index, then by the high 16 bits and the first pass's position.
-  """
-  n = x.shape[0]
-  bits = max(1, (n - 1).bit_length())
-  if n > 1 << 16:
-    return jnp.argsort(x, stable=True).astype(jnp.int32)
-  u = jnp.uint32
-  ux = x.astype(u) ^ u(1 << 31)  # order-preserving int32 -> uint32
-  mask = u((1 << bits) - 1)
-  idx = jnp.arange(n, dtype=u)
-  perm1 = jnp.sort(((ux & u(0xFFFF)) << u(bits)) | idx) & mask
-  perm = jnp.sort(((ux[perm1] >> u(16)) << u(bits)) | idx) & mask
-  return perm1[perm].astype(jnp.int32)
-
-
 @flax.struct.dataclass
 class FreeBlocks:
   """What an eviction policy sees of the pool at the start of a step (NB = pool blocks).
@@ -179,16 +159,16 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
   # one order: keyed blocks by recency, strays by key (classes are separated by the final one)
   rec_key = jnp.where(keyed, t, jnp.where(stray, qk0, BIG))
-  perm = stable_argsort(rec_key)
-  r_all = _rank(perm, block_index.inclusive_count(keyed[perm]) - 1)
-  r = _rank(perm, block_index.inclusive_count(alive[perm]) - 1)
+  perm = xla_cpu.stable_argsort(rec_key)
+  r_all = _rank(perm, xla_cpu.prefix_count(keyed[perm]) - 1)
+  r = _rank(perm, xla_cpu.prefix_count(alive[perm]) - 1)
   blocks = FreeBlocks(
     candidate=alive, group=grp, token_end=state.block_aux[:, AUX_END], recency=r, num_candidates=n
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
   # stable order of the recency-ordered list by primary: ties keep recency order
-  slot = _rank(perm[stable_argsort(primary[perm])])
+  slot = _rank(perm[xla_cpu.stable_argsort(primary[perm])])
   moved = stray | keyed
   l_digit = jnp.clip(r_all, 0, w0) >> shift
   new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)

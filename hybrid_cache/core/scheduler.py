@@ -26,6 +26,7 @@ from hybrid_cache.core import compile_cache
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import eviction
 from hybrid_cache.core import release as release_lib
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.allocate import release_cows
 from hybrid_cache.core.block_pool import free_counts
 from hybrid_cache.core.outputs import pack_entry
@@ -70,7 +71,7 @@ def schedule_step(
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
-  many = admit_only and slots.shape[0] >= ORDER_MIN_ENTRIES  # static
+  many = admit_only and slots.shape[0] >= ORDER_MIN_ENTRIES and xla_cpu.enabled("queue_order")
 
   def body(carry, x):
     # each entry's outputs packed into one row inside the body: the scan stacks ONE array

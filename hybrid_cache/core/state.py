@@ -174,10 +174,7 @@ def _layout(config: CacheConfig) -> Layout:
   specs: dict[ResolvedGroup, list[int]] = {}
   for i, g in enumerate(groups):
     specs.setdefault(g, []).append(i)
-  sg = [
-    SpecGroup(s, tuple(m), s.window_blocks if s.kind == "swa" else 0)
-    for s, m in specs.items()
-  ]
+  sg = [SpecGroup(s, tuple(m), s.window_blocks if s.kind == "swa" else 0) for s, m in specs.items()]
   sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
   align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
   partial = bool(caching and config.partial_hits)

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import admission
-from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
+from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.allocate import allocate_slots
 from hybrid_cache.core.allocate import remove_skipped
 from hybrid_cache.core.block_pool import free_counts
@@ -142,7 +142,7 @@ def schedule_entry(
   # ONCE at the end of the entry (one in-place update; the general path writes it twice and
   # re-reads it, which XLA runs faster for `admit_one` in the simulator's scan)
   one_write = one_write and admit_only
-  info = block_index.materialise(state.req_info[r]) if one_write else state.req_info[r]
+  info = xla_cpu.materialise(state.req_info[r]) if one_write else state.req_info[r]
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
