@@ -4,15 +4,15 @@ Every variant runs in its own process (the tricks are chosen at import, from
 `HYBRID_CACHE_PLAIN_XLA`): `tricks` (all on), one row per trick replaced by its plain `jnp`
 twin, and `plain` (all off). Each process measures
   - batch 64: `bench_scheduler.time_batches`, jitted core, 64 admissions per `schedule` call,
-    µs per request (wall and process CPU time);
+    µs per request (wall and process CPU time of one call);
   - scan: `bench_scheduler.bench_scan`, admissions in one `lax.scan`, µs per admission;
   - sim: the simulator's core replay (`--policy lru` and `--policy flop_aware`, alpha 1;
     marconi_7b, B = 512) of the first `--sim_requests` requests of the Mooncake conversation
     trace, `replay_s`.
-Variants alternate within each of `--runs` rounds; the table gives medians and each variant's
-median over the all-on median (> 1: the trick saves that much). Compile time is excluded
-except from the simulator's process CPU time (`sim_*_cpu_s`: the replay's CPU seconds, compile
-included, much less sensitive to other jobs on a shared machine than its wall `sim_*_s`). The
+Each metric is the minimum over `--repeats` timings in one process (two for the simulator),
+compile excluded: on a shared machine the least disturbed timing is the steadiest. Variants
+alternate within each of `--runs` rounds; the table gives medians over the rounds and each
+variant's median over the all-on median (> 1: the trick saves that much). The
 simulator's per-request hits must be identical in every variant (checked; exit 1 otherwise).
 
   PYTHONPATH=. python -m experiments.bench_xla_tricks [--runs 7] [--variants prefix_count,...]
@@ -27,26 +27,18 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 from hybrid_cache.core.xla_cpu import TRICKS
 
 DEFAULT_TRACE = os.path.join(
   os.path.dirname(__file__), "..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl"
 )
-METRICS = (
-  "batch64_us",
-  "batch64_cpu_us",
-  "scan_us",
-  "sim_lru_s",
-  "sim_lru_cpu_s",
-  "sim_flop_aware_s",
-  "sim_flop_aware_cpu_s",
-)
+METRICS = ("batch64_us", "batch64_cpu_us", "scan_us", "sim_lru_s", "sim_flop_aware_s")
 
 
 def _worker(args) -> dict:
-  """One measurement in this process (tricks as set in the environment)."""
+  """One measurement in this process (tricks as set in the environment): each metric is the
+  minimum over `--repeats` timings after a warm-up that compiles (the least disturbed run)."""
   from experiments import bench_scheduler
   from hybrid_cache.factory import make_manager
   from hybrid_cache.sim import trace as trace_lib
@@ -55,18 +47,17 @@ def _worker(args) -> dict:
 
   cfg = bench_scheduler.make_config(max_requests=64)
   prompts = bench_scheduler.make_prompts(512, seed=0)
-  wall, cpu = bench_scheduler.time_batches(make_manager(cfg, "jax"), prompts, 64, args.rounds)
-  out = {"batch64_us": wall, "batch64_cpu_us": cpu}
-  out["scan_us"], _ = bench_scheduler.bench_scan(args.scan_steps)
+  manager = make_manager(cfg, "jax")
+  timings = [bench_scheduler.time_batches(manager, prompts, 64, 1) for _ in range(args.repeats)]
+  out = {"batch64_us": min(t[0] for t in timings), "batch64_cpu_us": min(t[1] for t in timings)}
+  out["scan_us"] = min(bench_scheduler.bench_scan(args.scan_steps)[0] for _ in range(args.repeats))
   if args.sim_requests > 0:
     tr = trace_lib.load(args.trace, "mooncake", limit=args.sim_requests)
     digest = []
     for policy in ("lru", "flop_aware"):
-      c0 = time.process_time()
-      triples, extra = simulate(tr, get_model("marconi_7b"), args.capacity, policy, 512)
-      out[f"sim_{policy}_cpu_s"] = time.process_time() - c0  # includes the compile
-      out[f"sim_{policy}_s"] = extra["replay_s"]
-      digest.append(repr(triples))
+      runs = [simulate(tr, get_model("marconi_7b"), args.capacity, policy, 512) for _ in range(3)]
+      out[f"sim_{policy}_s"] = min(extra["replay_s"] for _, extra in runs[1:])  # 0 compiles
+      digest.append(repr(runs[0][0]))
     out["sim_digest"] = hashlib.sha256("".join(digest).encode()).hexdigest()[:16]
   return out
 
@@ -75,7 +66,7 @@ def _run_variant(name: str, args) -> dict:
   env = dict(os.environ)
   env["HYBRID_CACHE_PLAIN_XLA"] = {"tricks": "", "plain": ",".join(TRICKS)}.get(name, name)
   cmd = [sys.executable, "-m", "experiments.bench_xla_tricks", "--worker"]
-  cmd += ["--rounds", str(args.rounds), "--scan_steps", str(args.scan_steps)]
+  cmd += ["--repeats", str(args.repeats), "--scan_steps", str(args.scan_steps)]
   cmd += ["--sim_requests", str(args.sim_requests), "--trace", args.trace]
   cmd += ["--capacity", str(args.capacity)]
   res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -88,9 +79,9 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--runs", type=int, default=7, help="interleaved rounds (>= 1)")
   p.add_argument("--variants", default="", help="comma-separated tricks to time (default: all)")
-  p.add_argument("--rounds", type=int, default=4, help="batch-64 rounds per measurement")
+  p.add_argument("--repeats", type=int, default=5, help="timings per metric (min taken)")
   p.add_argument("--scan_steps", type=int, default=2000)
-  p.add_argument("--sim_requests", type=int, default=3000, help="0 = skip the simulator")
+  p.add_argument("--sim_requests", type=int, default=1500, help="0 = skip the simulator")
   p.add_argument("--trace", default=DEFAULT_TRACE)
   p.add_argument("--capacity", type=float, default=10e9)
   p.add_argument("--out", default="", help="write the medians as JSON here")
