@@ -1,8 +1,9 @@
 """`allocate_slots` for one entry (vLLM §2.1-§2.4, `KVCacheManager.allocate_slots`).
 
 `remove_skipped` releases blocks a running request no longer needs (out of the sliding window,
-superseded recurrent states; pinning SPEC B1); `allocate_slots` touches the hit blocks and
-allocates fresh ones per group (align: §2.4.3) and registers keys (`cache_keys`);
+superseded recurrent states; pinning SPEC B1); `allocate_slots` touches the hit blocks,
+allocates fresh ones per group (each kind's `place_blocks`; align: §2.4.3) and registers keys
+(`cache_keys`);
 `copy_on_write` / `release_cows` are the partial-hit copies of §2.5 (full-attention blocks larger
 than the hash block).
 """
@@ -19,6 +20,7 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
 from hybrid_cache.core.cache_keys import cache_blocks
+from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
@@ -134,17 +136,17 @@ def allocate_slots(
   # key moves to the copy, the table keeps the block)
   cow_new_l, cow_own_l, cow_src_l = [], [], []
   for g, spec in enumerate(lay.groups):
+    kind = groups.rules(spec)
     bs = spec.block_size
     hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
     len0 = rg[g, RG_LEN]
     length = jnp.where(is_new, hits_len, len0)
     # a partial hit caches its last (copied) block again once it is full: hit // bs
     nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg[g, RG_NCACHED]))
+    has_cow = None
     if lay.partial:
       cow_new = is_new & (hit > 0) & (hit % bs != 0)
-      cow_own = jnp.bool_(False)
-      if spec.kind == "mamba" and spec.mode == "align":
-        cow_own = ~is_new & (state.req_partial[r, g] > 0)
+      cow_own = kind.own_cow(spec, state, r, g, is_new)
       own_pos = jnp.maximum(state.req_partial[r, g] - 1, 0)
       src = jnp.where(cow_new, rows[g, jnp.minimum(hit // bs, lay.max_blocks - 1)], 0)
       src = jnp.where(cow_own, rows[g, own_pos], src)
@@ -154,38 +156,22 @@ def allocate_slots(
       has_cow = cow_new | cow_own
     last = rg[g, RG_LAST]
     row = rows[g]
-    if spec.kind == "mamba" and spec.mode == "align":
-      req = cdiv(main, bs) + s
-      grow = req > length
-      enter = (grow | has_cow) if lay.partial else grow
-      prev = length
-      last_state = jnp.where(len0 > 0, prev - 1 - s, jnp.where(hits_len > 0, prev - 1, -1))
-      skip_to = req - s - 1
-      base = jnp.maximum(prev, skip_to)
-      nrel = jnp.int32(0)
-      for t in range(s):
-        j = prev - s + t
-        move = grow & (len0 > 0) & (j >= 0) & (j < skip_to)
-        blk = row[jnp.maximum(j, 0)]
-        row = jnp.where(move & (pos == base + nrel), blk, row)
-        row = jnp.where(move & (pos == j), 0, row)
-        nrel = nrel + move.astype(jnp.int32)
-      bases.append(base + nrel)
-      counts.append(jnp.where(grow, req - base - nrel, 0))
-      last = jnp.where(enter, last_state, last)
-      length = jnp.maximum(length, req)
-    elif spec.kind == "mamba" and spec.mode == "none":
-      cnt = jnp.where(length == 0, 1 + s, 0)
-      bases.append(length)
-      counts.append(cnt)
-      length = length + cnt
-    else:
-      extra = bs * s if spec.kind == "mamba" else 0
-      target = cdiv(need_tokens + extra, bs)
-      cnt = jnp.maximum(target - length, 0)
-      bases.append(length)
-      counts.append(cnt)
-      length = length + cnt
+    placement = Placement(
+      row=row,
+      pos=pos,
+      length=length,
+      len0=len0,
+      hits_len=hits_len,
+      last=last,
+      main=main,
+      need_tokens=need_tokens,
+      has_cow=has_cow,
+      num_spec_blocks=s,
+      partial=lay.partial,
+    )
+    row, base, count, last, length = kind.place_blocks(spec, placement)
+    bases.append(base)
+    counts.append(count)
     if lay.partial:
       counts[-1] = counts[-1] + has_cow.astype(jnp.int32)
     row_l.append(row)

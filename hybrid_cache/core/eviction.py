@@ -107,7 +107,7 @@ def dead_states(lay, state) -> jax.Array:
   (E % its block size == 0) but no block carries that key (same fine hash, that group): its KV
   prefix was evicted, so the state can never be the boundary of a hit. No full group: none.
   """
-  full = [i for i, g in enumerate(lay.groups) if g.kind == "full"]
+  full = lay.prefix_groups  # full attention (`KEEPS_PREFIX`)
   nb = lay.num_blocks
   if not full or not lay.recurrent_groups:
     return jnp.zeros((nb,), bool)

@@ -107,7 +107,7 @@ class SpecGroup:
 
   spec: ResolvedGroup
   members: tuple[int, ...]
-  need: int  # swa: ceil((W-1)/B) without the EAGLE +1
+  need: int  # `hit_need`: swa ceil((W-1)/B) without the EAGLE +1, else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +129,8 @@ class Layout:
   lookahead: int
   num_spec_blocks: int
   recurrent_groups: tuple[int, ...] = ()  # indices of recurrent (mamba) groups
+  # indices of the groups whose hit is the whole prefix (full attention, `KEEPS_PREFIX`)
+  prefix_groups: tuple[int, ...] = ()
   # vLLM §2.5 fine-grained (partial) hits: hits align to `hit_align` (the hash block when
   # `partial`, else the scheduler block); `fine_groups`: groups whose block is larger than the
   # hash block (looked up at hash-block granularity, may carry a partial entry)
@@ -164,30 +166,25 @@ def layout(config: CacheConfig) -> Layout:
 
 @functools.lru_cache(maxsize=64)
 def _layout(config: CacheConfig) -> Layout:
+  # the per-kind rules (`groups.rules`); imported here: the group modules import this module
+  from hybrid_cache.core.groups import rules
+
   caching = config.enable_prefix_caching and not any(
-    g.kind == "mamba" and g.mode == "none" for g in config.resolved_groups
+    rules(g).disables_caching(g) for g in config.resolved_groups
   )
-  groups = tuple(
-    dataclasses.replace(g, mode="none") if (g.kind == "mamba" and not caching) else g
-    for g in config.resolved_groups
-  )
+  groups = tuple(g if caching else rules(g).without_caching(g) for g in config.resolved_groups)
   specs: dict[ResolvedGroup, list[int]] = {}
   for i, g in enumerate(groups):
     specs.setdefault(g, []).append(i)
-  sg = [
-    SpecGroup(s, tuple(m), s.window_blocks if s.kind == "swa" else 0)
-    for s, m in specs.items()
-  ]
-  sg.sort(key=lambda s: 0 if s.spec.kind == "full" else 1)
-  align = [g.block_size for g in groups if g.kind == "mamba" and g.mode == "align"]
+  sg = [SpecGroup(s, tuple(m), rules(s).hit_need(s)) for s, m in specs.items()]
+  sg.sort(key=lambda s: 0 if rules(s.spec).KEEPS_PREFIX else 1)
+  align = [g.block_size for g in groups if rules(g).is_align(g)]
   partial = bool(caching and config.partial_hits)
   hbs = config.resolved_hash_block_size
   tail = tuple(
     i
     for i, g in enumerate(groups)
-    if caching
-    and g.block_size > hbs
-    and (g.kind == "full" or (partial and g.kind == "mamba" and g.mode == "align"))
+    if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
   )
   cap = 4 * config.num_blocks
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
@@ -206,12 +203,15 @@ def _layout(config: CacheConfig) -> Layout:
     caching=caching,
     lookahead=config.num_speculative_blocks,  # EAGLE lookahead slots (vLLM: S tokens)
     num_spec_blocks=config.num_speculative_blocks,
-    recurrent_groups=tuple(i for i, g in enumerate(groups) if g.kind == "mamba"),
+    recurrent_groups=tuple(i for i, g in enumerate(groups) if rules(g).RECURRENT),
+    prefix_groups=tuple(i for i, g in enumerate(groups) if rules(g).KEEPS_PREFIX),
     partial=partial,
     hit_align=config.hit_alignment if caching else config.scheduler_block_size,
     fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
     tail_groups=tail,
-    extra_keys=partial or any(groups[i].kind == "full" for i in tail),
+    # a prompt-tail entry goes on a block that may carry its own key already (without partial
+    # hits only full attention registers one)
+    extra_keys=partial or bool(tail),
   )
 
 
