@@ -25,15 +25,16 @@ from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_SEQ
-from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import aux_columns
 from hybrid_cache.core.state import cdiv
+from hybrid_cache.core.state import group_columns
 
 # ---------------------------------------------------------------------------------------------
 # releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
@@ -70,7 +71,8 @@ class Allocation(NamedTuple):
 
   Attributes:
     state: the cache state after the touches, pops, copy-on-writes and key registration.
-    queued: i32[2], free blocks (normal queue, pinned tier) after the touches and pops.
+    queued: i32[NUM_QUEUES], free blocks (normal queue, pinned tier: `Q_*`) after the touches
+      and pops.
     head: i32, the new head of the precomputed free-queue order when one was given, else None.
     cows: with partial hits, i32[G, 2]: each group's copy-on-write (source, copy), 0 = none;
       else None.
@@ -101,9 +103,9 @@ def allocate_slots(
 
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
-  `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
+  `queued` (i32[NUM_QUEUES]): blocks in the normal free queue and in the pinned tier before the hits
   are touched. Returns an `Allocation`.
-  `info` (optional i32[5]): the request's `req_info` row as the caller writes it back at the
+  `info` (optional i32[NUM_INFO]): the request's `req_info` row as the caller writes it back at the
   end of the entry (read from the state when not given).
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
@@ -113,7 +115,7 @@ def allocate_slots(
     info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
+  need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
@@ -178,7 +180,7 @@ def allocate_slots(
     len_l.append(length)
     last_l.append(last)
   rows = jnp.stack(row_l)
-  rg = jnp.stack([jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l)], axis=1)
+  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l))
   # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
   offsets = [jnp.int32(0)]
   for g in range(1, lay.num_groups):
@@ -242,17 +244,17 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   keyed = cow_own & (grp >= 0)
   h = state.block_hash[src]
   b = block_index.bucket_of(h, grp, buckets)
-  hit = (state.index_entry[b, :, 0] == src[:, None]) & keyed[:, None]
+  hit = (state.index_entry[b, :, IDX_BLOCK] == src[:, None]) & keyed[:, None]
   way = jnp.min(jnp.where(hit, jnp.arange(hit.shape[1]), hit.shape[1]), axis=1)
   c = state.counters
-  seq = c[C_SEQ] + jnp.cumsum(keyed.astype(jnp.int32)) - 1
+  seq = state.next_seq + jnp.cumsum(keyed.astype(jnp.int32)) - 1
   bi = jnp.where(keyed & (way < hit.shape[1]), b, buckets)
   ent = state.index_entry.at[bi, way].set(jnp.stack([cow_ids, seq], axis=-1), mode="drop")
   dst = jnp.where(keyed, cow_ids, nb)
   sdx = jnp.where(keyed, src, nb)
   aux_src = state.block_aux[src]
-  step = c[C_STEP]
-  aux_new = jnp.stack([jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END]], axis=1)
+  step = state.clock
+  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END])
   state = state.replace(
     index_entry=ent,
     block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),

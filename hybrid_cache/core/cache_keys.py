@@ -17,11 +17,9 @@ from hybrid_cache.core import groups
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import C_REC_ADMITTED
-from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import P_RETENTION
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
@@ -63,7 +61,7 @@ def cache_blocks(
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
     sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
-    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.params[P_RETENTION], boundaries)
+    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))
@@ -81,7 +79,7 @@ def cache_blocks(
   else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
     state = block_index.insert(state, ids, keys[0], jnp.concatenate(all_groups), keys[1])
   nb = lay.num_blocks
-  step = state.counters[C_STEP]
+  step = state.clock
   sidx = jnp.where(ids > 0, ids, nb)
   # registration step and token end of each registered block in ONE [k, 2] scatter
   cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
@@ -151,7 +149,7 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   state = block_index.insert_extra(state, extra, keys, grp)
   nb = lay.num_blocks
   sidx = jnp.where(prim > 0, prim, nb)
-  step = state.counters[C_STEP]
+  step = state.clock
   vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
   cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")

@@ -17,7 +17,6 @@ from hybrid_cache.core.groups.placement import fresh_blocks
 from hybrid_cache.core.split import checkpoint_position
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
-from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
@@ -116,12 +115,12 @@ def _same_step(d: BlockDemand):
   refuses the hit too), has not been computed yet."""
   state = d.state
   last = d.hit_ids[jnp.maximum(d.hits_len - 1, 0)]
-  step = state.counters[C_STEP]
+  step = state.clock
   same_key = (state.block_group == state.block_group[last]) & jnp.all(
     state.block_hash == state.block_hash[last][None, :], axis=1
   )
-  same_step = (state.block_aux[last, 0] == step) | jnp.any(
-    same_key & (state.block_aux[:, 0] == step)
+  same_step = (state.block_aux[last, AUX_STEP] == step) | jnp.any(
+    same_key & (state.key_step == step)
   )
   return d.is_new & (d.hit > 0) & (last > 0) & same_step
 

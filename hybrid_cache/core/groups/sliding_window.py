@@ -12,9 +12,6 @@ from hybrid_cache.core.groups.demand import target_blocks
 from hybrid_cache.core.groups.placement import Placed
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.groups.placement import fresh_blocks
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
-from hybrid_cache.core.state import P_PIN_MIN_DROP
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 
@@ -112,7 +109,7 @@ def before_skipped_free(config, state, spec, row, drop, k, j0):
   if not config.pinning:
     return state
   pos = jnp.arange(row.shape[0])
-  big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
+  big_enough = (k - 1 - j0) >= state.pin_min_drop_size
   to_pin = drop & (pos >= k - spec.window_blocks) & big_enough & (state.block_group[row] >= 0)
   return block_pool.pin(state, jnp.where(to_pin, row, 0))
 
@@ -134,7 +131,7 @@ def blocks_needed(spec, d: BlockDemand):
   target = target_blocks(spec, d)
   if d.swa_cap:
     # min(W - 1 + max_num_batched_tokens, max_model_len) without int32 overflow
-    budget, mml = d.state.params[P_MAX_BATCHED], d.state.params[P_MAX_MODEL_LEN]
+    budget, mml = d.state.max_batched_tokens, d.state.max_model_len
     w1 = spec.window - 1
     bound = cdiv(jnp.minimum(budget, mml - w1) + w1, spec.block_size)
     target = jnp.minimum(target, bound + 1)
