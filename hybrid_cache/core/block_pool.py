@@ -3,9 +3,9 @@
 Free queue (vLLM §1.6): a block is free iff `free_key[b] < BIG` (normal queue, row `Q_FREE` of
 `queue_key`) or `pinned_key[b] < BIG` (pinned tier, row `Q_PINNED`, SPEC B1). Popping takes the
 smallest normal key; when the normal queue is empty the oldest pinned block is demoted
-(equivalently popped). Freeing puts
-unhashed blocks at the head (a batch keeps its order; `free_order="all_tail"`: at the tail too),
-hashed blocks at the tail, pinned blocks at the pinned tail. Touching unlinks a free block.
+(equivalently popped). Freeing puts unhashed blocks at the head (a batch keeps its order;
+`free_order="all_tail"`: at the tail too), hashed blocks at the tail, pinned blocks at the pinned
+tail. Touching unlinks a free block.
 All functions are pure and jittable.
 """
 
