@@ -79,7 +79,9 @@ def _run_variant(name: str, args) -> dict:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--runs", type=int, default=7, help="interleaved rounds (>= 1)")
-  p.add_argument("--variants", default="", help="comma-separated variants, each a trick or tricks joined by '+' (default: each trick)")
+  p.add_argument(
+    "--variants", default="", help="comma-separated; a trick, or tricks joined by '+' (default: each)"
+  )
   p.add_argument("--repeats", type=int, default=5, help="timings per metric (min taken)")
   p.add_argument("--scan_steps", type=int, default=2000)
   p.add_argument("--sim_requests", type=int, default=1500, help="0 = skip the simulator")
