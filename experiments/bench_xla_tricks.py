@@ -80,7 +80,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--runs", type=int, default=7, help="interleaved rounds (>= 1)")
   p.add_argument(
-    "--variants", default="", help="comma-separated; a trick or tricks joined by '+' (default: each)"
+    "--variants", default="", help="comma-separated; a trick or tricks joined by '+' (default each)"
   )
   p.add_argument("--repeats", type=int, default=5, help="timings per metric (min taken)")
   p.add_argument("--scan_steps", type=int, default=2000)
