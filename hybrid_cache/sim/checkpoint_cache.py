@@ -89,6 +89,11 @@ class SeenTrie:
 
   Node ids are dense ints; `depth[n]` = units from the root through n (>= 1), `parent[n]`
   (_ROOT = -1 for depth 1), `out[n]` = the node was first computed inside its creator's output.
+  Every walked path is also appended to `flat` (int64, all paths end to end) and `home[n]` is the
+  offset in `flat` of the path that created n, so n's ancestors are the array view
+  `flat[home[n] : home[n] + depth[n] - 1]` (ancestor at depth k at index k - 1): the caches find
+  the nearest checkpoint or branch above a node with one numpy gather (`ancestors`), not a
+  pointer chase.
   """
 
   def __init__(self, unit: int):
@@ -97,6 +102,10 @@ class SeenTrie:
     self.parent: list[int] = []
     self.depth: list[int] = []
     self.out: list[bool] = []
+    self.home: list[int] = []
+    self.flat = np.zeros(1 << 12, np.int64)
+    self.flat_len = 0
+    self._last: tuple[list[int] | None, np.ndarray] = (None, self.flat[:0])
     self.pending: dict[int, int] = {}  # candidate point -> kind, until a later request passes it
     self.placed: dict[int, float] = {}
     self.reached: dict[int, float] = {}
@@ -117,6 +126,16 @@ class SeenTrie:
     """(passed + 1) / (registered + 2): how often a point of `kind` was passed later."""
     return (self.reached.get(kind, 0.0) + 1.0) / (self.placed.get(kind, 0.0) + 2.0)
 
+  def ancestors(self, n: int) -> np.ndarray:
+    """int64[depth[n] - 1]: the strict ancestors of node n, root side first (a view)."""
+    s = self.home[n]
+    return self.flat[s : s + self.depth[n] - 1]
+
+  def path_array(self, path: list[int]) -> np.ndarray:
+    """int64[len(path)] of a path (the stored view when `path` is the last walked one)."""
+    last, arr = self._last
+    return arr if path is last else np.asarray(path, np.int64)
+
   def walk(self, req: Request) -> tuple[list[int], int]:
     """Node ids of r's computed units (creating new ones) and how many of its input units
     (up to the hit cap) existed before r."""
@@ -129,6 +148,7 @@ class SeenTrie:
     seen = 0
     node = _ROOT
     ch = self.children
+    start = self.flat_len
     for k, h in enumerate(hs):
       key = ((node + 1) << 64) | h
       nxt = ch.get(key)
@@ -138,10 +158,19 @@ class SeenTrie:
         self.parent.append(node)
         self.depth.append(k + 1)
         self.out.append((k + 1) * self.unit > n_in)
+        self.home.append(start)
       elif k < cap and seen == k:
         seen = k + 1
       path.append(nxt)
       node = nxt
+    end = start + len(path)
+    if end > len(self.flat):
+      grown = np.zeros(max(end, 2 * len(self.flat)), np.int64)
+      grown[:start] = self.flat[:start]
+      self.flat = grown
+    self.flat[start:end] = path
+    self.flat_len = end
+    self._last = (path, self.flat[start:end])
     if self.pending:
       for k in range(seen):
         kind = self.pending.pop(path[k], None)
@@ -183,7 +212,16 @@ class CacheSizes:
 
 
 class UnitCache:
-  """One cache over a shared `SeenTrie` (per-node arrays indexed by trie node id)."""
+  """One cache over a shared `SeenTrie`.
+
+  Per-node state is three numpy arrays indexed by trie node id, grown with the trie:
+  `_present` (bool), `_ckpt` (bool) and `_nchild` (int32: present children); what only
+  checkpoints carry (`ver`, `hits`, `kind`, `stamp`) lives in dicts keyed by node. The pinned
+  nodes (request r's hit path) are `path[:pin_d]` of the request being served, not a per-node
+  field. Chains are handled by depth arithmetic: the KV pages of the nodes at depths a+1..e of
+  one root path telescope to `(e U) // B - (a U) // B` (+1 when e ends mid-page as a leaf), so
+  adding or dropping a chain costs one numpy gather/scatter, not a step per node.
+  """
 
   def __init__(
     self,
@@ -202,14 +240,16 @@ class UnitCache:
       raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     self.trie, self.sizes, self.model = trie, sizes, model
     self.alpha, self.prior, self.frequency = alpha, prior, frequency
-    self.present: list[bool] = []
-    self.nchild: list[int] = []
-    self.ckpt: list[bool] = []
-    self.ver: list[int] = []
-    self.hits: list[int] = []
-    self.kind: list[int] = []
-    self.pin: list[int] = []
-    self.stamp: list[float] = []  # the clock when checkpoint n was last inserted or hit
+    self._present = np.zeros(0, np.bool_)
+    self._ckpt = np.zeros(0, np.bool_)
+    self._nchild = np.zeros(0, np.int32)
+    self.ver: dict[int, int] = {}
+    self.hits: dict[int, int] = {}
+    self.kind: dict[int, int] = {}
+    self.stamp: dict[int, float] = {}  # the clock when checkpoint n was last inserted or hit
+    self.pin_r, self.pin_d = -1, 0
+    self.pin_path: list[int] = []
+    self.pin_pa = self._nchild[:0]
     self.root_children = 0
     self.pages = 0
     self.nckpt = 0
@@ -223,56 +263,43 @@ class UnitCache:
     self.admitted_ckpts = 0
     self._flops_cache: dict[int, int] = {}
 
+  # ---- per-node views (copies, for checks) ----
+  @property
+  def present(self) -> list[bool]:
+    return self._present[: len(self.trie)].tolist()
+
+  @property
+  def ckpt(self) -> list[bool]:
+    return self._ckpt[: len(self.trie)].tolist()
+
+  @property
+  def nchild(self) -> list[int]:
+    return self._nchild[: len(self.trie)].tolist()
+
   # ---- sizes ----
   def _grow(self) -> None:
-    n = len(self.trie) - len(self.present)
-    if n > 0:
-      self.present += [False] * n
-      self.nchild += [0] * n
-      self.ckpt += [False] * n
-      self.ver += [0] * n
-      self.hits += [0] * n
-      self.kind += [0] * n
-      self.pin += [-1] * n
-      self.stamp += [0.0] * n
+    n = len(self.trie)
+    if n > len(self._present):
+      size = max(n, 2 * len(self._present), 1 << 12)
+      for name in ("_present", "_ckpt", "_nchild"):
+        old = getattr(self, name)
+        new = np.zeros(size, old.dtype)
+        new[: len(old)] = old
+        setattr(self, name, new)
 
   @property
   def used(self) -> int:
     return self.pages * self.sizes.kv_page_bytes + self.nckpt * self.sizes.ckpt_bytes
 
-  def _node_pages(self, n: int, leaf: bool) -> int:
-    """Pages charged to present node n: pages ending in it (+1 if a leaf ending mid-page)."""
+  def _chain_pages(self, a: int, e: int) -> int:
+    """Pages charged to a leaf chain of present nodes at depths a+1..e of one root path:
+    pages ending in them (telescoped) + 1 if the leaf ends mid-page."""
     u, b = self.sizes.unit, self.sizes.block_size
-    end = self.trie.depth[n] * u
-    k = end // b - (end - u) // b
-    return k + (1 if leaf and end % b else 0)
+    end = e * u
+    return end // b - (a * u) // b + (1 if end % b else 0)
 
-  def _leaf_bonus(self, n: int) -> int:
-    return 1 if (self.trie.depth[n] * self.sizes.unit) % self.sizes.block_size else 0
-
-  def _add_node(self, n: int, refresh: list[int]) -> None:
-    p = self.trie.parent[n]
-    if p == _ROOT:
-      self.root_children += 1
-    else:
-      if self.nchild[p] == 0:
-        self.pages -= self._leaf_bonus(p)
-        if self.ckpt[p]:
-          refresh.append(p)  # no longer a leaf: its unit is now its state alone
-      self.nchild[p] += 1
-    self.present[n] = True
-    self.pages += self._node_pages(n, True)
-
-  def _remove_leaf(self, n: int) -> None:
-    self.present[n] = False
-    self.pages -= self._node_pages(n, True)
-    p = self.trie.parent[n]
-    if p == _ROOT:
-      self.root_children -= 1
-    else:
-      self.nchild[p] -= 1
-      if self.nchild[p] == 0:
-        self.pages += self._leaf_bonus(p)
+  def _leaf_bonus(self, depth: int) -> int:
+    return 1 if (depth * self.sizes.unit) % self.sizes.block_size else 0
 
   def flops(self, depth: int) -> int:
     f = self._flops_cache.get(depth)
@@ -282,53 +309,50 @@ class UnitCache:
     return f
 
   # ---- lookup ----
-  def hit_depth(self, path: list[int], cap: int) -> tuple[int, list[int]]:
-    """(hit depth in units, the checkpoint nodes on the hit path)."""
-    present, ckpt = self.present, self.ckpt
-    best, on_path = 0, []
-    rec = self.sizes.recurrent
-    for k in range(min(cap, len(path))):
-      n = path[k]
-      if not present[n]:
-        break
-      if ckpt[n]:
-        on_path.append(n)
-        best = k + 1
-      elif not rec:
-        best = k + 1
-    return best, on_path
+  def hit_depth(self, path: list[int], cap: int) -> tuple[int, int]:
+    """(hit depth in units, the checkpoint that serves it: the deepest one on the hit path,
+    -1 if none). Present nodes are prefix-closed, so the present part of the path is a prefix."""
+    m = min(cap, len(path))
+    if m <= 0:
+      return 0, -1
+    sub = self.trie.path_array(path)[:m]
+    pres = self._present[sub]
+    f = m if pres[-1] else int(pres.argmin())
+    ck = np.flatnonzero(self._ckpt[sub[:f]])
+    served = int(sub[ck[-1]]) if len(ck) else -1
+    if not self.sizes.recurrent:
+      return f, served
+    return (int(ck[-1]) + 1 if len(ck) else 0), served
+
+  def _pinned(self, n: int, r: int) -> bool:
+    if r != self.pin_r or not self.pin_d:
+      return False
+    dn = self.trie.depth[n]
+    return dn <= self.pin_d and self.pin_path[dn - 1] == n
 
   # ---- eviction units ----
-  def _prev_ckpt_depth(self, n: int) -> int:
-    p = self.trie.parent[n]
-    while p != _ROOT and not self.ckpt[p]:
-      p = self.trie.parent[p]
-    return 0 if p == _ROOT else self.trie.depth[p]
-
-  def _unit_bytes(self, n: int) -> int:
-    """Bytes evicting checkpoint n frees (state, + its leaf chain's KV pages)."""
-    b = self.sizes.ckpt_bytes
-    if self.nchild[n]:
-      return b
-    pages = self._node_pages(n, True)
-    p = self.trie.parent[n]
-    while p != _ROOT and not self.ckpt[p] and self.nchild[p] == 1:
-      pages += self._node_pages(p, False)
-      p = self.trie.parent[p]
-    return b + pages * self.sizes.kv_page_bytes
-
   def _push(self, n: int, touch: bool = True) -> None:
     """(Re)computes checkpoint n's GreedyDual priority and pushes it; `touch` = it was
     inserted or hit now (else it keeps its last stamp: only its unit's shape changed)."""
-    self.ver[n] += 1
+    ver = self.ver[n] = self.ver.get(n, 0) + 1
     self.seq += 1
     if touch:
       self.stamp[n] = self.clock
     if self.alpha is None:
-      heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, self.ver[n]))
+      heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, ver))
       return
-    gain = self.flops(self.trie.depth[n]) - self.flops(self._prev_ckpt_depth(n))
-    eff = gain / max(self._unit_bytes(n), 1)
+    dn = self.trie.depth[n]
+    anc = self.trie.ancestors(n)
+    ck = np.flatnonzero(self._ckpt[anc])
+    prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
+    if self._nchild[n]:
+      nbytes = self.sizes.ckpt_bytes  # interior: evicting it frees its state only
+    else:  # a leaf: + the KV back to the previous checkpoint or branch point
+      br = np.flatnonzero(self._nchild[anc[prev:]] > 1)
+      a = prev + int(br[-1]) + 1 if len(br) else prev
+      nbytes = self.sizes.ckpt_bytes + self._chain_pages(a, dn) * self.sizes.kv_page_bytes
+    gain = self.flops(dn) - self.flops(prev)
+    eff = gain / max(nbytes, 1)
     self.eff_sum += eff
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n
@@ -342,20 +366,21 @@ class UnitCache:
       w *= (self.kind_hit.get(self.kind[n], 0.0) + 1.0) / (
         self.kind_placed.get(self.kind[n], 0.0) + 2.0
       )
-    heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, self.ver[n]))
+    heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, ver))
 
   def _evict_one(self, r: int) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
     held = []
     ok = False
+    ckpt, ver, nchild = self._ckpt, self.ver, self._nchild
     while self.heap:
       prio, _, n, v = heapq.heappop(self.heap)
-      if not self.ckpt[n] or self.ver[n] != v:
+      if not ckpt[n] or ver[n] != v:
         continue
-      if self.pin[n] == r:
+      if self._pinned(n, r):
         held.append(n)
         continue
-      if self.sizes.ckpt_bytes == 0 and self.nchild[n]:
+      if self.sizes.ckpt_bytes == 0 and nchild[n]:
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
       self._drop(n, r)
@@ -366,20 +391,36 @@ class UnitCache:
     return ok
 
   def _drop(self, n: int, r: int) -> None:
-    self.ckpt[n] = False
+    """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
+    a checkpoint, a branch (>= 2 children) or pinned."""
+    self._ckpt[n] = False
     self.nckpt -= 1
     self.evicted_ckpts += 1
     self.ver[n] += 1
-    if self.nchild[n]:
+    if self._nchild[n]:
       return
-    p = n
-    while True:
-      self._remove_leaf(p)
-      p = self.trie.parent[p]
-      if p == _ROOT or self.ckpt[p] or self.nchild[p] or self.pin[p] == r:
-        break
-    if p != _ROOT and self.ckpt[p] and self.nchild[p] == 0:
-      self._push(p, touch=False)  # became a leaf: its unit now includes its chain
+    dn = self.trie.depth[n]
+    anc = self.trie.ancestors(n)
+    stop = self._ckpt[anc] | (self._nchild[anc] > 1)
+    if r == self.pin_r and self.pin_d:
+      k = min(self.pin_d, len(anc))
+      stop[:k] |= anc[:k] == self.pin_pa[:k]
+    st = np.flatnonzero(stop)
+    a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
+    chain = anc[a:]
+    self._present[chain] = False
+    self._nchild[chain] = 0
+    self._present[n] = False
+    self.pages -= self._chain_pages(a, dn)
+    if a == 0:
+      self.root_children -= 1
+      return
+    p = int(anc[a - 1])
+    self._nchild[p] -= 1
+    if self._nchild[p] == 0:
+      self.pages += self._leaf_bonus(a)
+      if self._ckpt[p]:
+        self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
   def fit(self, limit: int, r: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
@@ -397,20 +438,19 @@ class UnitCache:
     """
     self._grow()
     s = self.sizes
-    d, on_path = self.hit_depth(path, cap)
-    for k in range(d):
-      self.pin[path[k]] = r
-    if on_path:  # the hit is served by the deepest checkpoint; shallower ones are not used
-      n = on_path[-1]
-      self.hits[n] += 1
-      self.kind_hit[self.kind[n]] = self.kind_hit.get(self.kind[n], 0.0) + 1.0
-      self._push(n)
+    pa = self.trie.path_array(path)
+    d, served = self.hit_depth(path, cap)
+    self.pin_r, self.pin_d, self.pin_path, self.pin_pa = r, d, path, pa
+    if served >= 0:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      self.hits[served] += 1
+      kind = self.kind[served]
+      self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
+      self._push(served)
     hit_tokens = d * s.unit
     pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
     work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
     if not self.fit(s.capacity - work, r):
-      for k in range(d):  # the hit path does not fit beside the working set: recompute
-        self.pin[path[k]] = -1
+      self.pin_d = 0  # the hit path does not fit beside the working set: recompute
       d, hit_tokens = 0, 0
       work = -(-n_comp // s.block_size) * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
       self.fit(s.capacity - work, r)
@@ -420,16 +460,30 @@ class UnitCache:
       places = [(k + 1, 0) for k in range(d, len(path))]
     deepest = max((q for q, _ in places), default=0)
     refresh: list[int] = []
-    for k in range(deepest):
-      n = path[k]
-      if not self.present[n]:
-        self._add_node(n, refresh)
+    if deepest:
+      sub = pa[:deepest]
+      pres = self._present[sub]
+      j = deepest if pres[-1] else int(pres.argmin())  # first absent unit (prefix-closed)
+      if j < deepest:  # add path[j:deepest] as one chain hanging from path[j - 1]
+        if j == 0:
+          self.root_children += 1
+        else:
+          p = path[j - 1]
+          if self._nchild[p] == 0:
+            self.pages -= self._leaf_bonus(j)
+            if self._ckpt[p]:
+              refresh.append(p)  # no longer a leaf: its unit is now its state alone
+          self._nchild[p] += 1
+        self._present[sub[j:]] = True
+        self._nchild[sub[j : deepest - 1]] = 1
+        self.pages += self._chain_pages(j, deepest)
     new = []
+    ckpt = self._ckpt
     for q, kind in places:
       n = path[q - 1]
-      if self.ckpt[n]:
+      if ckpt[n]:
         continue
-      self.ckpt[n] = True
+      ckpt[n] = True
       self.nckpt += 1
       self.admitted_ckpts += 1
       self.kind[n] = kind
@@ -442,8 +496,7 @@ class UnitCache:
     for n in new:
       self._push(n)
     self.fit(s.capacity, -2)
-    for k in range(d):
-      self.pin[path[k]] = -1
+    self.pin_d = 0
     return hit_tokens
 
 

@@ -40,7 +40,10 @@ time to write its new checkpoints and to restore the hit's state, at `STATE_COPY
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -171,6 +174,20 @@ def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
   return place
 
 
+@dataclasses.dataclass
+class _Point:
+  """One capacity of a sweep: its live cache, shadows (adaptive) and per-request records."""
+
+  sizes: CacheSizes
+  live: UnitCache
+  shadows: list[UnitCache]
+  score: list[float]
+  current: int = DEFAULT_WEIGHTING
+  alphas_used: dict[str, int] = dataclasses.field(default_factory=dict)
+  triples: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+  copy_bytes: list[int] = dataclasses.field(default_factory=list)
+
+
 def run_checkpoint(
   trace: Trace,
   model: ModelConfig,
@@ -200,55 +217,114 @@ def run_checkpoint(
   Returns:
     ([hit, input tokens, reused tokens] per request, extra summary fields).
   """
+  return sweep_checkpoint(
+    trace,
+    model,
+    [capacity_bytes],
+    policy,
+    unit,
+    block_size,
+    alpha=alpha,
+    prior=prior,
+    frequency=frequency,
+    length_classes=length_classes,
+  )[0]
+
+
+def sweep_checkpoint(
+  trace: Trace,
+  model: ModelConfig,
+  capacities: Sequence[float],
+  policy: str,
+  unit: int = 64,
+  block_size: int = 64,
+  alpha: float | None = None,
+  prior: str = "hits",
+  frequency: bool = True,
+  length_classes: bool = False,
+  progress: Callable[[int], None] | None = None,
+) -> list[tuple[list[tuple[int, int, int]], dict]]:
+  """`run_checkpoint` at every capacity of `capacities` in one replay of the trace.
+
+  Everything that does not depend on the capacity is done once per request and shared: the
+  trace's unit hashes and the trie walk (`SeenTrie`, incl. the placement kinds' reach counts),
+  the learned alignment and output reuse (`DivergenceStats`) and so the candidate points; none
+  of them reads a cache. Each capacity keeps its own caches (the live one and, for `adaptive`,
+  its shadows) and serves request r after the shared work of r, as `run_checkpoint` does, so
+  every capacity's result is identical to its own `run_checkpoint` call (same triples, same
+  summary; `wall_s` is the whole sweep's replay time).
+
+  Args:
+    capacities: one or more capacities in bytes (each finite and > 0), any order.
+    progress: called with the number of requests done after each request (e.g. a tqdm update).
+    others: as `run_checkpoint`.
+
+  Returns:
+    [(triples, extra summary fields)] in the order of `capacities`.
+  """
   rule, k = parse_placement(policy)
   if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
     raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
-  sizes = CacheSizes.of(model, capacity_bytes, unit, block_size)
-  trie = SeenTrie(sizes.unit)
+  if len(capacities) == 0:
+    raise ValueError("capacities must hold at least one capacity, got none")
+  sizes0 = CacheSizes.of(model, capacities[0], unit, block_size)
+  trie = SeenTrie(sizes0.unit)
   stats = DivergenceStats()
   tuned = rule == "adaptive" and alpha is None
   weightings = list(SHADOW_WEIGHTINGS)
-  if tuned:
-    _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-    live = UnitCache(trie, sizes, model, a0, p0, f0)
-  else:
-    live_alpha = float(alpha) if rule == "adaptive" else None
-    live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
-  shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
-  shadows = shadows if tuned else []
-  current = DEFAULT_WEIGHTING
-  score = [0.0] * len(shadows)
+  points = []
+  for capacity in capacities:
+    sizes = CacheSizes.of(model, capacity, unit, block_size)
+    if tuned:
+      _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
+      live = UnitCache(trie, sizes, model, a0, p0, f0)
+      shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
+    else:
+      live_alpha = float(alpha) if rule == "adaptive" else None
+      live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
+      shadows = []
+    points.append(_Point(sizes, live, shadows, [0.0] * len(shadows)))
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
-  alphas_used: dict[str, int] = {}
-  triples = []
-  copy_bytes = []
+  u = sizes0.unit
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
-    cap = (n_in - 1) // sizes.unit
+    cap = (n_in - 1) // u
     cands = []
     if rule in ("ckpt_branch", "adaptive"):
-      cands = candidates(rule, stats, len(path), n_in // sizes.unit, seen, length_classes)
+      cands = candidates(rule, stats, len(path), n_in // u, seen, length_classes)
       for q, kind in cands:
         trie.register(path[q - 1], kind)
     place = _placer(rule, k, len(path), cands)
-    before = live.admitted_ckpts
-    h = live.serve(r, path, cap, n_comp, place)
-    triples.append((int(h > 0), n_in, h))
-    copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * sizes.ckpt_bytes)
-    for i, sh in enumerate(shadows):
-      hs = sh.serve(r, path, cap, n_comp, place)
-      score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
-    if tuned:
-      lab = weightings[current][0]
-      alphas_used[lab] = alphas_used.get(lab, 0) + 1
-      if (r + 1) % RETUNE_EVERY == 0:
-        current = max(range(len(score)), key=lambda i: (score[i], -i))
-        _, live.alpha, live.prior, live.frequency = weightings[current]
+    for pt in points:
+      live = pt.live
+      before = live.admitted_ckpts
+      h = live.serve(r, path, cap, n_comp, place)
+      pt.triples.append((int(h > 0), n_in, h))
+      pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
+      score = pt.score
+      for i, sh in enumerate(pt.shadows):
+        hs = sh.serve(r, path, cap, n_comp, place)
+        score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
+      if tuned:
+        lab = weightings[pt.current][0]
+        pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
+        if (r + 1) % RETUNE_EVERY == 0:
+          pt.current = max(range(len(score)), key=lambda i: (score[i], -i))
+          _, live.alpha, live.prior, live.frequency = weightings[pt.current]
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
+    if progress is not None:
+      progress(r + 1)
+  wall = time.perf_counter() - t0
+  return [_summary(pt, model, trie, stats, weightings, tuned, wall) for pt in points]
+
+
+def _summary(pt: _Point, model, trie, stats, weightings, tuned: bool, wall: float):
+  """(triples, extra summary fields) of one capacity (see `run_checkpoint`)."""
+  triples, copy_bytes, live, sizes = pt.triples, pt.copy_bytes, pt.live, pt.sizes
   ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
   ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
   extra = {
@@ -265,11 +341,17 @@ def run_checkpoint(
     "learned_alignment_units": stats.alignment(),
     "learned_output_reuse": stats.output_reused(),
     "alpha": live.alpha,
-    "weighting": weightings[current][0] if tuned else None,
-    "alpha_requests": dict(sorted(alphas_used.items())) if tuned else None,
-    "wall_s": time.perf_counter() - t0,
+    "weighting": weightings[pt.current][0] if tuned else None,
+    "alpha_requests": dict(sorted(pt.alphas_used.items())) if tuned else None,
+    "wall_s": wall,
   }
   return triples, extra
 
 
-__all__ = ["PLACEMENTS", "DivergenceStats", "parse_placement", "run_checkpoint"]
+__all__ = [
+  "PLACEMENTS",
+  "DivergenceStats",
+  "parse_placement",
+  "run_checkpoint",
+  "sweep_checkpoint",
+]
