@@ -49,6 +49,7 @@ statistic is read), so replaying a prefix of a trace gives the prefix of the ful
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 
@@ -211,16 +212,48 @@ class CacheSizes:
     return self.ckpt_bytes > 0
 
 
+_CKPT, _BRANCH = 1, 2  # bits of UnitCache._flag
+
+
+class FlopsTable:
+  """`int(model.prefill_flops(d * unit))` for d = 0, 1, ..., extended on demand; one table is
+  shared by every cache of a replay (`flops_table`)."""
+
+  def __init__(self, model: ModelConfig, unit: int):
+    self.model, self.unit = model, unit
+    self.values: list[int] = []
+
+  def extend(self, depth: int) -> list[int]:
+    """The table, holding at least depths 0..depth."""
+    v = self.values
+    while len(v) <= depth:
+      v.append(int(self.model.prefill_flops(len(v) * self.unit)))
+    return v
+
+
+_TABLES: dict[tuple[ModelConfig, int], FlopsTable] = {}
+
+
+def flops_table(model: ModelConfig, unit: int) -> FlopsTable:
+  """The shared `FlopsTable` of (model, unit)."""
+  t = _TABLES.get((model, unit))
+  if t is None:
+    t = _TABLES[(model, unit)] = FlopsTable(model, unit)
+  return t
+
+
 class UnitCache:
   """One cache over a shared `SeenTrie`.
 
-  Per-node state is three numpy arrays indexed by trie node id, grown with the trie:
-  `_present` (bool), `_ckpt` (bool) and `_nchild` (int32: present children); what only
-  checkpoints carry (`ver`, `hits`, `kind`, `stamp`) lives in dicts keyed by node. The pinned
-  nodes (request r's hit path) are `path[:pin_d]` of the request being served, not a per-node
-  field. Chains are handled by depth arithmetic: the KV pages of the nodes at depths a+1..e of
-  one root path telescope to `(e U) // B - (a U) // B` (+1 when e ends mid-page as a leaf), so
-  adding or dropping a chain costs one numpy gather/scatter, not a step per node.
+  Per-node state is two numpy arrays indexed by trie node id, grown with the trie: `_present`
+  (bool) and `_nchild` (int32: present children), and `_flag` (uint8 bits: _CKPT = holds a
+  checkpoint, _BRANCH = >= 2 present children), so the nearest checkpoint or branch above a node
+  is one gather over its ancestors. What only checkpoints carry (`ver`, `hits`, `kind`, `stamp`)
+  lives in dicts keyed by node. The pinned nodes (request r's hit path) are `path[:pin_d]` of
+  the request being served, not a per-node field. Chains are handled by depth arithmetic: the
+  KV pages of the nodes at depths a+1..e of one root path telescope to `(e U) // B - (a U) // B`
+  (+1 when e ends mid-page as a leaf), so adding or dropping a chain costs one numpy
+  gather/scatter, not a step per node.
   """
 
   def __init__(
@@ -241,7 +274,7 @@ class UnitCache:
     self.trie, self.sizes, self.model = trie, sizes, model
     self.alpha, self.prior, self.frequency = alpha, prior, frequency
     self._present = np.zeros(0, np.bool_)
-    self._ckpt = np.zeros(0, np.bool_)
+    self._flag = np.zeros(0, np.uint8)
     self._nchild = np.zeros(0, np.int32)
     self.ver: dict[int, int] = {}
     self.hits: dict[int, int] = {}
@@ -261,7 +294,7 @@ class UnitCache:
     self.kind_hit: dict[int, float] = {}
     self.evicted_ckpts = 0
     self.admitted_ckpts = 0
-    self._flops_cache: dict[int, int] = {}
+    self._flops = flops_table(model, sizes.unit)
 
   # ---- per-node views (copies, for checks) ----
   @property
@@ -270,7 +303,7 @@ class UnitCache:
 
   @property
   def ckpt(self) -> list[bool]:
-    return self._ckpt[: len(self.trie)].tolist()
+    return (self._flag[: len(self.trie)] & _CKPT).astype(bool).tolist()
 
   @property
   def nchild(self) -> list[int]:
@@ -281,7 +314,7 @@ class UnitCache:
     n = len(self.trie)
     if n > len(self._present):
       size = max(n, 2 * len(self._present), 1 << 12)
-      for name in ("_present", "_ckpt", "_nchild"):
+      for name in ("_present", "_flag", "_nchild"):
         old = getattr(self, name)
         new = np.zeros(size, old.dtype)
         new[: len(old)] = old
@@ -302,38 +335,29 @@ class UnitCache:
     return 1 if (depth * self.sizes.unit) % self.sizes.block_size else 0
 
   def flops(self, depth: int) -> int:
-    f = self._flops_cache.get(depth)
-    if f is None:
-      f = int(self.model.prefill_flops(depth * self.sizes.unit))
-      self._flops_cache[depth] = f
-    return f
+    return self._flops.extend(depth)[depth]
 
   # ---- lookup ----
-  def hit_depth(self, path: list[int], cap: int) -> tuple[int, int]:
-    """(hit depth in units, the checkpoint that serves it: the deepest one on the hit path,
-    -1 if none). Present nodes are prefix-closed, so the present part of the path is a prefix."""
+  def hit_depth(self, path: list[int], cap: int) -> tuple[int, list[int]]:
+    """(hit depth in units, the indices along `path` of the checkpoints on the hit path; the
+    last one serves the hit). Present nodes are prefix-closed: the present part is a prefix."""
     m = min(cap, len(path))
     if m <= 0:
-      return 0, -1
+      return 0, []
     sub = self.trie.path_array(path)[:m]
     pres = self._present[sub]
     f = m if pres[-1] else int(pres.argmin())
-    ck = np.flatnonzero(self._ckpt[sub[:f]])
-    served = int(sub[ck[-1]]) if len(ck) else -1
+    ck = (self._flag[sub[:f]] & _CKPT).nonzero()[0].tolist()
     if not self.sizes.recurrent:
-      return f, served
-    return (int(ck[-1]) + 1 if len(ck) else 0), served
-
-  def _pinned(self, n: int, r: int) -> bool:
-    if r != self.pin_r or not self.pin_d:
-      return False
-    dn = self.trie.depth[n]
-    return dn <= self.pin_d and self.pin_path[dn - 1] == n
+      return f, ck
+    return (ck[-1] + 1 if ck else 0), ck
 
   # ---- eviction units ----
-  def _push(self, n: int, touch: bool = True) -> None:
+  def _push(self, n: int, touch: bool = True, prev: int = -1, a: int = -1) -> None:
     """(Re)computes checkpoint n's GreedyDual priority and pushes it; `touch` = it was
-    inserted or hit now (else it keeps its last stamp: only its unit's shape changed)."""
+    inserted or hit now (else it keeps its last stamp: only its unit's shape changed).
+    `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
+    hangs from) are found from n's ancestors unless the caller knows them."""
     ver = self.ver[n] = self.ver.get(n, 0) + 1
     self.seq += 1
     if touch:
@@ -342,16 +366,19 @@ class UnitCache:
       heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, ver))
       return
     dn = self.trie.depth[n]
-    anc = self.trie.ancestors(n)
-    ck = np.flatnonzero(self._ckpt[anc])
-    prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
-    if self._nchild[n]:
-      nbytes = self.sizes.ckpt_bytes  # interior: evicting it frees its state only
-    else:  # a leaf: + the KV back to the previous checkpoint or branch point
-      br = np.flatnonzero(self._nchild[anc[prev:]] > 1)
-      a = prev + int(br[-1]) + 1 if len(br) else prev
-      nbytes = self.sizes.ckpt_bytes + self._chain_pages(a, dn) * self.sizes.kv_page_bytes
-    gain = self.flops(dn) - self.flops(prev)
+    leaf = not self._nchild[n]
+    if prev < 0 or (leaf and a < 0):
+      f = self._flag[self.trie.ancestors(n)]
+      ck = (f & _CKPT).nonzero()[0]
+      prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
+      if leaf:  # the nearest checkpoint or branch above n
+        st = f[prev:].nonzero()[0]
+        a = prev + int(st[-1]) + 1 if len(st) else prev
+    nbytes = self.sizes.ckpt_bytes  # interior: evicting it frees its state only
+    if leaf:  # + the KV back to the previous checkpoint or branch point
+      nbytes += self._chain_pages(a, dn) * self.sizes.kv_page_bytes
+    fl = self._flops.extend(dn)
+    gain = fl[dn] - fl[prev]
     eff = gain / max(nbytes, 1)
     self.eff_sum += eff
     self.eff_n += 1
@@ -372,15 +399,18 @@ class UnitCache:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
     held = []
     ok = False
-    ckpt, ver, nchild = self._ckpt, self.ver, self._nchild
-    while self.heap:
-      prio, _, n, v = heapq.heappop(self.heap)
-      if not ckpt[n] or ver[n] != v:
+    flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
+    depth = self.trie.depth
+    pin_d = self.pin_d if r == self.pin_r else 0
+    zero_state = self.sizes.ckpt_bytes == 0
+    while heap:
+      prio, _, n, v = heapq.heappop(heap)
+      if not flag[n] & _CKPT or ver[n] != v:
         continue
-      if self._pinned(n, r):
+      if pin_d and depth[n] <= pin_d and self.pin_path[depth[n] - 1] == n:
         held.append(n)
         continue
-      if self.sizes.ckpt_bytes == 0 and nchild[n]:
+      if zero_state and nchild[n]:
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
       self._drop(n, r)
@@ -393,38 +423,42 @@ class UnitCache:
   def _drop(self, n: int, r: int) -> None:
     """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
     a checkpoint, a branch (>= 2 children) or pinned."""
-    self._ckpt[n] = False
+    flag, nchild = self._flag, self._nchild
+    flag[n] &= _BRANCH
     self.nckpt -= 1
     self.evicted_ckpts += 1
     self.ver[n] += 1
-    if self._nchild[n]:
+    if nchild[n]:
       return
     dn = self.trie.depth[n]
     anc = self.trie.ancestors(n)
-    stop = self._ckpt[anc] | (self._nchild[anc] > 1)
+    stop = flag[anc]
     if r == self.pin_r and self.pin_d:
       k = min(self.pin_d, len(anc))
       stop[:k] |= anc[:k] == self.pin_pa[:k]
-    st = np.flatnonzero(stop)
+    st = stop.nonzero()[0]
     a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
     chain = anc[a:]
     self._present[chain] = False
-    self._nchild[chain] = 0
+    nchild[chain] = 0
     self._present[n] = False
     self.pages -= self._chain_pages(a, dn)
     if a == 0:
       self.root_children -= 1
       return
     p = int(anc[a - 1])
-    self._nchild[p] -= 1
-    if self._nchild[p] == 0:
+    c = nchild[p] = nchild[p] - 1
+    if c == 1:
+      flag[p] &= _CKPT
+    elif c == 0:
       self.pages += self._leaf_bonus(a)
-      if self._ckpt[p]:
+      if flag[p] & _CKPT:
         self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
   def fit(self, limit: int, r: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
-    while self.used > limit:
+    page, state = self.sizes.kv_page_bytes, self.sizes.ckpt_bytes
+    while self.pages * page + self.nckpt * state > limit:
       if not self._evict_one(r):
         return False
     return True
@@ -439,13 +473,14 @@ class UnitCache:
     self._grow()
     s = self.sizes
     pa = self.trie.path_array(path)
-    d, served = self.hit_depth(path, cap)
+    d, ck = self.hit_depth(path, cap)
     self.pin_r, self.pin_d, self.pin_path, self.pin_pa = r, d, path, pa
-    if served >= 0:  # the hit is served by the deepest checkpoint; shallower ones are not used
-      self.hits[served] += 1
-      kind = self.kind[served]
+    if ck:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      n = path[ck[-1]]
+      self.hits[n] += 1
+      kind = self.kind[n]
       self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
-      self._push(served)
+      self._push(n, prev=ck[-2] + 1 if len(ck) > 1 else 0)
     hit_tokens = d * s.unit
     pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
     work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
@@ -460,6 +495,7 @@ class UnitCache:
       places = [(k + 1, 0) for k in range(d, len(path))]
     deepest = max((q for q, _ in places), default=0)
     refresh: list[int] = []
+    flag, nchild = self._flag, self._nchild
     if deepest:
       sub = pa[:deepest]
       pres = self._present[sub]
@@ -469,35 +505,43 @@ class UnitCache:
           self.root_children += 1
         else:
           p = path[j - 1]
-          if self._nchild[p] == 0:
+          c = nchild[p]
+          if c == 0:
             self.pages -= self._leaf_bonus(j)
-            if self._ckpt[p]:
-              refresh.append(p)  # no longer a leaf: its unit is now its state alone
-          self._nchild[p] += 1
+            if flag[p] & _CKPT:
+              refresh.append(j)  # no longer a leaf: its unit is now its state alone
+          elif c == 1:
+            flag[p] |= _BRANCH
+          nchild[p] = c + 1
         self._present[sub[j:]] = True
-        self._nchild[sub[j : deepest - 1]] = 1
+        nchild[sub[j : deepest - 1]] = 1
         self.pages += self._chain_pages(j, deepest)
     new = []
-    ckpt = self._ckpt
     for q, kind in places:
       n = path[q - 1]
-      if ckpt[n]:
+      if flag[n] & _CKPT:
         continue
-      ckpt[n] = True
+      flag[n] |= _CKPT
       self.nckpt += 1
       self.admitted_ckpts += 1
       self.kind[n] = kind
       self.hits[n] = 0
       self.kind_placed[kind] = self.kind_placed.get(kind, 0.0) + 1.0
-      new.append(n)
-    for n in refresh:
-      if n not in new:
-        self._push(n, touch=False)
-    for n in new:
-      self._push(n)
+      new.append(q)
+    if new or refresh:
+      # one gather along the path gives every pushed node's previous checkpoint and (leaf)
+      # chain top: nothing changes between these pushes
+      f = flag[pa[:deepest]]
+      cks = (f & _CKPT).nonzero()[0].tolist()
+      marks = f.nonzero()[0].tolist()
+      for q, touch in [(q, False) for q in refresh if q not in new] + [(q, True) for q in new]:
+        i = bisect.bisect_left(cks, q - 1)
+        prev = cks[i - 1] + 1 if i else 0
+        i = bisect.bisect_left(marks, q - 1)
+        self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
     self.fit(s.capacity, -2)
     self.pin_d = 0
     return hit_tokens
 
 
-__all__ = ["CacheSizes", "SeenTrie", "UnitCache", "unit_hashes"]
+__all__ = ["CacheSizes", "FlopsTable", "SeenTrie", "UnitCache", "flops_table", "unit_hashes"]
