@@ -242,6 +242,77 @@ def flops_table(model: ModelConfig, unit: int) -> FlopsTable:
   return t
 
 
+class CacheBank:
+  """The per-node state of K caches over one trie as [K, nodes] arrays (a batch axis).
+
+  Row k of `present` (bool), `flag` (uint8: _CKPT | _BRANCH) and `nchild` (int32) is cache k's
+  state (`UnitCache` holds row views, re-pointed when the bank grows with the trie). The one
+  thing every cache does at every request, finding its hit along the request's path, is done
+  for all K rows in one gather (`lookup`).
+  """
+
+  def __init__(self):
+    self.caches: list[UnitCache] = []
+    self.present = np.zeros((0, 0), np.bool_)
+    self.flag = np.zeros((0, 0), np.uint8)
+    self.nchild = np.zeros((0, 0), np.int32)
+
+  def add(self, cache: UnitCache) -> None:
+    self.caches.append(cache)
+    self._resize(len(self.caches), self.present.shape[1])
+
+  def grow(self, nodes: int) -> None:
+    """Makes room for `nodes` trie nodes (columns double)."""
+    cols = self.present.shape[1]
+    if nodes > cols:
+      self._resize(len(self.caches), max(nodes, 2 * cols, 1 << 12))
+
+  def _resize(self, rows: int, cols: int) -> None:
+    for name in ("present", "flag", "nchild"):
+      old = getattr(self, name)
+      new = np.zeros((rows, cols), old.dtype)
+      new[: old.shape[0], : old.shape[1]] = old
+      setattr(self, name, new)
+    for k, c in enumerate(self.caches):
+      c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
+
+  def lookup(self, pa: np.ndarray, cap: int) -> list[tuple[int, int, int, int]]:
+    """`lookup` of every cache of the bank, in the order they were added (rows)."""
+    return list(zip(*lookup(self.present, self.flag, pa, cap), strict=True))
+
+
+def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int):
+  """Hits of K caches along one request's path, in one gather.
+
+  Args:
+    present: bool[K, nodes], flag: uint8[K, nodes] (the caches' rows, `CacheBank`).
+    pa: int64[L] the request's path (node ids by depth - 1); cap: the hit cap in units.
+
+  Returns:
+    Four lists of K ints: the length of the present prefix of pa[:cap] (an attention-only
+    cache's hit), the depth of the deepest checkpoint in that prefix (a recurrent cache's hit
+    and the checkpoint serving it; 0: none), the depth of the checkpoint above that one (0:
+    none), the first absent unit of the whole path (present nodes are prefix-closed, so
+    present units along a path are a prefix).
+  """
+  k, n = present.shape[0], len(pa)
+  if n == 0:
+    z = [0] * k
+    return z, z, z, z
+  pres = present[:, pa]
+  first = np.where(pres[:, -1], n, pres.argmin(axis=1))
+  m = max(min(cap, n), 0)
+  f = np.minimum(first, m)
+  depth = np.arange(1, m + 1)
+  on = (flag[:, pa[:m]] & _CKPT).astype(bool) & (depth <= f[:, None])
+  idx = np.where(on, depth, 0)
+  last = idx.max(axis=1, initial=0)
+  rows = np.flatnonzero(last)
+  idx[rows, last[rows] - 1] = 0
+  prev = idx.max(axis=1, initial=0)
+  return f.tolist(), last.tolist(), prev.tolist(), first.tolist()
+
+
 class UnitCache:
   """One cache over a shared `SeenTrie`.
 
@@ -264,18 +335,21 @@ class UnitCache:
     alpha: float | None,
     prior: str = "hits",
     frequency: bool = True,
+    bank: CacheBank | None = None,
   ):
     """alpha: the eviction weight's exponent (>= 0); None = plain LRU (every weight 1).
     prior: "hits" (share of this cache's checkpoints of the kind that served a hit), "reach"
     (share of the kind's candidate points a later request passed, `SeenTrie.reach_prior`) or
-    "none"; frequency: multiply by 1 + hits."""
+    "none"; frequency: multiply by 1 + hits. bank: the `CacheBank` holding this cache's row
+    (a new one of its own when None)."""
     if prior not in PRIORS:
       raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     self.trie, self.sizes, self.model = trie, sizes, model
     self.alpha, self.prior, self.frequency = alpha, prior, frequency
-    self._present = np.zeros(0, np.bool_)
-    self._flag = np.zeros(0, np.uint8)
-    self._nchild = np.zeros(0, np.int32)
+    self.bank = CacheBank() if bank is None else bank
+    self.row = len(self.bank.caches)  # this cache's row in the bank
+    self.bank.add(self)  # sets the row views _present, _flag, _nchild
+    self._absent = 0  # first absent unit of the path being served (drops lower it)
     self.ver: dict[int, int] = {}
     self.hits: dict[int, int] = {}
     self.kind: dict[int, int] = {}
@@ -311,14 +385,7 @@ class UnitCache:
 
   # ---- sizes ----
   def _grow(self) -> None:
-    n = len(self.trie)
-    if n > len(self._present):
-      size = max(n, 2 * len(self._present), 1 << 12)
-      for name in ("_present", "_flag", "_nchild"):
-        old = getattr(self, name)
-        new = np.zeros(size, old.dtype)
-        new[: len(old)] = old
-        setattr(self, name, new)
+    self.bank.grow(len(self.trie))
 
   @property
   def used(self) -> int:
@@ -336,21 +403,6 @@ class UnitCache:
 
   def flops(self, depth: int) -> int:
     return self._flops.extend(depth)[depth]
-
-  # ---- lookup ----
-  def hit_depth(self, path: list[int], cap: int) -> tuple[int, list[int]]:
-    """(hit depth in units, the indices along `path` of the checkpoints on the hit path; the
-    last one serves the hit). Present nodes are prefix-closed: the present part is a prefix."""
-    m = min(cap, len(path))
-    if m <= 0:
-      return 0, []
-    sub = self.trie.path_array(path)[:m]
-    pres = self._present[sub]
-    f = m if pres[-1] else int(pres.argmin())
-    ck = (self._flag[sub[:f]] & _CKPT).nonzero()[0].tolist()
-    if not self.sizes.recurrent:
-      return f, ck
-    return (ck[-1] + 1 if ck else 0), ck
 
   # ---- eviction units ----
   def _push(self, n: int, touch: bool = True, prev: int = -1, a: int = -1) -> None:
@@ -443,6 +495,8 @@ class UnitCache:
     nchild[chain] = 0
     self._present[n] = False
     self.pages -= self._chain_pages(a, dn)
+    if a < self._absent and (chain[0] if len(chain) else n) == self.pin_pa[a]:
+      self._absent = a  # the chain left the served path from depth a + 1 on
     if a == 0:
       self.root_children -= 1
       return
@@ -464,23 +518,36 @@ class UnitCache:
     return True
 
   # ---- one request ----
-  def serve(self, r: int, path: list[int], cap: int, n_comp: int, place) -> int:
+  def serve(
+    self,
+    r: int,
+    path: list[int],
+    cap: int,
+    n_comp: int,
+    place,
+    found: tuple[int, int, int, int] | None = None,
+  ) -> int:
     """Replays request r (see the module docstring); returns its hit in tokens.
 
     `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
-    with their kind: a list of (depth, kind).
+    with their kind: a list of (depth, kind). `found`: this cache's row of
+    `CacheBank.lookup(path, cap)` when the caller looked up all caches of the bank at once
+    (after every cache grew to the trie), else it is looked up here.
     """
-    self._grow()
-    s = self.sizes
     pa = self.trie.path_array(path)
-    d, ck = self.hit_depth(path, cap)
+    if found is None:
+      self._grow()
+      found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap))
+    f, last, prev, self._absent = found
+    s = self.sizes
+    d = last if s.recurrent else f
     self.pin_r, self.pin_d, self.pin_path, self.pin_pa = r, d, path, pa
-    if ck:  # the hit is served by the deepest checkpoint; shallower ones are not used
-      n = path[ck[-1]]
+    if last:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      n = path[last - 1]
       self.hits[n] += 1
       kind = self.kind[n]
       self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
-      self._push(n, prev=ck[-2] + 1 if len(ck) > 1 else 0)
+      self._push(n, prev=prev)
     hit_tokens = d * s.unit
     pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
     work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
@@ -498,8 +565,7 @@ class UnitCache:
     flag, nchild = self._flag, self._nchild
     if deepest:
       sub = pa[:deepest]
-      pres = self._present[sub]
-      j = deepest if pres[-1] else int(pres.argmin())  # first absent unit (prefix-closed)
+      j = min(self._absent, deepest)  # present units along a path are a prefix
       if j < deepest:  # add path[j:deepest] as one chain hanging from path[j - 1]
         if j == 0:
           self.root_children += 1
@@ -544,4 +610,13 @@ class UnitCache:
     return hit_tokens
 
 
-__all__ = ["CacheSizes", "FlopsTable", "SeenTrie", "UnitCache", "flops_table", "unit_hashes"]
+__all__ = [
+  "CacheBank",
+  "CacheSizes",
+  "FlopsTable",
+  "SeenTrie",
+  "UnitCache",
+  "flops_table",
+  "lookup",
+  "unit_hashes",
+]

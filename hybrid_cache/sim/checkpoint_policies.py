@@ -47,6 +47,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
@@ -273,15 +274,16 @@ def sweep_checkpoint(
   tuned = rule == "adaptive" and alpha is None
   weightings = list(SHADOW_WEIGHTINGS)
   points = []
+  bank = CacheBank()  # every cache's per-node state, one row each: hits looked up at once
   for capacity in capacities:
     sizes = CacheSizes.of(model, capacity, unit, block_size)
     if tuned:
       _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-      live = UnitCache(trie, sizes, model, a0, p0, f0)
-      shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
+      live = UnitCache(trie, sizes, model, a0, p0, f0, bank)
+      shadows = [UnitCache(trie, sizes, model, a, pr, fr, bank) for _, a, pr, fr in weightings]
     else:
       live_alpha = float(alpha) if rule == "adaptive" else None
-      live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
+      live = UnitCache(trie, sizes, model, live_alpha, prior, frequency, bank)
       shadows = []
     points.append(_Point(sizes, live, shadows, [0.0] * len(shadows)))
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
@@ -298,15 +300,17 @@ def sweep_checkpoint(
       for q, kind in cands:
         trie.register(path[q - 1], kind)
     place = _placer(rule, k, len(path), cands)
+    bank.grow(len(trie))
+    found = bank.lookup(trie.path_array(path), cap)
     for pt in points:
       live = pt.live
       before = live.admitted_ckpts
-      h = live.serve(r, path, cap, n_comp, place)
+      h = live.serve(r, path, cap, n_comp, place, found[live.row])
       pt.triples.append((int(h > 0), n_in, h))
       pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
       score = pt.score
       for i, sh in enumerate(pt.shadows):
-        hs = sh.serve(r, path, cap, n_comp, place)
+        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row])
         score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
       if tuned:
         lab = weightings[pt.current][0]
