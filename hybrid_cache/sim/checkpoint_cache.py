@@ -411,11 +411,13 @@ class UnitCache:
     `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
     hangs from) are found from n's ancestors unless the caller knows them."""
     ver = self.ver[n] = self.ver.get(n, 0) + 1
-    self.seq += 1
+    seq = self.seq = self.seq + 1
     if touch:
-      self.stamp[n] = self.clock
+      stamp = self.stamp[n] = self.clock
+    else:
+      stamp = self.stamp[n]
     if self.alpha is None:
-      heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, ver))
+      heapq.heappush(self.heap, (stamp + 1.0, seq, n, ver))
       return
     dn = self.trie.depth[n]
     leaf = not self._nchild[n]
@@ -426,12 +428,15 @@ class UnitCache:
       if leaf:  # the nearest checkpoint or branch above n
         st = f[prev:].nonzero()[0]
         a = prev + int(st[-1]) + 1 if len(st) else prev
-    nbytes = self.sizes.ckpt_bytes  # interior: evicting it frees its state only
+    sizes = self.sizes
+    nbytes = sizes.ckpt_bytes  # interior: evicting it frees its state only
     if leaf:  # + the KV back to the previous checkpoint or branch point
-      nbytes += self._chain_pages(a, dn) * self.sizes.kv_page_bytes
-    fl = self._flops.extend(dn)
-    gain = fl[dn] - fl[prev]
-    eff = gain / max(nbytes, 1)
+      u, b = sizes.unit, sizes.block_size
+      end = dn * u
+      pages = end // b - (a * u) // b + (1 if end % b else 0)  # _chain_pages(a, dn)
+      nbytes += pages * sizes.kv_page_bytes
+    fl = self._flops.values  # holds every served depth (serve extends it)
+    eff = (fl[dn] - fl[prev]) / max(nbytes, 1)
     self.eff_sum += eff
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n
@@ -439,13 +444,13 @@ class UnitCache:
     w = rel**self.alpha if rel > 0 else 0.0
     if self.frequency:
       w *= 1 + self.hits[n]
-    if self.prior == "reach":
+    prior = self.prior
+    if prior == "reach":
       w *= self.trie.reach_prior(self.kind[n])
-    elif self.prior == "hits":
-      w *= (self.kind_hit.get(self.kind[n], 0.0) + 1.0) / (
-        self.kind_placed.get(self.kind[n], 0.0) + 2.0
-      )
-    heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, ver))
+    elif prior == "hits":
+      kind = self.kind[n]
+      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
+    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
 
   def _evict_one(self, r: int) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
@@ -535,6 +540,7 @@ class UnitCache:
     (after every cache grew to the trie), else it is looked up here.
     """
     pa = self.trie.path_array(path)
+    self._flops.extend(len(path))
     if found is None:
       self._grow()
       found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap))
