@@ -45,6 +45,13 @@ recency and frequency only, larger alpha favours FLOPs saved per byte).
 
 The replay is online: what happens at request r depends only on requests 0..r (no trace-wide
 statistic is read), so replaying a prefix of a trace gives the prefix of the full replay.
+
+Layout for speed (same decisions as one object per node): the trie and its flat array of walked
+paths are shared by every cache of a replay; the caches' per-node state is one row each of
+`CacheBank`'s [K, nodes] arrays, so a sweep over capacities finds all K caches' hits with one
+gather per request (`lookup`); a chain of KV units is added or dropped by one scatter, its pages
+telescoped (`UnitCache._chain_pages`), and the nearest checkpoint or branch above a node is one
+gather over its ancestors (`SeenTrie.ancestors`).
 """
 
 from __future__ import annotations
@@ -107,6 +114,7 @@ class SeenTrie:
     self.flat = np.zeros(1 << 12, np.int64)
     self.flat_len = 0
     self._last: tuple[list[int] | None, np.ndarray] = (None, self.flat[:0])
+    self.last_old = 0  # units of the last walked path that existed before it (a prefix)
     self.pending: dict[int, int] = {}  # candidate point -> kind, until a later request passes it
     self.placed: dict[int, float] = {}
     self.reached: dict[int, float] = {}
@@ -137,6 +145,11 @@ class SeenTrie:
     last, arr = self._last
     return arr if path is last else np.asarray(path, np.int64)
 
+  def existed(self, path: list[int]) -> int:
+    """How many leading units of `path` existed before it was walked (all, if it is not the
+    last walked path)."""
+    return self.last_old if path is self._last[0] else len(path)
+
   def walk(self, req: Request) -> tuple[list[int], int]:
     """Node ids of r's computed units (creating new ones) and how many of its input units
     (up to the hit cap) existed before r."""
@@ -150,10 +163,13 @@ class SeenTrie:
     node = _ROOT
     ch = self.children
     start = self.flat_len
+    old = -1
     for k, h in enumerate(hs):
       key = ((node + 1) << 64) | h
       nxt = ch.get(key)
       if nxt is None:
+        if old < 0:
+          old = k
         nxt = len(self.parent)
         ch[key] = nxt
         self.parent.append(node)
@@ -172,6 +188,7 @@ class SeenTrie:
     self.flat[start:end] = path
     self.flat_len = end
     self._last = (path, self.flat[start:end])
+    self.last_old = len(path) if old < 0 else old
     if self.pending:
       for k in range(seen):
         kind = self.pending.pop(path[k], None)
@@ -276,17 +293,19 @@ class CacheBank:
     for k, c in enumerate(self.caches):
       c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
 
-  def lookup(self, pa: np.ndarray, cap: int) -> list[tuple[int, int, int, int]]:
+  def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int]]:
     """`lookup` of every cache of the bank, in the order they were added (rows)."""
-    return list(zip(*lookup(self.present, self.flag, pa, cap), strict=True))
+    return list(zip(*lookup(self.present, self.flag, pa, cap, old), strict=True))
 
 
-def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int):
+def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int, old: int):
   """Hits of K caches along one request's path, in one gather.
 
   Args:
     present: bool[K, nodes], flag: uint8[K, nodes] (the caches' rows, `CacheBank`).
-    pa: int64[L] the request's path (node ids by depth - 1); cap: the hit cap in units.
+    pa: int64[L] the request's path (node ids by depth - 1); cap: the hit cap in units;
+      old: how many leading units of pa existed before the request (`SeenTrie.last_old`; the
+      others were created by it, so no cache holds them).
 
   Returns:
     Four lists of K ints: the length of the present prefix of pa[:cap] (an attention-only
@@ -295,13 +314,13 @@ def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int):
     none), the first absent unit of the whole path (present nodes are prefix-closed, so
     present units along a path are a prefix).
   """
-  k, n = present.shape[0], len(pa)
-  if n == 0:
+  k = present.shape[0]
+  if old == 0:
     z = [0] * k
     return z, z, z, z
-  pres = present[:, pa]
-  first = np.where(pres[:, -1], n, pres.argmin(axis=1))
-  m = max(min(cap, n), 0)
+  pres = present[:, pa[:old]]
+  first = np.where(pres[:, -1], old, pres.argmin(axis=1))
+  m = max(min(cap, old), 0)
   f = np.minimum(first, m)
   depth = np.arange(1, m + 1)
   on = (flag[:, pa[:m]] & _CKPT).astype(bool) & (depth <= f[:, None])
@@ -489,12 +508,23 @@ class UnitCache:
       return
     dn = self.trie.depth[n]
     anc = self.trie.ancestors(n)
-    stop = flag[anc]
-    if r == self.pin_r and self.pin_d:
-      k = min(self.pin_d, len(anc))
-      stop[:k] |= anc[:k] == self.pin_pa[:k]
-    st = stop.nonzero()[0]
+    st = flag[anc].nonzero()[0]
     a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
+    if r == self.pin_r and a < self.pin_d:  # a pinned ancestor deeper than a stops it too
+      # the pinned nodes are pin_path[:pin_d]; n's ancestors agree with pin_path on a prefix
+      pp = self.pin_path
+      k = min(self.pin_d, len(anc))
+      if a < k and anc[a] == pp[a]:
+        lo, hi = a, k  # anc[lo] == pp[lo]; anc[hi] != pp[hi] or hi == k
+        if anc[k - 1] == pp[k - 1]:
+          lo = k - 1
+        while hi - lo > 1:
+          mid = (lo + hi) // 2
+          if anc[mid] == pp[mid]:
+            lo = mid
+          else:
+            hi = mid
+        a = lo + 1
     chain = anc[a:]
     self._present[chain] = False
     nchild[chain] = 0
@@ -543,7 +573,8 @@ class UnitCache:
     self._flops.extend(len(path))
     if found is None:
       self._grow()
-      found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap))
+      old = self.trie.existed(path)
+      found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
     f, last, prev, self._absent = found
     s = self.sizes
     d = last if s.recurrent else f

@@ -33,6 +33,10 @@ placement rule), and every `RETUNE_EVERY` requests the live cache takes the weig
 shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
+Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the trie walk,
+hashes and candidate points are capacity-independent and done once per request; each capacity
+keeps its own caches, rows of one `CacheBank`); every point equals its own `run_checkpoint`.
+
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
 (`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
@@ -251,7 +255,9 @@ def sweep_checkpoint(
   trace's unit hashes and the trie walk (`SeenTrie`, incl. the placement kinds' reach counts),
   the learned alignment and output reuse (`DivergenceStats`) and so the candidate points; none
   of them reads a cache. Each capacity keeps its own caches (the live one and, for `adaptive`,
-  its shadows) and serves request r after the shared work of r, as `run_checkpoint` does, so
+  its shadows; K caches in all, the rows of one `CacheBank`, whose hits along r's path are
+  looked up in one gather) and serves request r after the shared work of r, as
+  `run_checkpoint` does (the caches read the shared trie's reach counts as of r), so
   every capacity's result is identical to its own `run_checkpoint` call (same triples, same
   summary; `wall_s` is the whole sweep's replay time).
 
@@ -301,7 +307,7 @@ def sweep_checkpoint(
         trie.register(path[q - 1], kind)
     place = _placer(rule, k, len(path), cands)
     bank.grow(len(trie))
-    found = bank.lookup(trie.path_array(path), cap)
+    found = bank.lookup(trie.path_array(path), cap, trie.last_old)
     for pt in points:
       live = pt.live
       before = live.admitted_ckpts
