@@ -293,7 +293,7 @@ class CacheBank:
     for k, c in enumerate(self.caches):
       c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
 
-  def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int]]:
+  def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int, int]]:
     """`lookup` of every cache of the bank, in the order they were added (rows)."""
     return list(zip(*lookup(self.present, self.flag, pa, cap, old), strict=True))
 
@@ -308,28 +308,31 @@ def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int, old:
       others were created by it, so no cache holds them).
 
   Returns:
-    Four lists of K ints: the length of the present prefix of pa[:cap] (an attention-only
+    Five lists of K ints: the length of the present prefix of pa[:cap] (an attention-only
     cache's hit), the depth of the deepest checkpoint in that prefix (a recurrent cache's hit
     and the checkpoint serving it; 0: none), the depth of the checkpoint above that one (0:
-    none), the first absent unit of the whole path (present nodes are prefix-closed, so
-    present units along a path are a prefix).
+    none), the depth of the deepest checkpoint or branch above it (its chain's top when it is
+    a leaf; 0: root), the first absent unit of the whole path (present nodes are
+    prefix-closed, so present units along a path are a prefix).
   """
   k = present.shape[0]
   if old == 0:
     z = [0] * k
-    return z, z, z, z
+    return z, z, z, z, z
   pres = present[:, pa[:old]]
   first = np.where(pres[:, -1], old, pres.argmin(axis=1))
   m = max(min(cap, old), 0)
   f = np.minimum(first, m)
   depth = np.arange(1, m + 1)
-  on = (flag[:, pa[:m]] & _CKPT).astype(bool) & (depth <= f[:, None])
+  fl = flag[:, pa[:m]]
+  on = (fl & _CKPT).astype(bool) & (depth <= f[:, None])
   idx = np.where(on, depth, 0)
   last = idx.max(axis=1, initial=0)
   rows = np.flatnonzero(last)
   idx[rows, last[rows] - 1] = 0
   prev = idx.max(axis=1, initial=0)
-  return f.tolist(), last.tolist(), prev.tolist(), first.tolist()
+  top = np.where((fl != 0) & (depth < last[:, None]), depth, 0).max(axis=1, initial=0)
+  return f.tolist(), last.tolist(), prev.tolist(), top.tolist(), first.tolist()
 
 
 class UnitCache:
@@ -560,7 +563,7 @@ class UnitCache:
     cap: int,
     n_comp: int,
     place,
-    found: tuple[int, int, int, int] | None = None,
+    found: tuple[int, int, int, int, int] | None = None,
   ) -> int:
     """Replays request r (see the module docstring); returns its hit in tokens.
 
@@ -575,7 +578,7 @@ class UnitCache:
       self._grow()
       old = self.trie.existed(path)
       found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
-    f, last, prev, self._absent = found
+    f, last, prev, top, self._absent = found
     s = self.sizes
     d = last if s.recurrent else f
     self.pin_r, self.pin_d, self.pin_path, self.pin_pa = r, d, path, pa
@@ -584,7 +587,7 @@ class UnitCache:
       self.hits[n] += 1
       kind = self.kind[n]
       self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
-      self._push(n, prev=prev)
+      self._push(n, prev=prev, a=top)
     hit_tokens = d * s.unit
     pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
     work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
