@@ -509,8 +509,11 @@ class UnitCache:
     self.ver[n] += 1
     if nchild[n]:
       return
-    dn = self.trie.depth[n]
-    anc = self.trie.ancestors(n)
+    trie = self.trie
+    dn = trie.depth[n]
+    s0 = trie.home[n]
+    line = trie.flat[s0 : s0 + dn]  # n's root path: its ancestors, then n
+    anc = line[:-1]
     st = flag[anc].nonzero()[0]
     a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
     if r == self.pin_r and a < self.pin_d:  # a pinned ancestor deeper than a stops it too
@@ -528,12 +531,11 @@ class UnitCache:
           else:
             hi = mid
         a = lo + 1
-    chain = anc[a:]
+    chain = line[a:]  # the dropped nodes, n included
     self._present[chain] = False
     nchild[chain] = 0
-    self._present[n] = False
     self.pages -= self._chain_pages(a, dn)
-    if a < self._absent and (chain[0] if len(chain) else n) == self.pin_pa[a]:
+    if a < self._absent and chain[0] == self.pin_pa[a]:
       self._absent = a  # the chain left the served path from depth a + 1 on
     if a == 0:
       self.root_children -= 1
