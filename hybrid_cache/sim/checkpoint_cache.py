@@ -358,12 +358,20 @@ class UnitCache:
     prior: str = "hits",
     frequency: bool = True,
     bank: CacheBank | None = None,
+    retuned: bool = False,
   ):
     """alpha: the eviction weight's exponent (>= 0); None = plain LRU (every weight 1).
     prior: "hits" (share of this cache's checkpoints of the kind that served a hit), "reach"
     (share of the kind's candidate points a later request passed, `SeenTrie.reach_prior`) or
     "none"; frequency: multiply by 1 + hits. bank: the `CacheBank` holding this cache's row
-    (a new one of its own when None)."""
+    (a new one of its own when None). retuned: alpha, prior and frequency may be changed
+    between requests (the live cache of `adaptive`'s online re-tuning).
+
+    With alpha 0 fixed (not retuned) the FLOPs term is (eff / eff_ref) ** 0 = 1 whenever
+    eff > 0, and eff = (F(d U) - F(a U)) / bytes > 0 for a < d when F = `prefill_flops` is
+    strictly increasing: the cost model's F is a sum of nondecreasing polynomials in L with
+    nonnegative coefficients, strictly increasing once F(U) > F(0) (checked here). Such a cache
+    skips eff and its running mean (`_flat_weight`), which nothing else reads."""
     if prior not in PRIORS:
       raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     self.trie, self.sizes, self.model = trie, sizes, model
@@ -391,6 +399,9 @@ class UnitCache:
     self.evicted_ckpts = 0
     self.admitted_ckpts = 0
     self._flops = flops_table(model, sizes.unit)
+    self.retuned = retuned
+    fl = self._flops.extend(1)
+    self._flat_weight = alpha == 0 and not retuned and fl[1] > fl[0]
 
   # ---- per-node views (copies, for checks) ----
   @property
@@ -441,6 +452,22 @@ class UnitCache:
     if self.alpha is None:
       heapq.heappush(self.heap, (stamp + 1.0, seq, n, ver))
       return
+    if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
+      w = 1.0
+    else:
+      w = self._flops_term(n, prev, a)
+    if self.frequency:
+      w *= 1 + self.hits[n]
+    prior = self.prior
+    if prior == "reach":
+      w *= self.trie.reach_prior(self.kind[n])
+    elif prior == "hits":
+      kind = self.kind[n]
+      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
+    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
+
+  def _flops_term(self, n: int, prev: int, a: int) -> float:
+    """(eff / eff_ref) ** alpha of checkpoint n, eff_ref updated (see the module doc)."""
     dn = self.trie.depth[n]
     leaf = not self._nchild[n]
     if prev < 0 or (leaf and a < 0):
@@ -463,16 +490,7 @@ class UnitCache:
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n
     rel = eff / ref if ref > 0 else 1.0
-    w = rel**self.alpha if rel > 0 else 0.0
-    if self.frequency:
-      w *= 1 + self.hits[n]
-    prior = self.prior
-    if prior == "reach":
-      w *= self.trie.reach_prior(self.kind[n])
-    elif prior == "hits":
-      kind = self.kind[n]
-      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
-    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
+    return rel**self.alpha if rel > 0 else 0.0
 
   def _evict_one(self, r: int) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
@@ -636,7 +654,10 @@ class UnitCache:
       self.hits[n] = 0
       self.kind_placed[kind] = self.kind_placed.get(kind, 0.0) + 1.0
       new.append(q)
-    if new or refresh:
+    if self._flat_weight:
+      for q in [q for q in refresh if q not in new] + new:
+        self._push(path[q - 1], q in new)
+    elif new or refresh:
       # one gather along the path gives every pushed node's previous checkpoint and (leaf)
       # chain top: nothing changes between these pushes
       f = flag[pa[:deepest]]

@@ -285,7 +285,7 @@ def sweep_checkpoint(
     sizes = CacheSizes.of(model, capacity, unit, block_size)
     if tuned:
       _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-      live = UnitCache(trie, sizes, model, a0, p0, f0, bank)
+      live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True)
       shadows = [UnitCache(trie, sizes, model, a, pr, fr, bank) for _, a, pr, fr in weightings]
     else:
       live_alpha = float(alpha) if rule == "adaptive" else None

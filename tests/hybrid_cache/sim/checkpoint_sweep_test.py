@@ -3,6 +3,9 @@
 import pytest
 
 from hybrid_cache.sim import checkpoint_policies as cp
+from hybrid_cache.sim.checkpoint_cache import CacheSizes
+from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim.checkpoint_cache import UnitCache
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.testing import TINY
 
@@ -37,3 +40,31 @@ def test_sweep_rejects_no_capacity():
     cp.sweep_checkpoint(trace, TINY, [], "adaptive")
   with pytest.raises(ValueError, match="capacity_bytes must be finite"):
     cp.sweep_checkpoint(trace, TINY, [1e4, -1.0], "adaptive")
+
+
+@pytest.mark.parametrize(("prior", "frequency"), [("none", False), ("hits", True), ("reach", True)])
+def test_fixed_alpha_zero_skips_flops_term_exactly(prior, frequency):
+  # the same cache with the FLOPs term computed (slow) and taken as 1 (fast): same heaps
+  trace = agentic(seed=2, num_sessions=6, sys_prompt_len=200, min_turns=3, max_turns=6)
+  longest = max(r.num_tokens for r in trace.requests)
+  sizes = CacheSizes.of(TINY, TINY.state_bytes + 4 * longest + 4 * 300, 16, 48)
+  trie = SeenTrie(16)
+  fast = UnitCache(trie, sizes, TINY, 0.0, prior, frequency)
+  slow = UnitCache(trie, sizes, TINY, 0.0, prior, frequency)
+  assert fast._flat_weight
+  slow._flat_weight = False
+  stats = cp.DivergenceStats()
+  for r, req in enumerate(trace.requests):
+    path, seen = trie.walk(req)
+    n_in = req.num_input_tokens
+    n_comp = n_in + max(req.num_output_tokens - 1, 0)
+    cands = cp.candidates("adaptive", stats, len(path), n_in // 16, seen)
+    for q, kind in cands:
+      trie.register(path[q - 1], kind)
+    place = cp._placer("adaptive", 1, len(path), cands)
+    cap = (n_in - 1) // 16
+    assert fast.serve(r, path, cap, n_comp, place) == slow.serve(r, path, cap, n_comp, place)
+    assert sorted(fast.heap) == sorted(slow.heap)
+    if 0 < seen < cap:
+      stats.observe(seen, trie.out[path[seen - 1]])
+  assert slow.eff_n > 0 and fast.evicted_ckpts > 0
