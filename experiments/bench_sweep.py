@@ -3,12 +3,15 @@ against one point, measured side by side in one process.
 
   python -m experiments.bench_sweep [--trace FILE] [--policy adaptive] [--points 16]
       [--cap-min 5e10] [--cap-max 8e11] [--block-size 512] [--unit 64] [--rounds 1]
+      [--processes N]
 
 One point = what one `python -m hybrid_cache.sim` run does for one capacity: parse the trace and
 `run_checkpoint` (the capacity is the grid's point nearest 2e11). The sweep = parse the trace
 and `sweep_checkpoint` over all points. Prints each timing (wall and process CPU seconds: the
 machine is shared, see the load), the ratio sweep / point (issue 15 asks <= 3, must be < 8),
 and whether the sweep's point equals the single run (triples and summary, wall_s aside).
+--processes N > 1 also times the sweep dealt to N spawned processes (reported separately: the
+ratio above is one process).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 
 import numpy as np
 
+from experiments.capacity_sweep import sweep_in_processes
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.checkpoint_policies import run_checkpoint
 from hybrid_cache.sim.checkpoint_policies import sweep_checkpoint
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--unit", type=int, default=64)
   p.add_argument("--limit", type=int, default=None, help="first N requests only")
   p.add_argument("--rounds", type=int, default=1, help="point then sweep, this many times")
+  p.add_argument(
+    "--processes", type=int, default=1, help="> 1: also time the sweep over this many processes"
+  )
   a = p.parse_args(argv)
   if a.points < 1 or a.rounds < 1:
     print("error: --points and --rounds must be >= 1", file=sys.stderr)
@@ -86,6 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not same:
       return 1
+    if a.processes > 1:
+
+      def pooled():
+        tr = trace_lib.load_mooncake(a.trace, limit=a.limit)
+        return sweep_in_processes(tr, a.model, caps, a.policy, a.unit, a.block_size, a.processes)
+
+      pool_out, wp, cp = _timed(pooled)
+      equal = [x[0] for x in pool_out] == [x[0] for x in swept]
+      print(
+        f"round {rnd}: {a.points}-point sweep in {a.processes} processes wall {wp:7.2f} s "
+        f"(parent cpu {cp:.2f} s), ratio to the point {wp / w1:.2f} (same triples: {equal}); "
+        f"load {os.getloadavg()}",
+        flush=True,
+      )
   print(f"median ratio {float(np.median(ratios)):.2f} over {a.rounds} round(s); {cmd}")
   return 0
 

@@ -36,3 +36,13 @@ def test_points_match_single_capacity_replays(tmp_path):
     triples, extra = simulate(trace, get_model("marconi_7b"), p["capacity_bytes"], "adaptive", 64)
     assert p["tokens_reused"] == sum(t[2] for t in triples)
     assert p["states_evicted"] == extra["states_evicted"]
+
+
+def test_sweep_in_processes_equals_one_process():
+  trace = capacity_sweep.load_trace("agentic", "synthetic", params=PARAMS)
+  caps = [1.5e9, 2e9, 3e9]
+  pooled = capacity_sweep.sweep_in_processes(trace, "marconi_7b", caps, "adaptive", 64, 64, 2)
+  one = capacity_sweep.sweep_checkpoint(trace, get_model("marconi_7b"), caps, "adaptive", 64, 64)
+  assert [p[0] for p in pooled] == [p[0] for p in one]
+  with pytest.raises(ValueError, match="processes must be an integer >= 1"):
+    capacity_sweep.sweep_in_processes(trace, "marconi_7b", caps, "adaptive", 64, 64, 0)
