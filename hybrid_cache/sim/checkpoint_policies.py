@@ -294,6 +294,11 @@ def sweep_checkpoint(
     points.append(_Point(sizes, live, shadows, [0.0] * len(shadows)))
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   u = sizes0.unit
+  # the trie never outgrows the requests' computed units: reserve once (np.zeros pages are
+  # only paid when touched) instead of copying [K, nodes] arrays as they double
+  bank.grow(
+    sum((q.num_input_tokens + max(q.num_output_tokens - 1, 0)) // u for q in trace.requests)
+  )
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
     path, seen = trie.walk(req)
