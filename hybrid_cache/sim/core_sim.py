@@ -80,7 +80,9 @@ CORE_POLICY_CONFIGS = {
   "flop_aware": CorePolicy("align", True, 0, "flop_aware"),
   # every other registered eviction policy (`hybrid_cache.policies`): lru's profile with it
   **{
-    p: CorePolicy("align", True, 0, p) for p in EVICTION_POLICIES if p not in ("lru", "flop_aware")
+    p: CorePolicy("align", True, 0, p)
+    for p in EVICTION_POLICIES
+    if p not in ("lru", "flop_aware")
   },
 }
 
