@@ -3,7 +3,7 @@ against one point, measured side by side in one process.
 
   python -m experiments.bench_sweep [--trace FILE] [--policy adaptive] [--points 16]
       [--cap-min 5e10] [--cap-max 8e11] [--block-size 512] [--unit 64] [--rounds 1]
-      [--processes N]
+      [--processes N] [--cli]
 
 One point = what one `python -m hybrid_cache.sim` run does for one capacity: parse the trace and
 `run_checkpoint` (the capacity is the grid's point nearest 2e11). The sweep = parse the trace
@@ -11,7 +11,8 @@ and `sweep_checkpoint` over all points. Prints each timing (wall and process CPU
 machine is shared, see the load), the ratio sweep / point (issue 15 asks <= 3, must be < 8),
 and whether the sweep's point equals the single run (triples and summary, wall_s aside).
 --processes N > 1 also times the sweep dealt to N spawned processes (reported separately: the
-ratio above is one process).
+ratio above is one process). --cli also times whole processes: one `python -m hybrid_cache.sim`
+point (--no-oracle) against `python -m experiments.run` of capacity_sweep.gin on the same grid.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -37,6 +40,41 @@ def _timed(fn):
   return out, time.perf_counter() - w0, time.process_time() - c0
 
 
+def _time_processes(a, one: float) -> None:
+  """Wall time of whole processes (interpreter, imports, parse, replay, outputs)."""
+  if a.limit is not None:
+    print("--cli: skipped with --limit (the gin config replays the whole trace)")
+    return
+  point = [sys.executable, "-m", "hybrid_cache.sim", "--trace", a.trace, "--format", "mooncake"]
+  point += ["--model", a.model, "--capacity-bytes", repr(one), "--policy", a.policy]
+  point += ["--block-size", str(a.block_size), "--checkpoint-unit", str(a.unit), "--no-oracle"]
+  with tempfile.TemporaryDirectory() as wd:
+    sweep = [sys.executable, "-m", "experiments.run", f"--workdir={wd}"]
+    sweep += ["--gin_file=configs/experiments/capacity_sweep.gin"]
+    for b in (
+      f"trace={a.trace!r}",
+      f"model={a.model!r}",
+      f"policy={a.policy!r}",
+      f"cap_min={a.cap_min!r}",
+      f"cap_max={a.cap_max!r}",
+      f"num_points={a.points}",
+      f"block_size={a.block_size}",
+      f"checkpoint_unit={a.unit}",
+      "progress=False",
+    ):
+      sweep.append(f"--gin_bindings=capacity_sweep.run.{b}")
+    walls = []
+    for cmd in (point, sweep):
+      t0 = time.perf_counter()
+      subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      walls.append(time.perf_counter() - t0)
+  print(
+    f"processes: one hybrid_cache.sim point {walls[0]:7.2f} s, experiments.run sweep "
+    f"{walls[1]:7.2f} s, ratio {walls[1] / walls[0]:.2f}; load {os.getloadavg()}",
+    flush=True,
+  )
+
+
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--trace", default="experiments/traces/mooncake_conversation_trace.jsonl")
@@ -51,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--rounds", type=int, default=1, help="point then sweep, this many times")
   p.add_argument(
     "--processes", type=int, default=1, help="> 1: also time the sweep over this many processes"
+  )
+  p.add_argument(
+    "--cli",
+    action="store_true",
+    help="also time whole processes: one `python -m hybrid_cache.sim` point (--no-oracle) vs "
+    "`python -m experiments.run` of capacity_sweep.gin with the same grid",
   )
   a = p.parse_args(argv)
   if a.points < 1 or a.rounds < 1:
@@ -107,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         f"load {os.getloadavg()}",
         flush=True,
       )
+  if a.cli:
+    _time_processes(a, one)
   print(f"median ratio {float(np.median(ratios)):.2f} over {a.rounds} round(s); {cmd}")
   return 0
 
