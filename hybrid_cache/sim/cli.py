@@ -1,7 +1,13 @@
 """`python -m hybrid_cache.sim`: replays a trace under one policy and prints a JSON summary.
 
   python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic,sharegpt} \
-      --model NAME --capacity-bytes X --policy NAME [--block-size B] [--dump FILE]
+      --model NAME --capacity-bytes X --policy NAME [--block-size B|vllm] [--dump FILE]
+
+Models (`cost_model.MODELS`): marconi_7b (Marconi's default), qwen3_5_like (Qwen3.5-4B shapes,
+GDN 3:1), nemotron_h_like (Nemotron-H-8B shapes, Mamba2), qwen3_5_0_8b, qwen3_5_9b,
+nemotron_h_8b, gemma3_4b. --block-size vllm takes the attention block size vLLM 0.33 would
+pick for the model by page equality (`ModelConfig.vllm_block_size`: qwen3_5_like 576,
+nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
 
 With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
 seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
@@ -80,6 +86,18 @@ def _alpha(text):
   if not 0.0 <= v <= 100.0:
     raise ValueError(f"alpha must be 'tuned' or a number in [0, 100], got {text!r}")
   return v
+
+
+def _block_size_arg(text: str):
+  """--block-size: an integer >= 1 or 'vllm' (the model's `vllm_block_size`)."""
+  if text == "vllm":
+    return text
+  try:
+    return cli_util.int_arg(1)(text)
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(
+      f"block size must be an integer >= 1 or 'vllm', got {text!r}"
+    ) from None
 
 
 def _backend(text: str) -> str:
@@ -273,7 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--capacity-bytes", required=True, type=cli_util.positive_float_arg, help="finite, > 0"
   )
   p.add_argument("--policy", required=True)
-  p.add_argument("--block-size", type=cli_util.int_arg(1), default=None, help=">= 1")
+  p.add_argument(
+    "--block-size",
+    type=_block_size_arg,
+    default=None,
+    help=">= 1, or 'vllm': the block vLLM 0.33 picks for --model by page equality",
+  )
   p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
   p.add_argument(
     "--limit", type=cli_util.int_arg(1), default=None, help="replay only the first N requests"
@@ -372,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
   try:
     model = get_model(args.model)
     parse_policy(args.policy)
+    block_size = args.block_size
+    if block_size == "vllm":
+      block_size = model.vllm_block_size()
     core = {
       "backend": args.backend,
       "retention": _retention(args.retention),
@@ -390,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         model,
         args.capacity_bytes,
         args.policy,
-        args.block_size,
+        block_size,
         core=core,
         bound_iterations=args.bound_iterations,
         checkpoint_unit=args.checkpoint_unit,
@@ -404,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_oracle:
       oracle = oracle_reused(trace, extra["block_size"]).tolist()
     summary = summarize(triples, model, oracle_reused=oracle) | extra
+    if args.block_size == "vllm":
+      summary["block_size_rule"] = "vllm"
     summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
     if args.dump:
       try:
