@@ -12,8 +12,11 @@ nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
 With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
 seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
 optional extra `sharegpt`, see `sharegpt.py`). The summary has requests, input_tokens,
-token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bound and wall_s
-(replay seconds: trace parsing excluded, any compilation included). --dump writes
+token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bounds and wall_s
+(replay seconds: trace parsing excluded, any compilation included). fraction_of_oracle divides
+by the infinite cache at the policy's --block-size; fraction_of_oracle_own by the one at its own
+hit granularity (`hit_granularity`: U for checkpoint policies, the hash block or B for core
+policies, both capped at input - 1 tokens; B for the others, whole inputs allowed). --dump writes
 [hit, num_input_tokens, tokens_reused] per request in trace order (atomically, only after a
 successful replay). Bad input exits with status 2 and a message.
 
@@ -51,7 +54,9 @@ from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.offline_bound import offline_bound
+from hybrid_cache.sim.oracle import oracle_matched
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.oracle import own_oracle_reused
 from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
@@ -119,6 +124,22 @@ def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) 
     )
 
 
+def hit_granularity(kind: str, block_size: int, core: dict | None, checkpoint_unit: int) -> dict:
+  """The policy's own hit granularity G and whether it may reuse the whole input.
+
+  Checkpoint policies hit at multiples of the unit U, core policies at the hash block (when
+  given) or the block B, both capped at input - 1 tokens; the others (Marconi's tree, vLLM+,
+  the oracle and the offline bound) at their block size (1 for Marconi) and may reuse the whole
+  input. `fraction_of_oracle_own` divides by the infinite cache with the same rules.
+  """
+  if kind == "ckpt":
+    return {"hit_granularity": checkpoint_unit, "hit_full_input": False}
+  if kind == "core":
+    hbs = (core or {}).get("hash_block_size")
+    return {"hit_granularity": hbs or block_size, "hit_full_input": False}
+  return {"hit_granularity": block_size, "hit_full_input": True}
+
+
 def simulate(
   trace: trace_lib.Trace,
   model: ModelConfig,
@@ -156,6 +177,7 @@ def simulate(
   if not capacity_bytes > 0:
     raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
   extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
+  extra |= hit_granularity(policy.kind, block_size, core, checkpoint_unit)
   if policy.kind == "core":
     return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
   if policy.kind == "bound":
@@ -426,10 +448,15 @@ def main(argv: list[str] | None = None) -> int:
         f"--capacity-bytes {args.capacity_bytes:g} is too large to simulate "
         f"({type(e).__name__}: {e})"
       ) from None
-    oracle = None
+    oracle = own = None
     if not args.no_oracle:
-      oracle = oracle_reused(trace, extra["block_size"]).tolist()
-    summary = summarize(triples, model, oracle_reused=oracle) | extra
+      matched = oracle_matched(trace)
+      bs = extra["block_size"]
+      oracle = ((matched // bs) * bs).tolist()
+      own = own_oracle_reused(
+        matched, trace, extra["hit_granularity"], extra["hit_full_input"]
+      ).tolist()
+    summary = summarize(triples, model, oracle_reused=oracle, oracle_own_reused=own) | extra
     if args.block_size == "vllm":
       summary["block_size_rule"] = "vllm"
     summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
