@@ -32,6 +32,12 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 64) for any KV page --block-size B (default 64), exact bytes (states never padded to a page);
 `adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
+
+--replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
+timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
+at once (default 1024), chunked prefill, FCFS; a request's lookup happens at its admission and
+its insertion when it finishes (`concurrent.py`). ttft_mean_ms / ttft_p50_ms / ttft_p95_ms then
+include queueing and state copies; queue_*_ms, steps and makespan_s are added.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import time
 
 from hybrid_cache import cli_util
 from hybrid_cache.sim import checkpoint_policies
+from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
@@ -149,6 +156,9 @@ def simulate(
   core: dict | None = None,
   bound_iterations: int = DEFAULT_BOUND_ITERATIONS,
   checkpoint_unit: int = DEFAULT_CHECKPOINT_UNIT,
+  replay: str = "sequential",
+  step_tokens: int | None = None,
+  max_running: int | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
@@ -158,8 +168,19 @@ def simulate(
   the clairvoyant schedule's hits; the bounds are in the extra fields, see the module doc).
   `checkpoint_unit`: checkpoint policies' unit U (hits and states at multiples of it); their
   `core` dict may hold "alpha" (adaptive's fixed exponent, None or "tuned" = online).
+  `replay`: "sequential" or "concurrent" (checkpoint policies only; `step_tokens` and
+  `max_running` default to `concurrent.DEFAULT_*` and apply to it alone).
   """
   policy = parse_policy(policy_name)
+  if replay not in checkpoint_policies.REPLAYS:
+    raise ValueError(f"replay must be one of {checkpoint_policies.REPLAYS}, got {replay!r}")
+  if replay == "concurrent" and policy.kind != "ckpt":
+    raise ValueError(
+      "replay 'concurrent' supports the checkpoint policies "
+      f"{checkpoint_policies.PLACEMENTS} only, got policy {policy.name!r}"
+    )
+  if replay == "sequential" and (step_tokens is not None or max_running is not None):
+    raise ValueError("step_tokens and max_running apply to replay 'concurrent' only")
   if policy.required_block_size is not None:
     if block_size is None:
       block_size = policy.required_block_size
@@ -195,6 +216,9 @@ def simulate(
       unit=checkpoint_unit,
       block_size=block_size,
       alpha=None if alpha == "tuned" else alpha,
+      replay=replay,
+      step_tokens=concurrent.DEFAULT_STEP_TOKENS if step_tokens is None else step_tokens,
+      max_running=concurrent.DEFAULT_MAX_RUNNING if max_running is None else max_running,
     )
     return triples, extra | ck
   check_capacity(trace, model, capacity_bytes)
@@ -345,6 +369,25 @@ def build_parser() -> argparse.ArgumentParser:
     default=None,
     help="core policies: vLLM's hash block (partial hits when it divides a larger block)",
   )
+  p.add_argument(
+    "--replay",
+    choices=checkpoint_policies.REPLAYS,
+    default="sequential",
+    help="sequential (one request at a time) or concurrent (checkpoint policies: timestamps, "
+    "a token budget per step, several running requests)",
+  )
+  p.add_argument(
+    "--step-tokens",
+    type=cli_util.int_arg(1),
+    default=None,
+    help=f"--replay concurrent: tokens per engine step (default {concurrent.DEFAULT_STEP_TOKENS})",
+  )
+  p.add_argument(
+    "--max-running",
+    type=cli_util.int_arg(1),
+    default=None,
+    help=f"--replay concurrent: most running requests (default {concurrent.DEFAULT_MAX_RUNNING})",
+  )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
     "--backend",
@@ -442,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
         core=core,
         bound_iterations=args.bound_iterations,
         checkpoint_unit=args.checkpoint_unit,
+        replay=args.replay,
+        step_tokens=args.step_tokens,
+        max_running=args.max_running,
       )
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(
