@@ -194,6 +194,7 @@ def run_checkpoint(
   replay: str = "sequential",
   step_tokens: int = concurrent.DEFAULT_STEP_TOKENS,
   max_running: int = concurrent.DEFAULT_MAX_RUNNING,
+  arrival_scale: float = 1.0,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
 
@@ -209,8 +210,8 @@ def run_checkpoint(
       ablations; the online re-tuning chooses among `SHADOW_WEIGHTINGS`).
     length_classes: `adaptive`'s priors per (kind, length class) instead of per kind.
     replay: "sequential" or "concurrent" (module docstring).
-    step_tokens, max_running: the concurrent replay's token budget per step and most running
-      requests (`concurrent.replay_concurrent`).
+    step_tokens, max_running, arrival_scale: the concurrent replay's token budget per step, most
+      running requests and arrival-time multiplier (`concurrent.replay_concurrent`).
 
   Returns:
     ([hit, input tokens, reused tokens] per request, extra summary fields).
@@ -315,6 +316,7 @@ def run_checkpoint(
       lambda b: b / (STATE_COPY_GB_PER_S * 1e6),
       step_tokens=step_tokens,
       max_running=max_running,
+      arrival_scale=arrival_scale,
     )
   triples = [(int(h > 0), req.num_input_tokens, h) for req, h in zip(trace.requests, hits)]
   ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
@@ -324,7 +326,11 @@ def run_checkpoint(
     extra["ttft_mean_ms_with_copies"] = float(ttft.mean()) if len(ttft) else 0.0
     extra["ttft_p95_ms_with_copies"] = float(np.percentile(ttft, 95)) if len(ttft) else 0.0
   else:
-    extra |= conc.summary() | {"step_tokens": step_tokens, "max_running": max_running}
+    extra |= conc.summary() | {
+      "step_tokens": step_tokens,
+      "max_running": max_running,
+      "arrival_scale": arrival_scale,
+    }
   extra |= {
     "checkpoint_unit": sizes.unit,
     "checkpoint_bytes": sizes.ckpt_bytes,

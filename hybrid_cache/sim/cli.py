@@ -32,12 +32,15 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 64) for any KV page --block-size B (default 64), exact bytes (states never padded to a page);
 `adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
+--page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
+of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
 
 --replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
 timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
 at once (default 1024), chunked prefill, FCFS; a request's lookup happens at its admission and
-its insertion when it finishes (`concurrent.py`). ttft_mean_ms / ttft_p50_ms / ttft_p95_ms then
-include queueing and state copies; queue_*_ms, steps and makespan_s are added.
+its insertion when it finishes (`concurrent.py`); --arrival-scale X multiplies the arrival times.
+ttft_mean_ms / ttft_p50_ms / ttft_p95_ms then include queueing and state copies; queue_*_ms,
+steps, makespan_s and offered_load (> 1: the queue grows whatever the cache) are added.
 """
 
 from __future__ import annotations
@@ -159,6 +162,7 @@ def simulate(
   replay: str = "sequential",
   step_tokens: int | None = None,
   max_running: int | None = None,
+  arrival_scale: float | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
@@ -168,8 +172,9 @@ def simulate(
   the clairvoyant schedule's hits; the bounds are in the extra fields, see the module doc).
   `checkpoint_unit`: checkpoint policies' unit U (hits and states at multiples of it); their
   `core` dict may hold "alpha" (adaptive's fixed exponent, None or "tuned" = online).
-  `replay`: "sequential" or "concurrent" (checkpoint policies only; `step_tokens` and
-  `max_running` default to `concurrent.DEFAULT_*` and apply to it alone).
+  `replay`: "sequential" or "concurrent" (checkpoint policies only; `step_tokens`,
+  `max_running` (default `concurrent.DEFAULT_*`) and `arrival_scale` (default 1) apply to it
+  alone).
   """
   policy = parse_policy(policy_name)
   if replay not in checkpoint_policies.REPLAYS:
@@ -179,8 +184,8 @@ def simulate(
       "replay 'concurrent' supports the checkpoint policies "
       f"{checkpoint_policies.PLACEMENTS} only, got policy {policy.name!r}"
     )
-  if replay == "sequential" and (step_tokens is not None or max_running is not None):
-    raise ValueError("step_tokens and max_running apply to replay 'concurrent' only")
+  if replay == "sequential" and (step_tokens, max_running, arrival_scale) != (None,) * 3:
+    raise ValueError("step_tokens, max_running and arrival_scale apply to replay 'concurrent' only")
   if policy.required_block_size is not None:
     if block_size is None:
       block_size = policy.required_block_size
@@ -219,6 +224,7 @@ def simulate(
       replay=replay,
       step_tokens=concurrent.DEFAULT_STEP_TOKENS if step_tokens is None else step_tokens,
       max_running=concurrent.DEFAULT_MAX_RUNNING if max_running is None else max_running,
+      arrival_scale=1.0 if arrival_scale is None else arrival_scale,
     )
     return triples, extra | ck
   check_capacity(trace, model, capacity_bytes)
@@ -282,9 +288,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   budget = core.pop("token_budget", None)
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
+  layout = core.pop("page_layout", "model")
   if core:
     raise ValueError(
-      "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size, "
+      "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
+      "page_layout, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -301,6 +309,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     pinning=pinning,
     token_budget=budget,
     hash_block_size=hbs,
+    layout=layout,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -388,6 +397,19 @@ def build_parser() -> argparse.ArgumentParser:
     default=None,
     help=f"--replay concurrent: most running requests (default {concurrent.DEFAULT_MAX_RUNNING})",
   )
+  p.add_argument(
+    "--arrival-scale",
+    type=cli_util.positive_float_arg,
+    default=None,
+    help="--replay concurrent: multiply arrival times (> 1 lowers the offered load; default 1)",
+  )
+  p.add_argument(
+    "--page-layout",
+    choices=core_sim.LAYOUTS,
+    default="model",
+    help="core policies: model (one group per layer kind, page = the largest) or vllm "
+    "(vLLM's groups of equal layer counts, per-layer page equality)",
+  )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
     "--backend",
@@ -472,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
+    if args.page_layout != "model":
+      if parse_policy(args.policy).kind != "core":
+        raise ValueError(f"page_layout 'vllm' applies to core policies only, got {args.policy!r}")
+      core["page_layout"] = args.page_layout
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)
@@ -488,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         replay=args.replay,
         step_tokens=args.step_tokens,
         max_running=args.max_running,
+        arrival_scale=args.arrival_scale,
       )
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(

@@ -5,8 +5,9 @@ requests first, then the waiting queue, one token budget per step, chunked prefi
 cache through two callbacks: `admit(i)` (the lookup, when request i is admitted) and `finish(i)`
 (the insertion, when it has computed everything).
 
-- Request i arrives at `Request.ts` seconds (Mooncake: its `timestamp` ms / 1000; synthetic
-  traces: the generator's arrival times) and joins one FCFS queue (equal times: trace order).
+- Request i arrives at `arrival_scale` x `Request.ts` seconds (Mooncake: its `timestamp` ms /
+  1000; synthetic traces: the generator's arrival times; a scale > 1 stretches the trace, i.e.
+  lowers the offered load) and joins one FCFS queue (equal times: trace order).
 - A step has a budget of `step_tokens` tokens (vLLM's `max_num_batched_tokens`; default 8,192,
   vLLM 0.33's API-server default on H100/H200, `EngineArgs._set_default_args`). The running
   requests take it first, in admission order: 1 token for a decoding request, the rest of its
@@ -26,6 +27,8 @@ cache through two callbacks: `admit(i)` (the lookup, when request i is admitted)
   next step (`copy_ms`).
 - So a lookup sees exactly the requests that finished before the admission: a turn that arrives
   before its predecessor finishes cannot reuse the predecessor's states.
+- `offered_load` = the prefill time of every prompt without a cache (slope x input tokens of
+  the TTFT line) / the trace's span of arrivals: above 1 the queue grows whatever the cache.
 - Runs of identical decode-only steps (no prefill, no admission, no finish, no arrival) are
   advanced in one jump.
 
@@ -59,6 +62,7 @@ class ConcurrentResult:
   makespan_ms: float  # last finish - first arrival
   max_running_seen: int
   refused_admissions: int  # steps whose head-of-queue request the cache refused
+  offered_load: float | None  # module docstring; None when all arrive at once
 
   def summary(self) -> dict:
     t, q = self.ttft_ms, self.queue_ms
@@ -75,6 +79,7 @@ class ConcurrentResult:
       "makespan_s": self.makespan_ms / 1e3,
       "max_running_seen": self.max_running_seen,
       "refused_admissions": self.refused_admissions,
+      "offered_load": self.offered_load,
     }
 
 
@@ -91,6 +96,7 @@ def replay_concurrent(
   copy_ms: Callable[[int], float],
   step_tokens: int = DEFAULT_STEP_TOKENS,
   max_running: int = DEFAULT_MAX_RUNNING,
+  arrival_scale: float = 1.0,
 ) -> ConcurrentResult:
   """Runs the step model of the module docstring.
 
@@ -104,12 +110,18 @@ def replay_concurrent(
     copy_ms: milliseconds to copy that many bytes.
     step_tokens: token budget per step (>= 1).
     max_running: most requests running at once (>= 1).
+    arrival_scale: multiplies every arrival time (> 0, finite).
   """
   _check("step_tokens", step_tokens, 1)
   _check("max_running", max_running, 1)
+  if not (isinstance(arrival_scale, int | float) and 0 < arrival_scale < float("inf")):
+    raise ValueError(f"arrival_scale must be a finite number > 0, got {arrival_scale!r}")
   reqs = trace.requests
   n = len(reqs)
-  arrival = np.array([r.ts * 1e3 for r in reqs], np.float64)
+  arrival = np.array([r.ts * 1e3 * arrival_scale for r in reqs], np.float64)
+  span = float(arrival.max() - arrival.min()) if n else 0.0
+  work = model.ttft_slope_ms * sum(r.num_input_tokens for r in reqs)
+  offered = work / span if span > 0 else None
   order = sorted(range(n), key=lambda i: (arrival[i], i))
   ttft = np.zeros(n, np.float64)
   queue = np.zeros(n, np.float64)
@@ -198,7 +210,7 @@ def replay_concurrent(
           e[2] -= m
         t += m * dt
         steps += m
-  return ConcurrentResult(ttft, queue, steps, t - t0, max_seen, refused)
+  return ConcurrentResult(ttft, queue, steps, t - t0, max_seen, refused, offered)
 
 
 __all__ = [

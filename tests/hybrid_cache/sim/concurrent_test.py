@@ -59,6 +59,16 @@ def test_follow_up_after_predecessor_finishes_hits():
   # r0: 5 prefill/decode steps; r1: 1 step (one output token: nothing to decode)
   assert extra["steps"] == 6
   assert extra["checkpoint_copy_bytes"] == (5 + 1 + 1) * TINY.state_bytes  # 5 + r1's 1 + restore
+  # offered load: the no-cache prefill time of both prompts over the 1 s span of arrivals
+  assert extra["offered_load"] == pytest.approx(0.05296 * (16 + 21) / 1000.0)
+
+
+def test_arrival_scale_stretches_the_trace():
+  # r1 at 1 ms x 1000 = 1 s: r0 has finished, r1 hits as in the test above
+  triples, extra = _run(_two(0.001), arrival_scale=1000.0)
+  assert [t[2] for t in triples] == [0, 16] and extra["arrival_scale"] == 1000.0
+  with pytest.raises(ValueError, match="arrival_scale must be a finite number > 0"):
+    _run(_two(0.001), arrival_scale=0.0)
 
 
 def test_chunked_prefill_and_budget_shared_fcfs():
@@ -144,6 +154,8 @@ def test_cli_concurrent_fields_and_refusals(tmp_path, capsys):
   for argv, needle in (
     (["--policy", "lru", "--replay", "concurrent"], "replay 'concurrent' supports the checkpoint"),
     (["--policy", "adaptive", "--step-tokens", "64"], "apply to replay 'concurrent' only"),
+    (["--policy", "adaptive", "--arrival-scale", "2"], "apply to replay 'concurrent' only"),
+    (["--policy", "adaptive", "--replay", "concurrent", "--arrival-scale", "0"], "--arrival-scale"),
     (["--policy", "adaptive", "--replay", "parallel"], "--replay"),
     (["--policy", "adaptive", "--replay", "concurrent", "--step-tokens", "0"], "--step-tokens"),
   ):
