@@ -21,13 +21,22 @@ at no extra compute, so here:
   a copy, and a branch that ends inside a page holds a whole page. With N_j = the present nodes
   in which page j ends plus the present leaves that end inside a page, KV bytes =
   kv_bytes_per_token * B * sum N_j (`_node_pages`). B = 1 is token-exact KV.
-- Sequential replay, as the other simulators: at r's arrival the cache (everything but r's hit
-  path, which is pinned) is evicted until cache + r's working set fits the capacity (the KV
-  pages of r's tokens after the last whole page of its hit, and one running state), so a
-  policy never holds more than the capacity, its own request included. After r, the *placement*
-  rule picks the depths that get a checkpoint; the KV of r's path up to the deepest one is kept
-  (KV past the last checkpoint cannot serve a recurrent hit and is dropped); the cache is then
-  evicted to the capacity.
+- A request's life is `admit` (lookup, at its admission) then `finish` (insertion, when it has
+  computed everything); `serve` = both, the sequential replay of the other simulators. At r's
+  admission the cache (everything but the hit paths of the running requests, which are pinned:
+  `pin` counts the running requests whose hit path holds a node) is evicted until cache + the
+  working sets of the running requests and r's fit the capacity (a working set: the KV pages of
+  the request's tokens after the last whole page of its hit, and one running state), so a
+  policy never holds more than the capacity, its running requests included. At r's finish, the
+  *placement* rule picks the depths that get a checkpoint; the KV of r's path up to the deepest
+  one is kept (KV past the last checkpoint cannot serve a recurrent hit and is dropped); r's
+  working set is released and the cache is evicted to the capacity minus the working sets still
+  running. With one request at a time (sequential) nothing else is pinned or reserved.
+- Admission control (`can_admit`, the concurrent replay): a request waits unless the capacity
+  covers the running working sets, a bound on the running requests' pinned hit paths (whole
+  pages of the hit + its path's checkpoints, summed without sharing) and its own working set
+  without a hit, so the eviction at its admission always fits (recurrent models: once every
+  unpinned checkpoint is evicted, only the pinned paths remain).
 
 Eviction is chain-aware GreedyDual (Cao & Irani's GreedyDual-Size-Frequency): the unit is a
 checkpoint plus, when it is a leaf, the KV back to the previous checkpoint or branch point
@@ -208,7 +217,10 @@ class UnitCache:
     self.ver: list[int] = []
     self.hits: list[int] = []
     self.kind: list[int] = []
-    self.pin: list[int] = []
+    self.pin: list[int] = []  # running requests whose hit path holds the node
+    self.reserved = 0  # working sets of the running requests (bytes)
+    self.pinned_bound = 0  # bound on their pinned hit paths (bytes, module doc)
+    self.running: dict[int, tuple[list[int], int, int, int]] = {}  # r -> path, d, work, bound
     self.stamp: list[float] = []  # the clock when checkpoint n was last inserted or hit
     self.root_children = 0
     self.pages = 0
@@ -233,7 +245,7 @@ class UnitCache:
       self.ver += [0] * n
       self.hits += [0] * n
       self.kind += [0] * n
-      self.pin += [-1] * n
+      self.pin += [0] * n
       self.stamp += [0.0] * n
 
   @property
@@ -344,7 +356,7 @@ class UnitCache:
       )
     heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, self.ver[n]))
 
-  def _evict_one(self, r: int) -> bool:
+  def _evict_one(self) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
     held = []
     ok = False
@@ -352,20 +364,20 @@ class UnitCache:
       prio, _, n, v = heapq.heappop(self.heap)
       if not self.ckpt[n] or self.ver[n] != v:
         continue
-      if self.pin[n] == r:
+      if self.pin[n]:
         held.append(n)
         continue
       if self.sizes.ckpt_bytes == 0 and self.nchild[n]:
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
-      self._drop(n, r)
+      self._drop(n)
       ok = True
       break
     for n in held:
       self._push(n, touch=False)
     return ok
 
-  def _drop(self, n: int, r: int) -> None:
+  def _drop(self, n: int) -> None:
     self.ckpt[n] = False
     self.nckpt -= 1
     self.evicted_ckpts += 1
@@ -376,44 +388,77 @@ class UnitCache:
     while True:
       self._remove_leaf(p)
       p = self.trie.parent[p]
-      if p == _ROOT or self.ckpt[p] or self.nchild[p] or self.pin[p] == r:
+      if p == _ROOT or self.ckpt[p] or self.nchild[p] or self.pin[p]:
         break
     if p != _ROOT and self.ckpt[p] and self.nchild[p] == 0:
       self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
-  def fit(self, limit: int, r: int) -> bool:
+  def fit(self, limit: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
     while self.used > limit:
-      if not self._evict_one(r):
+      if not self._evict_one():
         return False
     return True
 
+  def _pin(self, nodes: list[int], delta: int) -> None:
+    pin = self.pin
+    for n in nodes:
+      pin[n] += delta
+
   # ---- one request ----
   def serve(self, r: int, path: list[int], cap: int, n_comp: int, place) -> int:
-    """Replays request r (see the module docstring); returns its hit in tokens.
+    """Replays request r alone (`admit` then `finish`); returns its hit in tokens."""
+    h = self.admit(r, path, cap, n_comp)
+    self.finish(r, place)
+    return h
 
-    `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
-    with their kind: a list of (depth, kind).
-    """
+  def _work(self, n_comp: int, hit_tokens: int) -> int:
+    s = self.sizes
+    pages = -(-n_comp // s.block_size) - hit_tokens // s.block_size
+    return pages * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
+
+  def can_admit(self, n_comp: int) -> bool:
+    """Admission control (module docstring): True when nothing runs or a request computing
+    `n_comp` tokens fits beside the running ones whatever its hit."""
+    need = self.reserved + self.pinned_bound + self._work(n_comp, 0)
+    return not self.running or need <= self.sizes.capacity
+
+  def admit(self, r: int, path: list[int], cap: int, n_comp: int) -> int:
+    """Looks request r up, pins its hit path and reserves its working set (module docstring);
+    returns its hit in tokens."""
     self._grow()
     s = self.sizes
     d, on_path = self.hit_depth(path, cap)
-    for k in range(d):
-      self.pin[path[k]] = r
+    self._pin(path[:d], 1)
     if on_path:  # the hit is served by the deepest checkpoint; shallower ones are not used
       n = on_path[-1]
       self.hits[n] += 1
       self.kind_hit[self.kind[n]] = self.kind_hit.get(self.kind[n], 0.0) + 1.0
       self._push(n)
     hit_tokens = d * s.unit
-    pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
-    work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-    if not self.fit(s.capacity - work, r):
-      for k in range(d):  # the hit path does not fit beside the working set: recompute
-        self.pin[path[k]] = -1
-      d, hit_tokens = 0, 0
-      work = -(-n_comp // s.block_size) * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-      self.fit(s.capacity - work, r)
+    work = self._work(n_comp, hit_tokens)
+    if not self.fit(s.capacity - self.reserved - work):
+      self._pin(path[:d], -1)  # the hit path does not fit beside the working set: recompute
+      d, hit_tokens, on_path = 0, 0, []
+      work = self._work(n_comp, 0)
+      self.fit(s.capacity - self.reserved - work)
+    bound = -(-hit_tokens // s.block_size) * s.kv_page_bytes + len(on_path) * s.ckpt_bytes
+    self.reserved += work
+    self.pinned_bound += bound
+    self.running[r] = (path, d, work, bound)
+    return hit_tokens
+
+  def finish(self, r: int, place) -> int:
+    """Inserts admitted request r's placements and releases it; returns the checkpoints added.
+
+    `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
+    with their kind: a list of (depth, kind).
+    """
+    self._grow()
+    s = self.sizes
+    path, d, work, bound = self.running.pop(r)
+    self.reserved -= work
+    self.pinned_bound -= bound
     if s.recurrent:
       places = place(d)
     else:  # attention only: every unit is a zero-byte hit point
@@ -441,10 +486,9 @@ class UnitCache:
         self._push(n, touch=False)
     for n in new:
       self._push(n)
-    self.fit(s.capacity, -2)
-    for k in range(d):
-      self.pin[path[k]] = -1
-    return hit_tokens
+    self._pin(path[:d], -1)
+    self.fit(s.capacity - self.reserved)
+    return len(new)
 
 
 __all__ = ["CacheSizes", "SeenTrie", "UnitCache", "unit_hashes"]

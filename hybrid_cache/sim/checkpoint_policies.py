@@ -36,6 +36,13 @@ All of it reads requests 0..r only, so a cut trace replays as the prefix of the 
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
 (`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
+
+Replays: "sequential" (default: one request at a time, lookup and insertion together, as the
+other simulators) or "concurrent" (`concurrent.py`: arrivals at the trace's timestamps, a token
+budget per step, several running requests; the lookup at admission, the insertion when the
+request finishes; the live cache refuses an admission it cannot hold, `UnitCache.can_admit`,
+and the shadows follow the live cache's schedule). Concurrent TTFTs include queueing and the
+copies (restores in the admission step, checkpoint writes after the finishing step).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import time
 
 import numpy as np
 
+from hybrid_cache.sim import concurrent
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
@@ -51,6 +59,7 @@ from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 
 PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
+REPLAYS = ("sequential", "concurrent")
 SPARSE_PREFIX = "ckpt_sparse:"
 # (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
 SHADOW_WEIGHTINGS = (
@@ -182,6 +191,10 @@ def run_checkpoint(
   prior: str = "hits",
   frequency: bool = True,
   length_classes: bool = False,
+  replay: str = "sequential",
+  step_tokens: int = concurrent.DEFAULT_STEP_TOKENS,
+  max_running: int = concurrent.DEFAULT_MAX_RUNNING,
+  arrival_scale: float = 1.0,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
 
@@ -196,11 +209,16 @@ def run_checkpoint(
     prior, frequency: `adaptive`'s eviction weight terms with a fixed alpha (`UnitCache`; for
       ablations; the online re-tuning chooses among `SHADOW_WEIGHTINGS`).
     length_classes: `adaptive`'s priors per (kind, length class) instead of per kind.
+    replay: "sequential" or "concurrent" (module docstring).
+    step_tokens, max_running, arrival_scale: the concurrent replay's token budget per step, most
+      running requests and arrival-time multiplier (`concurrent.replay_concurrent`).
 
   Returns:
     ([hit, input tokens, reused tokens] per request, extra summary fields).
   """
   rule, k = parse_placement(policy)
+  if replay not in REPLAYS:
+    raise ValueError(f"replay must be one of {REPLAYS}, got {replay!r}")
   if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
     raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
   sizes = CacheSizes.of(model, capacity_bytes, unit, block_size)
@@ -220,41 +238,100 @@ def run_checkpoint(
   score = [0.0] * len(shadows)
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   alphas_used: dict[str, int] = {}
-  triples = []
-  copy_bytes = []
-  t0 = time.perf_counter()
-  for r, req in enumerate(trace.requests):
+  n_req = len(trace.requests)
+  hits = [0] * n_req
+  copy_bytes = [0] * n_req
+  placers = {}
+  admitted = 0
+
+  def prepare(r: int):
+    """The trie walk, candidate points and placement rule of request r (at its lookup)."""
+    req = trace.requests[r]
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
-    n_comp = n_in + max(req.num_output_tokens - 1, 0)
     cap = (n_in - 1) // sizes.unit
     cands = []
     if rule in ("ckpt_branch", "adaptive"):
       cands = candidates(rule, stats, len(path), n_in // sizes.unit, seen, length_classes)
       for q, kind in cands:
         trie.register(path[q - 1], kind)
-    place = _placer(rule, k, len(path), cands)
-    before = live.admitted_ckpts
-    h = live.serve(r, path, cap, n_comp, place)
-    triples.append((int(h > 0), n_in, h))
-    copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * sizes.ckpt_bytes)
-    for i, sh in enumerate(shadows):
-      hs = sh.serve(r, path, cap, n_comp, place)
+    return path, seen, cap, _placer(rule, k, len(path), cands)
+
+  def after_lookup(path: list[int], seen: int, cap: int, shadow_hits: list[int]) -> None:
+    """Shadow scores, the online re-tune and the divergence statistics, after a lookup."""
+    nonlocal current, admitted
+    for i, (sh, hs) in enumerate(zip(shadows, shadow_hits)):
       score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
+    admitted += 1
     if tuned:
       lab = weightings[current][0]
       alphas_used[lab] = alphas_used.get(lab, 0) + 1
-      if (r + 1) % RETUNE_EVERY == 0:
+      if admitted % RETUNE_EVERY == 0:
         current = max(range(len(score)), key=lambda i: (score[i], -i))
         _, live.alpha, live.prior, live.frequency = weightings[current]
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
+
+  def n_computed(r: int) -> int:
+    req = trace.requests[r]
+    return req.num_input_tokens + max(req.num_output_tokens - 1, 0)
+
+  t0 = time.perf_counter()
+  conc = None
+  if replay == "sequential":
+    for r in range(n_req):
+      path, seen, cap, place = prepare(r)
+      n_comp = n_computed(r)
+      before = live.admitted_ckpts
+      hits[r] = live.serve(r, path, cap, n_comp, place)
+      copy_bytes[r] = (live.admitted_ckpts - before + (1 if hits[r] else 0)) * sizes.ckpt_bytes
+      after_lookup(path, seen, cap, [sh.serve(r, path, cap, n_comp, place) for sh in shadows])
+  else:
+
+    def admit(r: int):
+      n_comp = n_computed(r)
+      if not live.can_admit(n_comp):
+        return None
+      path, seen, cap, place = prepare(r)
+      placers[r] = place
+      hits[r] = live.admit(r, path, cap, n_comp)
+      after_lookup(path, seen, cap, [sh.admit(r, path, cap, n_comp) for sh in shadows])
+      restore = sizes.ckpt_bytes if hits[r] else 0
+      copy_bytes[r] = restore
+      return hits[r], restore
+
+    def finish(r: int) -> int:
+      place = placers.pop(r)
+      written = live.finish(r, place) * sizes.ckpt_bytes
+      for sh in shadows:
+        sh.finish(r, place)
+      copy_bytes[r] += written
+      return written
+
+    conc = concurrent.replay_concurrent(
+      trace,
+      model,
+      admit,
+      finish,
+      lambda b: b / (STATE_COPY_GB_PER_S * 1e6),
+      step_tokens=step_tokens,
+      max_running=max_running,
+      arrival_scale=arrival_scale,
+    )
+  triples = [(int(h > 0), req.num_input_tokens, h) for req, h in zip(trace.requests, hits)]
   ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
   ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
-  extra = {
-    "checkpoint_copy_bytes": int(sum(copy_bytes)),
-    "ttft_mean_ms_with_copies": float(ttft.mean()) if len(ttft) else 0.0,
-    "ttft_p95_ms_with_copies": float(np.percentile(ttft, 95)) if len(ttft) else 0.0,
+  extra = {"checkpoint_copy_bytes": int(sum(copy_bytes))}
+  if conc is None:
+    extra["ttft_mean_ms_with_copies"] = float(ttft.mean()) if len(ttft) else 0.0
+    extra["ttft_p95_ms_with_copies"] = float(np.percentile(ttft, 95)) if len(ttft) else 0.0
+  else:
+    extra |= conc.summary() | {
+      "step_tokens": step_tokens,
+      "max_running": max_running,
+      "arrival_scale": arrival_scale,
+    }
+  extra |= {
     "checkpoint_unit": sizes.unit,
     "checkpoint_bytes": sizes.ckpt_bytes,
     "kv_page_bytes": sizes.kv_page_bytes,
@@ -272,4 +349,4 @@ def run_checkpoint(
   return triples, extra
 
 
-__all__ = ["PLACEMENTS", "DivergenceStats", "parse_placement", "run_checkpoint"]
+__all__ = ["PLACEMENTS", "REPLAYS", "DivergenceStats", "parse_placement", "run_checkpoint"]
