@@ -1,8 +1,9 @@
 """`allocate_slots` for one entry (vLLM §2.1-§2.4, `KVCacheManager.allocate_slots`).
 
 `remove_skipped` releases blocks a running request no longer needs (out of the sliding window,
-superseded recurrent states; pinning SPEC B1); `allocate_slots` touches the hit blocks and
-allocates fresh ones per group (align: §2.4.3) and registers keys (`cache_keys`);
+superseded recurrent states; pinning SPEC B1); `allocate_slots` touches the hit blocks,
+allocates fresh ones per group (each kind's `place_blocks`; align: §2.4.3) and registers keys
+(`cache_keys`);
 `copy_on_write` / `release_cows` are the partial-hit copies of §2.5 (full-attention blocks larger
 than the hash block).
 """
@@ -19,19 +20,21 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
 from hybrid_cache.core.cache_keys import cache_blocks
+from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_SEQ
-from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
+from hybrid_cache.core.state import aux_columns
 from hybrid_cache.core.state import cdiv
+from hybrid_cache.core.state import group_columns
 
 # ---------------------------------------------------------------------------------------------
 # releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
@@ -68,7 +71,8 @@ class Allocation(NamedTuple):
 
   Attributes:
     state: the cache state after the touches, pops, copy-on-writes and key registration.
-    queued: i32[2], free blocks (normal queue, pinned tier) after the touches and pops.
+    queued: i32[NUM_QUEUES], free blocks (normal queue, pinned tier: `Q_*`) after the touches
+      and pops.
     head: i32, the new head of the precomputed free-queue order when one was given, else None.
     cows: with partial hits, i32[G, 2]: each group's copy-on-write (source, copy), 0 = none;
       else None.
@@ -99,9 +103,9 @@ def allocate_slots(
 
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
-  `queued` (i32[2]): blocks in the normal free queue and in the pinned tier before the hits
+  `queued` (i32[NUM_QUEUES]): blocks in the normal free queue and in the pinned tier before the hits
   are touched. Returns an `Allocation`.
-  `info` (optional i32[5]): the request's `req_info` row as the caller writes it back at the
+  `info` (optional i32[NUM_INFO]): the request's `req_info` row as the caller writes it back at the
   end of the entry (read from the state when not given).
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
@@ -111,7 +115,7 @@ def allocate_slots(
     info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
+  need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   s = lay.num_spec_blocks
   pos = jnp.arange(lay.max_blocks)
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
@@ -134,17 +138,17 @@ def allocate_slots(
   # key moves to the copy, the table keeps the block)
   cow_new_l, cow_own_l, cow_src_l = [], [], []
   for g, spec in enumerate(lay.groups):
+    kind = groups.rules(spec)
     bs = spec.block_size
     hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
     len0 = rg[g, RG_LEN]
     length = jnp.where(is_new, hits_len, len0)
     # a partial hit caches its last (copied) block again once it is full: hit // bs
     nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg[g, RG_NCACHED]))
+    has_cow = None
     if lay.partial:
       cow_new = is_new & (hit > 0) & (hit % bs != 0)
-      cow_own = jnp.bool_(False)
-      if spec.kind == "mamba" and spec.mode == "align":
-        cow_own = ~is_new & (state.req_partial[r, g] > 0)
+      cow_own = kind.own_cow(spec, state, r, g, is_new)
       own_pos = jnp.maximum(state.req_partial[r, g] - 1, 0)
       src = jnp.where(cow_new, rows[g, jnp.minimum(hit // bs, lay.max_blocks - 1)], 0)
       src = jnp.where(cow_own, rows[g, own_pos], src)
@@ -154,45 +158,29 @@ def allocate_slots(
       has_cow = cow_new | cow_own
     last = rg[g, RG_LAST]
     row = rows[g]
-    if spec.kind == "mamba" and spec.mode == "align":
-      req = cdiv(main, bs) + s
-      grow = req > length
-      enter = (grow | has_cow) if lay.partial else grow
-      prev = length
-      last_state = jnp.where(len0 > 0, prev - 1 - s, jnp.where(hits_len > 0, prev - 1, -1))
-      skip_to = req - s - 1
-      base = jnp.maximum(prev, skip_to)
-      nrel = jnp.int32(0)
-      for t in range(s):
-        j = prev - s + t
-        move = grow & (len0 > 0) & (j >= 0) & (j < skip_to)
-        blk = row[jnp.maximum(j, 0)]
-        row = jnp.where(move & (pos == base + nrel), blk, row)
-        row = jnp.where(move & (pos == j), 0, row)
-        nrel = nrel + move.astype(jnp.int32)
-      bases.append(base + nrel)
-      counts.append(jnp.where(grow, req - base - nrel, 0))
-      last = jnp.where(enter, last_state, last)
-      length = jnp.maximum(length, req)
-    elif spec.kind == "mamba" and spec.mode == "none":
-      cnt = jnp.where(length == 0, 1 + s, 0)
-      bases.append(length)
-      counts.append(cnt)
-      length = length + cnt
-    else:
-      extra = bs * s if spec.kind == "mamba" else 0
-      target = cdiv(need_tokens + extra, bs)
-      cnt = jnp.maximum(target - length, 0)
-      bases.append(length)
-      counts.append(cnt)
-      length = length + cnt
+    placement = Placement(
+      row=row,
+      pos=pos,
+      length=length,
+      len0=len0,
+      hits_len=hits_len,
+      last=last,
+      main=main,
+      need_tokens=need_tokens,
+      has_cow=has_cow,
+      num_spec_blocks=s,
+      partial=lay.partial,
+    )
+    row, base, count, last, length = kind.place_blocks(spec, placement)
+    bases.append(base)
+    counts.append(count)
     if lay.partial:
       counts[-1] = counts[-1] + has_cow.astype(jnp.int32)
     row_l.append(row)
     len_l.append(length)
     last_l.append(last)
   rows = jnp.stack(row_l)
-  rg = jnp.stack([jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l)], axis=1)
+  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l))
   # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
   offsets = [jnp.int32(0)]
   for g in range(1, lay.num_groups):
@@ -256,17 +244,17 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   keyed = cow_own & (grp >= 0)
   h = state.block_hash[src]
   b = block_index.bucket_of(h, grp, buckets)
-  hit = (state.index_entry[b, :, 0] == src[:, None]) & keyed[:, None]
+  hit = (state.index_entry[b, :, IDX_BLOCK] == src[:, None]) & keyed[:, None]
   way = jnp.min(jnp.where(hit, jnp.arange(hit.shape[1]), hit.shape[1]), axis=1)
   c = state.counters
-  seq = c[C_SEQ] + jnp.cumsum(keyed.astype(jnp.int32)) - 1
+  seq = state.next_seq + jnp.cumsum(keyed.astype(jnp.int32)) - 1
   bi = jnp.where(keyed & (way < hit.shape[1]), b, buckets)
   ent = state.index_entry.at[bi, way].set(jnp.stack([cow_ids, seq], axis=-1), mode="drop")
   dst = jnp.where(keyed, cow_ids, nb)
   sdx = jnp.where(keyed, src, nb)
   aux_src = state.block_aux[src]
-  step = c[C_STEP]
-  aux_new = jnp.stack([jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END]], axis=1)
+  step = state.clock
+  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END])
   state = state.replace(
     index_entry=ent,
     block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),

@@ -21,11 +21,14 @@ fields.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+
+from hybrid_cache.core.groups import rules as group_rules
 
 ALPHA_GRID = tuple(i / 10 for i in range(21))
 MAX_ALPHA = 100.0
@@ -154,26 +157,17 @@ def cost_fields(
     raise ValueError("groups must be a non-empty sequence of GroupSpec")
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-  count = {k: kinds.count(k) for k in ("full", "swa", "mamba")}
-  mlp_kind = "full" if count["full"] else ("swa" if count["swa"] else "mamba")
-  a_lin, a_quad = _lin_quad(model.attn_flops)
+  # each kind's rules (`core/groups/`): its layers' costs (`layer_costs`), its MLP priority
+  kind_of = [group_rules(g) for g in groups]
+  count = collections.Counter(kind_of)
+  mlp_kind = min(count, key=lambda k: k.MLP_PRIORITY)
   m_lin, _ = _lin_quad(model.mlp_flops)
-  r_lin, _ = _lin_quad(model.recurrent_flops)
   lin, quad, own = [], [], []
-  for g in groups:
-    k = g.kind
+  for g, k in zip(groups, kind_of):
     share = 1.0 / count[k]
-    if k == "full":
-      lo, qu = model.n_attn * a_lin, model.n_attn * a_quad
-      own.append(model.kv_bytes_per_token * block_size * share)
-    elif k == "swa":
-      s_lin, s_quad = _lin_quad(model.swa_flops, g.window)
-      lo, qu = model.n_swa * s_lin, model.n_swa * s_quad
-      own.append(model.swa_kv_bytes_per_token * block_size * share)
-    else:
-      lo, qu = model.n_recurrent * r_lin, 0.0
-      own.append(model.state_bytes * share)
-    if k == mlp_kind:
+    lo, qu, b = k.layer_costs(model, g, block_size, share, _lin_quad)
+    own.append(b)
+    if k is mlp_kind:
       lo += model.n_mlp * m_lin
     lin.append(lo * share)
     quad.append(qu * share)

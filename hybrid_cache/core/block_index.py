@@ -1,10 +1,11 @@
 """Set-associative block index: (hash lanes, group) -> block, duplicates kept, oldest wins.
 
-`index_entry[b, w] = (block, seq)` (block -1 = empty way) and `index_hash[b, w]` = the key's two
-uint32 lanes; the bucket is a mix of both lanes and the group. A hit needs equal lanes and equal
-group (the block's `block_group`); among duplicates the smallest insertion sequence wins (vLLM
-returns the first-inserted block). A full bucket drops the insertion and counts it in
-`counters[C_OVERFLOW]` (a miss later, never a wrong hit); pools are sized so this is rare.
+`index_entry[b, w] = (block, seq)` (columns `IDX_BLOCK`, `IDX_SEQ`: `CacheState.index_block`,
+-1 = empty way, and `index_seq`) and `index_hash[b, w]` = the key's two uint32 lanes; the
+bucket is a mix of both lanes and the group. A hit needs equal lanes and equal group (the
+block's `block_group`); among duplicates the smallest insertion sequence wins (vLLM returns
+the first-inserted block). A full bucket drops the insertion and counts it in
+`CacheState.index_overflows` (a miss later, never a wrong hit); pools are sized so this is rare.
 """
 
 from __future__ import annotations
@@ -13,9 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_OVERFLOW
 from hybrid_cache.core.state import C_SEQ
+from hybrid_cache.core.state import HASH_HI
+from hybrid_cache.core.state import HASH_LO
+from hybrid_cache.core.state import IDX_BLOCK
+from hybrid_cache.core.state import IDX_SEQ
+from hybrid_cache.core.state import NO_KEY_AUX
 from hybrid_cache.core.state import CacheState
 
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
@@ -34,8 +42,8 @@ def _row_count(mask: jax.Array) -> jax.Array:
 def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
   """Bucket of keys `h` (u32[..., 2]) in `group` (i32[...])."""
   x = (
-    h[..., 0]
-    ^ (h[..., 1] * jnp.uint32(0x9E3779B1))
+    h[..., HASH_LO]
+    ^ (h[..., HASH_HI] * jnp.uint32(0x9E3779B1))
     ^ ((group.astype(jnp.uint32) + jnp.uint32(1)) * jnp.uint32(0x85EBCA77))
   )
   x = x ^ (x >> jnp.uint32(15))
@@ -44,7 +52,7 @@ def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
 
 def _entry_groups(state: CacheState) -> jax.Array:
   """i32[BK, W]: group of each index entry's block (-2 = empty way), in its own buffer."""
-  blk = state.index_entry[..., 0]
+  blk = state.index_block
   grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
   return materialise(grp.reshape(-1)).reshape(blk.shape)
 
@@ -61,7 +69,7 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
     b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
   ent = state.index_entry[b]  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
-  blk = ent[..., 0]
+  blk = ent[..., IDX_BLOCK]
   if b.size < buckets:
     # fewer queries than buckets (static): the groups of the gathered ways only (Q * W
     # gathers instead of BK * W for every index slot), fused into the one `same` mask below
@@ -69,7 +77,7 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   else:
     grp = _entry_groups(state)[b]
   same = jnp.all(hh == h[..., None, :], axis=-1) & (grp == group[..., None])
-  seq = jnp.where(same, ent[..., 1], BIG)
+  seq = jnp.where(same, ent[..., IDX_SEQ], BIG)
   # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
   # sequence numbers are unique, so the oldest matching way is the one at the minimum
   oldest = same & (seq == jnp.min(seq, axis=-1, keepdims=True))
@@ -221,7 +229,7 @@ def insert(
   else:
     rank = _rank_in_bucket(bks, buckets)
     before = inclusive_count(valid) - 1
-  way, ok = _nth_empty_way(state.index_entry[..., 0] < 0, bks, rank)
+  way, ok = _nth_empty_way(state.index_block < 0, bks, rank)
   ok &= valid
   seq = c[C_SEQ] + before
   bi = jnp.where(ok, bks, buckets)
@@ -237,7 +245,9 @@ def has_entry(state: CacheState, h: jax.Array, group: jax.Array, ids: jax.Array)
   """bool[k]: the index holds key (h[i], group[i]) for block ids[i] (u32[k, 2], i32[k], i32[k])."""
   b = bucket_of(h, group, state.index_entry.shape[0])
   ent = state.index_entry[b]  # [k, W, 2]
-  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (ent[..., 0] == ids[:, None])
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (
+    ent[..., IDX_BLOCK] == ids[:, None]
+  )
   return jnp.any(same, axis=-1) & (ids > 0)
 
 
@@ -251,16 +261,16 @@ def insert_extra(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.
 
 def evict(state: CacheState, mask: jax.Array) -> CacheState:
   """Removes every key of the blocks where `mask` (bool[NB]) is set."""
-  blk = state.index_entry[..., 0]
+  blk = state.index_block
   hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
   ent = jnp.where(hit[..., None], -1, state.index_entry)
   return state.replace(
     index_entry=ent,
     block_group=jnp.where(mask, -1, state.block_group),
-    block_aux=state.block_aux.at[:, 0]
-    .set(jnp.where(mask, -1, state.block_aux[:, 0]))
-    .at[:, 2]
-    .set(jnp.where(mask, -1, state.block_aux[:, 2])),
+    block_aux=state.block_aux.at[:, AUX_STEP]
+    .set(jnp.where(mask, -1, state.key_step))
+    .at[:, AUX_END]
+    .set(jnp.where(mask, -1, state.key_end)),
   )
 
 
@@ -278,7 +288,7 @@ def evict_ids(
   whole index is scanned against a bool[NB] mask of the ids (BK * W gathers), else only the k
   buckets of the keyed ids are searched (k * W); both clear exactly those entries.
   `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
-  `clear_pinned` (static): also clear the blocks' pinned flag (block_aux column 1), in the same
+  `clear_pinned` (static): also clear the blocks' pinned flag (`CacheState.pinned`), in the same
   row write. `scan_all` (static): always scan the whole index (partial hits, vLLM §2.5: a block
   may also carry an extra partial key, indexed under another bucket).
   """
@@ -288,7 +298,7 @@ def evict_ids(
   idx = jnp.where(valid, ids, nb)
   if scan_all or buckets <= ids.shape[0]:
     mask = jnp.zeros((nb,), bool).at[idx].set(True, mode="drop")
-    blk = state.index_entry[..., 0]
+    blk = state.index_block
     hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
     ent = jnp.where(hit[..., None], -1, state.index_entry)
   else:
@@ -302,7 +312,7 @@ def evict_ids(
     # gathered values (block_group >= -1 and buckets >= 0 always, so this is the identity);
     # without it XLA copies block_group and block_hash twice per scheduled entry
     idx = jnp.where(valid & (grp >= -1) & (b >= 0), ids, nb)
-    hit = (state.index_entry[b, :, 0] == ids[:, None]) & keyed[:, None]  # [k, W]
+    hit = (state.index_entry[b, :, IDX_BLOCK] == ids[:, None]) & keyed[:, None]  # [k, W]
     # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
     way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
     bi = jnp.where(way < ways, b, buckets)
@@ -311,8 +321,11 @@ def evict_ids(
     index_entry=ent,
     block_group=state.block_group.at[idx].set(-1, mode="drop"),
     block_aux=(
-      state.block_aux.at[idx].set(jnp.asarray([-1, 0, -1], jnp.int32), mode="drop")
+      state.block_aux.at[idx].set(jnp.asarray(NO_KEY_AUX), mode="drop")
       if clear_pinned
-      else state.block_aux.at[idx, 0].set(-1, mode="drop").at[idx, 2].set(-1, mode="drop")
+      else state.block_aux.at[idx, AUX_STEP]
+      .set(-1, mode="drop")
+      .at[idx, AUX_END]
+      .set(-1, mode="drop")
     ),
   )

@@ -1,10 +1,11 @@
 """The shared block pool: ref counts, vLLM's free queue as int32 keys, the pinned tier.
 
-Free queue (vLLM §1.6): a block is free iff `queue_key[0, b] < BIG` (normal queue) or
-`queue_key[1, b] < BIG` (pinned tier, SPEC B1). Popping takes the smallest normal key; when the
-normal queue is empty the oldest pinned block is demoted (equivalently popped). Freeing puts
-unhashed blocks at the head (a batch keeps its order; `free_order="all_tail"`: at the tail too),
-hashed blocks at the tail, pinned blocks at the pinned tail. Touching unlinks a free block.
+Free queue (vLLM §1.6): a block is free iff `free_key[b] < BIG` (normal queue, row `Q_FREE` of
+`queue_key`) or `pinned_key[b] < BIG` (pinned tier, row `Q_PINNED`, SPEC B1). Popping takes the
+smallest normal key; when the normal queue is empty the oldest pinned block is demoted
+(equivalently popped). Freeing puts unhashed blocks at the head (a batch keeps its order;
+`free_order="all_tail"`: at the tail too), hashed blocks at the tail, pinned blocks at the pinned
+tail. Touching unlinks a free block.
 All functions are pure and jittable.
 """
 
@@ -15,12 +16,15 @@ import jax.numpy as jnp
 
 from hybrid_cache.core import block_index
 from hybrid_cache.core import eviction
+from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_HEAD
 from hybrid_cache.core.state import C_PIN
 from hybrid_cache.core.state import C_REC_EVICTED
 from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import P_ALL_TAIL
+from hybrid_cache.core.state import NUM_QUEUES
+from hybrid_cache.core.state import Q_FREE
+from hybrid_cache.core.state import Q_PINNED
 from hybrid_cache.core.state import CacheState
 
 
@@ -49,7 +53,7 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   `batch` (same shape, non-decreasing) numbers the `free_blocks` calls: blocks reaching ref 0
   without a key go to the head, a later batch in front of an earlier one, each batch keeping its
   order; keyed blocks go to the tail in list order; pinned ones to the pinned tier's tail.
-  With `free_order="all_tail"` (`params[P_ALL_TAIL]`, vLLM before #43447) blocks without a key
+  With `free_order="all_tail"` (`CacheState.free_all_tail`, vLLM before #43447) blocks without a key
   go to the tail too, in list order among the keyed ones.
   """
   nb = state.ref_cnt.shape[0]
@@ -59,8 +63,8 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   new_ref = jnp.where(valid, ref[jnp.where(valid, ids, 0)], 1)
   freed = valid & (new_ref == 0)
   safe = jnp.where(valid, ids, 0)
-  pinned = freed & (state.block_aux[safe, 1] > 0)
-  hashed = freed & ~pinned & ((state.block_group[safe] >= 0) | (state.params[P_ALL_TAIL] != 0))
+  pinned = freed & (state.block_aux[safe, AUX_PINNED] > 0)
+  hashed = freed & ~pinned & ((state.block_group[safe] >= 0) | (state.free_all_tail != 0))
   head = freed & ~pinned & ~hashed
   c = state.counters
   # tail and pinned tail: increasing keys in list order
@@ -72,11 +76,11 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   cum_le = jnp.cumsum(tot)
   cum_lt = cum_le - tot
   excl = jnp.cumsum(head) - head
-  head_key = c[C_HEAD] - cum_le[batch] + (excl - cum_lt[batch])
-  k0 = jnp.where(hashed, c[C_TAIL] + tail_rank, jnp.where(head, head_key, BIG))
-  k1 = jnp.where(pinned, c[C_PIN] + pin_rank, BIG)
+  head_key = state.head_key - cum_le[batch] + (excl - cum_lt[batch])
+  k0 = jnp.where(hashed, state.tail_key + tail_rank, jnp.where(head, head_key, BIG))
+  k1 = jnp.where(pinned, state.pin_key + pin_rank, BIG)
   fidx = jnp.where(freed, ids, nb)
-  qk = state.queue_key.at[0, fidx].set(k0, mode="drop").at[1, fidx].set(k1, mode="drop")
+  qk = state.queue_key.at[Q_FREE, fidx].set(k0, mode="drop").at[Q_PINNED, fidx].set(k1, mode="drop")
   c = (
     c.at[C_HEAD]
     .add(-jnp.sum(head).astype(jnp.int32))
@@ -112,7 +116,7 @@ def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Arr
   state = state.replace(
     queue_key=qk,
     ref_cnt=jnp.where(popped, 1, state.ref_cnt),
-    block_aux=state.block_aux.at[:, 1].set(jnp.where(popped, 0, state.block_aux[:, 1])),
+    block_aux=state.block_aux.at[:, AUX_PINNED].set(jnp.where(popped, 0, state.pinned)),
   )
   state = block_index.evict(state, popped)
   return state, row
@@ -121,7 +125,8 @@ def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Arr
 def pin(state: CacheState, ids: jax.Array) -> CacheState:
   """Marks the non-null `ids` pinned (they go to the pinned tier when freed)."""
   nb = state.ref_cnt.shape[0]
-  return state.replace(block_aux=state.block_aux.at[_drop_idx(ids, nb), 1].set(1, mode="drop"))
+  aux = state.block_aux.at[_drop_idx(ids, nb), AUX_PINNED].set(1, mode="drop")
+  return state.replace(block_aux=aux)
 
 
 def _smallest(keys: jax.Array, k: jax.Array, pivots: int = 3):
@@ -218,7 +223,7 @@ def pop_many(
 ):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
-  `n_norm` (optional i32): the caller's count of normal-queue blocks (`queue_key[0] < BIG`),
+  `n_norm` (optional i32): the caller's count of normal-queue blocks (`free_key < BIG`),
   saving one reduction over the pool.
   `order` (optional): (`queue_order(...)`, head i32) for a sequence of pops with no block
   joining the normal queue in between (see `queue_order`); the window is then read from the
@@ -228,19 +233,21 @@ def pop_many(
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
   and their pinned flag. Keyed blocks of the groups in `count_groups` (static) that are popped
-  add to `counters[C_REC_EVICTED]`. `scan_all` (static): see `block_index.evict_ids`.
+  add to `CacheState.states_evicted`. `scan_all` (static): see `block_index.evict_ids`.
   """
   nb = state.ref_cnt.shape[0]
   qk = state.queue_key
   if n_norm is None:
-    n_norm = jnp.sum(qk[0] < BIG).astype(jnp.int32)
+    n_norm = jnp.sum(qk[Q_FREE] < BIG).astype(jnp.int32)
   k1 = jnp.minimum(count, n_norm)
   k2 = count - k1
   win = 2 * kmax
 
   def by_rank():
-    sel1 = _smallest_mask(qk[0], k1)
-    sel2 = jax.lax.cond(k2 > 0, lambda: _smallest_mask(qk[1], k2), lambda: jnp.zeros((nb,), bool))
+    sel1 = _smallest_mask(qk[Q_FREE], k1)
+    sel2 = jax.lax.cond(
+      k2 > 0, lambda: _smallest_mask(qk[Q_PINNED], k2), lambda: jnp.zeros((nb,), bool)
+    )
     sel = sel1 | sel2
     ids = _compact(sel, kmax)
     cls = jnp.where(sel1[ids], 0, jnp.where(sel2[ids], 1, 2))
@@ -249,8 +256,8 @@ def pop_many(
     # (-2^30, 2^30) and pinned keys inside [0, 2^30) thanks to `maybe_renormalise`), ranked
     # with one [kmax, kmax] compare instead of a sort; padding ties at the end and is dropped
     u = jnp.uint32
-    key_n = (qk[0][ids] + jnp.int32(1 << 30)).astype(u)
-    key_p = qk[1][ids].astype(u) + u(1 << 31)
+    key_n = (qk[Q_FREE][ids] + jnp.int32(1 << 30)).astype(u)
+    key_p = qk[Q_PINNED][ids].astype(u) + u(1 << 31)
     ck = jnp.where(cls == 0, key_n, jnp.where(cls == 1, key_p, u(0xFFFFFFFF)))
     ids, ck = jax.lax.optimization_barrier((ids, ck))
     rank = jnp.sum(ck[None, :] < ck[:, None], axis=1)
@@ -266,7 +273,7 @@ def pop_many(
     # [min, min + win): each such block's id is scattered to its key offset (already in pop
     # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
     # keys are then the window's first k1 entries
-    w = _by_key_offset(qk[0], win)
+    w = _by_key_offset(qk[Q_FREE], win)
     p = jnp.cumsum(w > 0)
     fast = (k2 == 0) & (p[win - 1] >= k1)
     ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
@@ -276,7 +283,7 @@ def pop_many(
     # order entry before the new head has left the queue.
     seq, head = order
     w = jax.lax.dynamic_slice(seq, (head,), (win,))
-    w = jnp.where(qk[0][w] < BIG, w, 0)
+    w = jnp.where(qk[Q_FREE][w] < BIG, w, 0)
     first = w[:kmax]
     # common case: no hole among the first k1 window entries: they are the pop, no prefix
     # count needed
@@ -303,7 +310,7 @@ def pop_many(
     new_head = jnp.minimum(new_head, seq.shape[0] - win)
   ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
   sidx = jnp.where(ids > 0, ids, nb)
-  # the pinned flag (block_aux column 1) is cleared by `evict_ids` in its row write
+  # the pinned flag (`CacheState.pinned`) is cleared by `evict_ids` in its row write
   state = state.replace(
     queue_key=state.queue_key.at[:, sidx].set(BIG, mode="drop"),
     ref_cnt=state.ref_cnt.at[sidx].set(1, mode="drop"),
@@ -331,7 +338,7 @@ def queue_order(state: CacheState, kmax: int) -> jax.Array:
   """
   nb = state.ref_cnt.shape[0]
   ws, win = 2 * nb, 2 * kmax
-  w = _by_key_offset(state.queue_key[0], ws)
+  w = _by_key_offset(state.free_key, ws)
   p = _inclusive_prefix(w > 0)
   dest = jnp.where(w > 0, p - 1, ws + win)
   return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")
@@ -346,20 +353,23 @@ def maybe_renormalise(state: CacheState) -> CacheState:
   Order-preserving, so the free queue and pinned tier are unchanged; runs (one argsort) only
   after ~2^29 head or tail insertions.
   """
-  c = state.counters
-  due = (c[C_TAIL] > RENORM_LIMIT) | (c[C_HEAD] < -RENORM_LIMIT) | (c[C_PIN] > RENORM_LIMIT)
+  due = (
+    (state.tail_key > RENORM_LIMIT)
+    | (state.head_key < -RENORM_LIMIT)
+    | (state.pin_key > RENORM_LIMIT)
+  )
 
   def renorm(state):
     qk = state.queue_key
     nb = qk.shape[1]
     out = []
-    for row in range(2):
+    for row in range(NUM_QUEUES):
       keys = qk[row]
       order = jnp.argsort(keys)
       rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
       out.append(jnp.where(keys < BIG, rank + 1, BIG))
-    n0 = jnp.sum(qk[0] < BIG).astype(jnp.int32)
-    n1 = jnp.sum(qk[1] < BIG).astype(jnp.int32)
+    n0 = jnp.sum(qk[Q_FREE] < BIG).astype(jnp.int32)
+    n1 = jnp.sum(qk[Q_PINNED] < BIG).astype(jnp.int32)
     c = state.counters.at[C_HEAD].set(1).at[C_TAIL].set(n0 + 1).at[C_PIN].set(n1 + 1)
     return state.replace(queue_key=jnp.stack(out), counters=c)
 
@@ -367,5 +377,6 @@ def maybe_renormalise(state: CacheState) -> CacheState:
 
 
 def free_counts(state: CacheState) -> jax.Array:
-  """i32[2]: free blocks in the normal queue and in the pinned tier (one pool reduction)."""
+  """i32[NUM_QUEUES]: free blocks in the normal queue and in the pinned tier (`Q_*` order; one
+  pool reduction)."""
   return jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)

@@ -14,20 +14,16 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
-from hybrid_cache.core.split import checkpoint_position
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import C_REC_ADMITTED
-from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import P_RETENTION
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
-from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 
 
@@ -65,7 +61,7 @@ def cache_blocks(
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
     sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
-    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.params[P_RETENTION], boundaries)
+    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
     all_ids.append(jnp.where(sel, row, 0))
@@ -83,7 +79,7 @@ def cache_blocks(
   else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
     state = block_index.insert(state, ids, keys[0], jnp.concatenate(all_groups), keys[1])
   nb = lay.num_blocks
-  step = state.counters[C_STEP]
+  step = state.clock
   sidx = jnp.where(ids > 0, ids, nb)
   # registration step and token end of each registered block in ONE [k, 2] scatter
   cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
@@ -121,29 +117,21 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   if info is None:
     info = state.req_info[r]
   hbs = lay.hash_block_size
-  # the prompt-tail boundary: full attention floor((P-1)/HBS)*HBS (a re-sent prompt hits at
-  # most P-1 tokens; EAGLE lookups read the whole prompt: P), recurrent the prompt's checkpoint
-  # position (EAGLE one hash block lower)
+  # the prompt-tail boundary of each kind (`tail_boundary`): full attention
+  # floor((P-1)/HBS)*HBS, recurrent the prompt's checkpoint position
   eagle = any(g.eagle for g in lay.groups)
-  prompt = info[INFO_PROMPT]
-  t_full = floor_to(prompt if eagle else prompt - 1, hbs)
-  t_rec = checkpoint_position(prompt, hbs, eagle)
+  bounds = groups.tail_boundaries(info[INFO_PROMPT], hbs, eagle)
   hashes = state.req_hashes[r]
   ids, ts = [], []
   for g in gs:
-    bs = lay.groups[g].block_size
-    t = t_full if lay.groups[g].kind == "full" else t_rec
+    spec = lay.groups[g]
+    kind = groups.rules(spec)
+    t = bounds[kind]
     ts.append(t)
-    if lay.groups[g].kind == "full":  # the block holding t, t inside it, once cached past t
-      p = t // bs
-      cond = (t % bs != 0) & (t <= n_g[g])
-    else:  # the state block ending at t, when a chunk ends exactly there (t may be aligned)
-      p = cdiv(t, bs) - 1
-      cond = n_g[g] == t
+    p, cond = kind.tail_block(spec, t, n_g[g])
     cond &= ok & (t > 0) & (p < state.req_group[r, g, RG_LEN])
     blk = state.tables[r, g, jnp.clip(p, 0, lay.max_blocks - 1)]
-    if lay.groups[g].kind != "full":  # already keyed at t (a hit or an earlier step)
-      cond &= ~((state.block_group[blk] >= 0) & (state.block_aux[blk, AUX_END] == t))
+    cond = kind.tail_needs_key(state, blk, t, cond)
     ids.append(jnp.where(cond, blk, 0))
   ids = jnp.stack(ids)
   t = jnp.stack(ts)  # i32[len(gs)]: each group's boundary
@@ -161,25 +149,17 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   state = block_index.insert_extra(state, extra, keys, grp)
   nb = lay.num_blocks
   sidx = jnp.where(prim > 0, prim, nb)
-  step = state.counters[C_STEP]
+  step = state.clock
   vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
   cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   ncached = state.req_group[r, :, RG_NCACHED]
   pend = state.req_partial[r]
-  n_rec = jnp.int32(0)
+  acc = (aux, ncached, pend, jnp.int32(0))
   for i, g in enumerate(gs):
-    if lay.groups[g].kind != "mamba":
-      continue
-    # the state block just written: keep it pending for the copy-on-write (and the same-step
-    # rule) even if it already carried this key
-    bs = lay.groups[g].block_size
-    aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
-    ti = t[i]
-    sub = (ids[i] > 0) & (ti % bs != 0)  # a sub-block entry: copy-on-write at the next allocation
-    ncached = ncached.at[g].set(jnp.where(sub, ti // bs, ncached[g]))
-    pend = pend.at[g].set(jnp.where(sub, ti // bs + 1, pend[g]))
-    n_rec = n_rec + ((prim[i] > 0) | (extra[i] > 0)).astype(jnp.int32)
+    spec = lay.groups[g]
+    acc = groups.rules(spec).tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc)
+  aux, ncached, pend, n_rec = acc
   return state.replace(
     block_aux=aux,
     req_group=state.req_group.at[r, :, RG_NCACHED].set(ncached),

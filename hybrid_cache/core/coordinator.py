@@ -97,23 +97,23 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
     for j, s in enumerate(sgs)
   ]
   alone = jnp.stack([sg_alone[j] for j in lay.spec_group_of])
-  simple = ns == 2 and sgs[0].spec.kind == "full"
+  # "simple hybrid": full attention (looked up once, `KEEPS_PREFIX`) + one group, one pass
+  simple = ns == 2 and groups.rules(sgs[0].spec).KEEPS_PREFIX
 
   def one_pass(carry):
     hit, lens, los, verified, longest, fa_done, _ = carry
     cur = hit
     for j, s in enumerate(sgs):
       spec = s.spec
+      kind = groups.rules(spec)
       drop = jnp.asarray(spec.eagle) & ~verified[j]
-      cap = cur
-      if spec.kind != "mamba":
-        cap = jnp.where(drop, jnp.minimum(cur + spec.block_size, max_len), cur)
-      length, lo = _find(lay, spec, s.need, sg_cached[j], cap, drop)
+      cap = kind.eagle_cap(spec, cur, drop, max_len)
+      length, lo = kind.find_hit(lay, spec, s.need, sg_cached[j], cap, drop)
       new_verified = jnp.where(
         drop, verified.at[j].set(True), jnp.where(length < cur, jnp.zeros_like(verified), verified)
       )
       new_longest = jnp.maximum(longest, length)
-      if spec.kind == "full":
+      if kind.KEEPS_PREFIX:  # looked up once (its valid ends are downward closed, §3.2)
         skip = fa_done
         cur_f = jnp.minimum(cur, lens[j])
         cur = jnp.where(skip, cur_f, length)
@@ -146,7 +146,7 @@ def lookup(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Ar
   for j, s in enumerate(sgs):
     bs = s.spec.block_size
     hi = hit // bs
-    lo = jnp.where(s.spec.kind == "full", 0, los[j])
+    lo = jnp.where(groups.rules(s.spec).KEEPS_PREFIX, 0, los[j])  # the whole prefix from 0
     m = (pos >= lo) & (pos < hi)
     for g in s.members:
       masks[g] = m & cached[g]
@@ -187,7 +187,7 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   tri = jnp.asarray((pos[:, None] <= pos[None, :]).astype(np.float32))
   cs = jnp.matmul(rows.astype(jnp.float32), tri, precision=jax.lax.Precision.HIGHEST)
   cs = cs.astype(jnp.int32)
-  specs = [(g, g.window and -(-(g.window - 1) // g.block_size)) for g in lay.groups]
+  specs = [(g, groups.rules(g).hit_need(g)) for g in lay.groups]
   specs += [(s.spec, s.need) for s in sgs]
   valid = jnp.stack(
     [_valid_ends(lay, spec, need, rows[i], cs[i]) for i, (spec, need) in enumerate(specs)]
@@ -211,12 +211,7 @@ def _lookup_closed_form(lay: Layout, found, cached, max_len):
   for s in sgs:
     bs = s.spec.block_size
     hi = hit // bs
-    if s.spec.kind == "swa":
-      lo = jnp.maximum(hi - max(s.need, 1), 0)
-    elif s.spec.kind == "mamba":
-      lo = jnp.maximum(hi - 1, 0)
-    else:
-      lo = 0
+    lo = groups.rules(s.spec).hit_lo(s.spec, hi, s.need)
     m = (pos >= lo) & (pos < hi)
     for g in s.members:
       masks[g] = m & cached[g]

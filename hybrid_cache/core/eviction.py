@@ -43,11 +43,11 @@ from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core.eviction_costs import alpha_milli
-from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_ALPHA_MILLI
 from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import P_NUM_BLOCKS
+from hybrid_cache.core.state import Q_FREE
+from hybrid_cache.core.state import Q_PINNED
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS
@@ -64,10 +64,10 @@ def window(num_blocks: int) -> tuple[int, int, int, int]:
 
 
 def state_window(lay, state):
-  """`window` of the real pool (`CacheState.params[P_NUM_BLOCKS]`, traced): K and SHIFT only
+  """`window` of the real pool (`CacheState.num_real_blocks`, traced): K and SHIFT only
   depend on its next power of two, the (padded) pool arrays' length `lay.num_blocks`."""
   _, k, shift, _ = window(lay.num_blocks)
-  w0 = state.params[P_NUM_BLOCKS]
+  w0 = state.num_real_blocks
   return w0, k, shift, w0 + w0 * k
 
 
@@ -78,7 +78,7 @@ def set_alpha(state, alpha: float):
 
 def get_alpha(state) -> float:
   """The FLOP-aware weight alpha the state holds."""
-  return int(jax.device_get(state.counters[C_ALPHA_MILLI])) / 1000.0
+  return int(jax.device_get(state.alpha_milli)) / 1000.0
 
 
 def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:
@@ -107,13 +107,13 @@ def dead_states(lay, state) -> jax.Array:
   (E % its block size == 0) but no block carries that key (same fine hash, that group): its KV
   prefix was evicted, so the state can never be the boundary of a hit. No full group: none.
   """
-  full = [i for i, g in enumerate(lay.groups) if g.kind == "full"]
+  full = lay.prefix_groups  # full attention (`KEEPS_PREFIX`)
   nb = lay.num_blocks
   if not full or not lay.recurrent_groups:
     return jnp.zeros((nb,), bool)
   fg = full[0]
   rec = jnp.isin(state.block_group, jnp.asarray(lay.recurrent_groups, jnp.int32))
-  aligned = state.block_aux[:, AUX_END] % lay.groups[fg].block_size == 0
+  aligned = state.key_end % lay.groups[fg].block_size == 0
   found = block_index.contains(state, state.block_hash, fg)
   return rec & aligned & ~found
 
@@ -166,7 +166,7 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   `priority(blocks: FreeBlocks) -> i32[NB]`: the policy's priority of each candidate, in
   [0, 2^30] (lower first; ties keep recency order)."""
   w0, k, shift, w_end = state_window(lay, state)
-  qk0 = state.queue_key[0]
+  qk0 = state.free_key
   grp = state.block_group
   free = qk0 < BIG
   keyed = free & (grp >= 0)
@@ -183,7 +183,7 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   r_all = _rank(perm, block_index.inclusive_count(keyed[perm]) - 1)
   r = _rank(perm, block_index.inclusive_count(alive[perm]) - 1)
   blocks = FreeBlocks(
-    candidate=alive, group=grp, token_end=state.block_aux[:, AUX_END], recency=r, num_candidates=n
+    candidate=alive, group=grp, token_end=state.key_end, recency=r, num_candidates=n
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
@@ -208,7 +208,7 @@ def prepare(lay, config: CacheConfig, state):
     return state
   _, _, _, w_end = state_window(lay, state)
   c = state.counters
-  state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(c[C_TAIL], w_end)))
+  state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(state.tail_key, w_end)))
 
   def rekey():
     return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, config, state, blocks))
@@ -217,11 +217,13 @@ def prepare(lay, config: CacheConfig, state):
   if active is None:
     qk0 = rekey()
   else:  # the cond returns only the queue row (a cond over the whole state copies its leaves)
-    qk0 = jax.lax.cond(active(state), rekey, lambda: state.queue_key[0])
-  return state.replace(queue_key=state.queue_key.at[0].set(qk0))
+    qk0 = jax.lax.cond(active(state), rekey, lambda: state.free_key)
+  return state.replace(queue_key=state.queue_key.at[Q_FREE].set(qk0))
 
 
 def select_victim(queue_key: jax.Array) -> jax.Array:
-  """Next block to reuse: smallest normal-queue key; else the oldest pinned block (demotion)."""
-  has_normal = jnp.any(queue_key[0] < BIG)
-  return jnp.where(has_normal, jnp.argmin(queue_key[0]), jnp.argmin(queue_key[1])).astype(jnp.int32)
+  """Next block to reuse: smallest normal-queue key; else the oldest pinned block (demotion).
+  `queue_key`: i32[NUM_QUEUES, NB] (`CacheState.queue_key`)."""
+  has_normal = jnp.any(queue_key[Q_FREE] < BIG)
+  free, pinned = jnp.argmin(queue_key[Q_FREE]), jnp.argmin(queue_key[Q_PINNED])
+  return jnp.where(has_normal, free, pinned).astype(jnp.int32)

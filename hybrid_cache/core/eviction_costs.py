@@ -10,7 +10,8 @@ saves, when it is hit:
   pool does not know the previous state, so this is the saving against a cold start).
 
 with `F_g(L) = lin*L + quad*L^2` (full), `lin*L + quad*L*min(L, window)` (swa, the sim cost
-model's non-causal count) and `lin*L` (mamba); `lin`, `quad` and the block's bytes come from
+model's non-causal count) and `lin*L` (mamba) (each kind's `prefix_flops` / `block_flops` in
+`core/groups/`); `lin`, `quad` and the block's bytes come from
 `CacheConfig.eviction_flops_linear / _quadratic / eviction_block_bytes` (empty = 1, 0, 1).
 Efficiency = FLOPs / bytes, quantised once per config to int32 in [0, 2^30] relative to the
 largest efficiency any block of the config can have, so the jitted core and the plain-Python
@@ -54,28 +55,16 @@ def group_costs(config: CacheConfig) -> tuple[tuple[float, float, float], ...]:
   return tuple(zip(lin, quad, byt))
 
 
-def prefix_flops(kind: str, tokens, linear: float, quadratic: float, window: int | None):
-  """F_g(L) of one group over `tokens` tokens (float64 array or scalar)."""
-  L = np.asarray(tokens, np.float64)
-  if kind == "full":
-    return linear * L + quadratic * L * L
-  if kind == "swa":
-    return linear * L + quadratic * L * np.minimum(L, float(window))
-  return linear * L
-
-
 def block_flops(config: CacheConfig) -> np.ndarray:
-  """float64[G, MB + 1]: FLOPs saved by the block of group g ending at token j * B_g (j >= 1)."""
+  """float64[G, MB + 1]: FLOPs saved by the block of group g ending at token j * B_g (j >= 1):
+  its kind's `block_flops` (`groups.rules`; module docstring)."""
+  from hybrid_cache.core.groups import rules  # the oracle imports this module without JAX
+
   mb = config.max_blocks_per_request
   out = np.zeros((config.num_groups, mb + 1), np.float64)
   j = np.arange(1, mb + 1, dtype=np.float64)
   for g, (spec, (lin, quad, _)) in enumerate(zip(config.resolved_groups, group_costs(config))):
-    end = j * spec.block_size
-    total = prefix_flops(spec.kind, end, lin, quad, spec.window)
-    if spec.kind == "mamba":
-      out[g, 1:] = total
-    else:
-      out[g, 1:] = total - prefix_flops(spec.kind, end - spec.block_size, lin, quad, spec.window)
+    out[g, 1:] = rules(spec).block_flops(spec, j * spec.block_size, lin, quad)
   return out
 
 

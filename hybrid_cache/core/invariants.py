@@ -19,10 +19,12 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
+from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_OVERFLOW
+from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import INFO_STATUS
-from hybrid_cache.core.state import P_NUM_BLOCKS
+from hybrid_cache.core.state import Q_FREE
+from hybrid_cache.core.state import Q_PINNED
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import CacheState
@@ -38,7 +40,7 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   params = np.asarray(s.params)
   if not np.array_equal(params, runtime_params(config)):
     errs.append(f"runtime params {params.tolist()} differ from the config's")
-  nb = int(params[P_NUM_BLOCKS])  # the real pool; [nb, lay.num_blocks) is padding
+  nb = int(s.num_real_blocks)  # the real pool; [nb, lay.num_blocks) is padding
   ref = np.asarray(s.ref_cnt)
   qk = np.asarray(s.queue_key)
   pad_ref, pad_qk = ref[nb:], qk[:, nb:]
@@ -46,8 +48,8 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   if (pad_ref != 0).any() or (pad_qk < BIG).any() or pad_keyed.any():
     errs.append("a padding block past the real pool is held, free or keyed")
   ref, qk = ref[:nb], qk[:, :nb]
-  in_free = qk[0] < BIG
-  in_pin = qk[1] < BIG
+  in_free = qk[Q_FREE] < BIG
+  in_pin = qk[Q_PINNED] < BIG
   held = ref > 0
   if (ref < 0).any():
     errs.append(f"negative ref counts at blocks {np.nonzero(ref < 0)[0].tolist()}")
@@ -61,11 +63,11 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   num_used = int(held[1:].sum())
   if num_free + num_used != nb - 1:
     errs.append(f"free {num_free} + used {num_used} != total {nb - 1}")
-  for row_name, keys in (("free", qk[0][in_free]), ("pinned", qk[1][in_pin])):
+  for row_name, keys in (("free", qk[Q_FREE][in_free]), ("pinned", qk[Q_PINNED][in_pin])):
     if len(np.unique(keys)) != len(keys):
       errs.append(f"duplicate {row_name}-queue keys")
   aux = np.asarray(s.block_aux)[:nb]
-  if (aux[in_pin, 1] == 0).any():
+  if (aux[in_pin, AUX_PINNED] == 0).any():
     errs.append("a pinned-tier block lacks the pinned flag")
   # tables
   tables = np.asarray(s.tables)
@@ -101,7 +103,7 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   ent = np.asarray(s.index_entry)
   ih = np.asarray(s.index_hash)
   bh = np.asarray(s.block_hash)
-  blk = ent[..., 0]
+  blk = ent[..., IDX_BLOCK]
   used = blk >= 0
   b_ids = blk[used]
   if (b_ids == 0).any():
@@ -127,7 +129,7 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     errs.append("a block is indexed twice")
   keyed = np.nonzero(grp >= 0)[0]
   missing = keyed[per_block[keyed] == 0]
-  if missing.size and int(s.counters[C_OVERFLOW]) == 0:
+  if missing.size and int(s.index_overflows) == 0:
     errs.append(f"keyed blocks missing from the index: {missing.tolist()[:10]}")
   return errs
 

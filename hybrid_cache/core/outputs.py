@@ -15,7 +15,6 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import P_NUM_BLOCKS
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import layout
@@ -33,10 +32,10 @@ def stats(lay: Layout, state: CacheState):
   )
   return dict(
     num_free=num_free,
-    num_used=state.params[P_NUM_BLOCKS] - 1 - num_free,
+    num_used=state.num_real_blocks - 1 - num_free,
     num_free_cached=jnp.sum(free_mask & keyed).astype(jnp.int32),
     cached_per_group=per_group,
-    num_pinned=jnp.sum(state.queue_key[1] < BIG).astype(jnp.int32),
+    num_pinned=jnp.sum(state.pinned_key < BIG).astype(jnp.int32),
   )
 
 

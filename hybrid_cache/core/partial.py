@@ -4,8 +4,9 @@
 Groups whose block is larger than the hash block (`lay.fine_groups`) are looked up at every
 hash-block boundary (`fine_probe`); full attention finds its run of whole blocks and then the
 partial tail block (phase 1 + phase 2, `_full_find_fine`); window and recurrent groups check
-their valid ends at hash-block granularity; `lookup_partial` reconciles the spec groups like the
-coordinator's fixed point (`coordinator.lookup`), with hits aligned to `lay.hit_align`.
+their valid ends at hash-block granularity (their kind's `fine_valid`), and each kind reads its
+hit blocks (`fine_hit`); `lookup_partial` reconciles the spec groups like the coordinator's
+fixed point (`coordinator.lookup`), with hits aligned to `lay.hit_align`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache.core import block_index
+from hybrid_cache.core import groups
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 
@@ -60,46 +62,6 @@ def floor_to_i32(x, m):
   return ((x // m) * m).astype(jnp.int32)
 
 
-def _mamba_valid(lay: Layout, spec, fine_cached, cached):
-  """bool[MH]: hash-block indices where a recurrent hit may end (key present, aligned)."""
-  hbs = lay.hash_block_size
-  if fine_cached is not None:
-    return fine_cached
-  # block == hash block: block position i ends at hash index i * (bs // hbs) + ... (scale 1)
-  mh = lay.max_hashes
-  k = spec.block_size // hbs
-  fpos = np.arange(mh)
-  blk = (fpos + 1) // k - 1
-  on_edge = ((fpos + 1) % k == 0) & (blk < cached.shape[0])
-  return jnp.where(jnp.asarray(on_edge), cached[np.clip(blk, 0, cached.shape[0] - 1)], False)
-
-
-def _swa_valid_fine(lay: Layout, spec, cached):
-  """bool[MH]: hash-block indices where a sliding-window hit may end, with partial hits.
-
-  A window group beside partial hits has the hash block as its block (vLLM turns partial hits
-  off otherwise), so block position i ends at hash index i: valid where the `swa_need` blocks
-  (at least one) before the end are cached, or inside the leading cached run (§2.3).
-  """
-  mb, mh = cached.shape[0], lay.max_hashes
-  k = max(spec.swa_need, 1)
-  pos = jnp.arange(mb)
-  cs = jnp.cumsum(cached.astype(jnp.int32))
-  before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
-  window = ((cs - before) == k) & (pos >= k - 1)
-  valid = cached & (window | (cs == pos + 1))
-  if mb >= mh:
-    return valid[:mh]
-  return jnp.concatenate([valid, jnp.zeros((mh - mb,), bool)])
-
-
-def _rec_valid(lay: Layout, spec, fine_cached, cached):
-  """bool[MH]: where a hit of a non-full group may end (recurrent or sliding window)."""
-  if spec.kind == "swa":
-    return _swa_valid_fine(lay, spec, cached)
-  return _mamba_valid(lay, spec, fine_cached, cached)
-
-
 def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
   """`lookup` with fine-grained hits (vLLM §2.5): alignment = hash block.
 
@@ -136,11 +98,12 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
   sg_alone, valid = [], {}
   for j, s in enumerate(lay.spec_groups):
     spec = s.spec
+    kind = groups.rules(spec)
     c, fc = merged(s)
-    if spec.kind == "full":
+    if kind.KEEPS_PREFIX:
       length, _, _ = _full_find_fine(lay, c, fc, max_len, jnp.asarray(spec.eagle), spec.block_size)
     else:
-      valid[j] = _rec_valid(lay, spec, fc, c)
+      valid[j] = kind.fine_valid(lay, spec, fc, c)
       f = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= max_len), fpos, -1))
       length = ((f + 1) * hbs).astype(jnp.int32)
     sg_alone.append(length)
@@ -153,7 +116,7 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
   for j, s in enumerate(lay.spec_groups):
     spec = s.spec
     members = list(s.members)
-    if spec.kind == "full":
+    if groups.rules(spec).KEEPS_PREFIX:  # looked up once, caps the hit
       sg_cached, sg_fine = merged(s)
       length, run, f = _full_find_fine(
         lay, sg_cached, sg_fine, cur, jnp.asarray(spec.eagle), spec.block_size
@@ -169,7 +132,7 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
       if longest is None:  # no full attention: the first group's own lookup
         f0 = jnp.max(jnp.where(valid[j] & ((fpos + 1) * hbs <= cur), fpos, -1))
         longest = ((f0 + 1) * hbs).astype(jnp.int32)
-  has_rec = any(s.spec.kind != "full" for s in lay.spec_groups)
+  has_rec = any(not groups.rules(s.spec).KEEPS_PREFIX for s in lay.spec_groups)
   if has_rec:
     fh = jnp.max(jnp.where(common & ((fpos + 1) * hbs <= cur), fpos, -1))
     hit = ((fh + 1) * hbs).astype(jnp.int32)
@@ -177,29 +140,8 @@ def lookup_partial(lay: Layout, state: CacheState, hashes, num_tokens, found):
     hit = cur
   masks, out_found = [], []
   for g, spec in enumerate(lay.groups):
-    bs = spec.block_size
     fc = fine_of(g)
-    if spec.kind == "full":
-      n = (hit + bs - 1) // bs
-      m = pos < n
-      run, f = fa_state[g]
-      blk = found[g]
-      if fc is not None:
-        # the phase-2 block sits at position `run` (only used when the hit reaches into it)
-        pb = fc[jnp.maximum(f, 0)]
-        blk = jnp.where((pos == run) & (f >= 0), pb, blk)
-    elif spec.kind == "swa":  # the window's blocks before the hit (§2.3)
-      hi = hit // bs
-      m = (pos >= jnp.maximum(hi - max(spec.swa_need, 1), 0)) & (pos < hi) & cached[g]
-      blk = found[g]
-    else:
-      p = (hit - 1) // bs
-      m = (pos == p) & (hit > 0)
-      if fc is not None:
-        fb = fc[jnp.maximum(hit // hbs - 1, 0)]
-      else:
-        fb = found[g][jnp.maximum(p, 0)]
-      blk = jnp.where(m, fb, -1)
+    m, blk = groups.rules(spec).fine_hit(lay, spec, g, hit, found, cached, fc, fa_state.get(g), pos)
     masks.append(m & (blk >= 0))
     out_found.append(blk)
   spb = jnp.where(longest > hit, longest, 0).astype(jnp.int32)

@@ -38,12 +38,12 @@ from hybrid_cache.core.state import C_TAIL
 from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import INFO_STATUS
 from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_NUM_BLOCKS
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import aux_columns
 from hybrid_cache.core.state import layout
+from hybrid_cache.core.state import queue_rows
 from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
@@ -87,7 +87,7 @@ def schedule_step(
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
   xs = StepInput(slots, max_tokens, valid, keys)
-  carry = StepCarry(state, state.params[P_MAX_BATCHED], free_counts(state))
+  carry = StepCarry(state, state.max_batched_tokens, free_counts(state))
   if many:
     # no block joins the normal free queue during an admit-only step (touches and pops only
     # take blocks out): its key order is computed once here and every pop reads its window
@@ -157,7 +157,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   carry, out = schedule_entry(
     lay,
     config,
-    StepCarry(state, state.params[P_MAX_BATCHED], free_counts(state)),
+    StepCarry(state, state.max_batched_tokens, free_counts(state)),
     StepInput(slot, max_tokens, jnp.bool_(True)),
   )
   state = carry.state
@@ -179,17 +179,16 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
   lay = layout(config)
   nb = lay.num_blocks
-  ok = block_pool.num_free(state) == state.params[P_NUM_BLOCKS] - 1  # the real pool
-  pinned = state.queue_key[1] < BIG
-  order = jnp.argsort(jnp.where(pinned, state.queue_key[1], BIG))
+  ok = block_pool.num_free(state) == state.num_real_blocks - 1  # the real pool
+  pinned = state.pinned_key < BIG
+  order = jnp.argsort(jnp.where(pinned, state.pinned_key, BIG))
   rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
-  k0 = jnp.where(pinned, state.counters[C_TAIL] + rank, state.queue_key[0])
+  k0 = jnp.where(pinned, state.tail_key + rank, state.free_key)
   new = state.replace(
-    queue_key=jnp.stack([k0, jnp.full((nb,), BIG, jnp.int32)]),
+    queue_key=queue_rows(k0, jnp.full((nb,), BIG, jnp.int32)),
     block_group=jnp.full_like(state.block_group, -1),
-    block_aux=jnp.stack(
-      [jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)],
-      axis=1,
+    block_aux=aux_columns(
+      jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),

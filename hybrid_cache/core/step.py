@@ -28,11 +28,8 @@ from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_STATUS
 from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import P_FULL_FIT
-from hybrid_cache.core.state import P_JUNCTION
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
-from hybrid_cache.core.state import P_WATERMARK
+from hybrid_cache.core.state import Q_FREE
+from hybrid_cache.core.state import Q_PINNED
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_RUNNING
@@ -108,7 +105,7 @@ class StepCarry(NamedTuple):
   Attributes:
     state: the cache state.
     budget: i32, tokens left in the step's budget.
-    queued: i32[2], free blocks in the normal queue and in the pinned tier.
+    queued: i32[NUM_QUEUES], free blocks in the normal queue and in the pinned tier (`Q_*`).
     order: admit-only steps of many entries: the free queue's order computed once at the start
       (`block_pool.queue_order`), or None.
     head: i32, with `order`: how many blocks of `order` were popped so far, or None.
@@ -150,7 +147,7 @@ def schedule_entry(
   lookup = lookup_masked if admit_only else lookup_or_zero
   lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
   hit = jnp.where(is_new, lk["hit"], 0)
-  spb_new = jnp.where(state.params[P_JUNCTION] != 0, lk["spb"], 0)
+  spb_new = jnp.where(state.marconi_junction != 0, lk["spb"], 0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
   num_tokens = info[INFO_TOKENS]
   start = info[INFO_COMPUTED] + hit
@@ -159,9 +156,9 @@ def schedule_entry(
   n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
   # a running request never reaches max_model_len (vLLM's running loop leaves the last
   # position for the token it samples)
-  mml = state.params[P_MAX_MODEL_LEN]
+  mml = state.max_model_len
   n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, mml - start - 1), 0))
-  max_chunk = jnp.where(max_tok >= 0, max_tok, state.params[P_MAX_BATCHED])
+  max_chunk = jnp.where(max_tok >= 0, max_tok, state.max_batched_tokens)
   n = split(lay, start, n0, num_tokens, info[INFO_PROMPT], spb, max_chunk)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
@@ -186,22 +183,22 @@ def schedule_entry(
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
     state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
   main = start + n
-  need_tokens = jnp.minimum(main + lay.lookahead, state.params[P_MAX_MODEL_LEN])
+  need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   count, impossible = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
   )
-  free = queued[0] + queued[1]  # = block_pool.num_free(state)
+  free = queued[Q_FREE] + queued[Q_PINNED]  # = block_pool.num_free(state)
   ok = attempt & ~impossible & (count <= free)
   full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
-  full_need = jnp.minimum(num_tokens, state.params[P_MAX_MODEL_LEN])
+  full_need = jnp.minimum(num_tokens, state.max_model_len)
   fcount, _ = admission.blocks_needed(
     lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
   )
-  others = (state.req_info[:, INFO_STATUS] == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
-  watermark = jnp.where(jnp.any(others), state.params[P_WATERMARK], 0)
+  others = (state.req_status == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
+  watermark = jnp.where(jnp.any(others), state.watermark_blocks, 0)
   # the watermark applies to the full-sequence gate too (vLLM `allocate_slots`: both counts
   # are checked against the free blocks less the watermark)
-  ok &= ~is_new | (fcount + watermark <= free) | (state.params[P_FULL_FIT] == 0)
+  ok &= ~is_new | (fcount + watermark <= free) | (state.full_sequence_must_fit == 0)
   ok &= ~is_new | (count + watermark <= free)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
   if one_write:  # column selects, not updates of the row (no copies)

@@ -21,13 +21,22 @@ at no extra compute, so here:
   a copy, and a branch that ends inside a page holds a whole page. With N_j = the present nodes
   in which page j ends plus the present leaves that end inside a page, KV bytes =
   kv_bytes_per_token * B * sum N_j (`_node_pages`). B = 1 is token-exact KV.
-- Sequential replay, as the other simulators: at r's arrival the cache (everything but r's hit
-  path, which is pinned) is evicted until cache + r's working set fits the capacity (the KV
-  pages of r's tokens after the last whole page of its hit, and one running state), so a
-  policy never holds more than the capacity, its own request included. After r, the *placement*
-  rule picks the depths that get a checkpoint; the KV of r's path up to the deepest one is kept
-  (KV past the last checkpoint cannot serve a recurrent hit and is dropped); the cache is then
-  evicted to the capacity.
+- A request's life is `admit` (lookup, at its admission) then `finish` (insertion, when it has
+  computed everything); `serve` = both, the sequential replay of the other simulators. At r's
+  admission the cache (everything but the hit paths of the running requests, which are pinned:
+  `_pin` counts the running requests whose hit path holds a node) is evicted until cache + the
+  working sets of the running requests and r's fit the capacity (a working set: the KV pages of
+  the request's tokens after the last whole page of its hit, and one running state), so a
+  policy never holds more than the capacity, its running requests included. At r's finish, the
+  *placement* rule picks the depths that get a checkpoint; the KV of r's path up to the deepest
+  one is kept (KV past the last checkpoint cannot serve a recurrent hit and is dropped); r's
+  working set is released and the cache is evicted to the capacity minus the working sets still
+  running. With one request at a time (sequential) nothing else is pinned or reserved.
+- Admission control (`can_admit`, the concurrent replay): a request waits unless the capacity
+  covers the running working sets, a bound on the running requests' pinned hit paths (whole
+  pages of the hit + its path's checkpoints, summed without sharing) and its own working set
+  without a hit, so the eviction at its admission always fits (recurrent models: once every
+  unpinned checkpoint is evicted, only the pinned paths remain).
 
 Eviction is chain-aware GreedyDual (Cao & Irani's GreedyDual-Size-Frequency): the unit is a
 checkpoint plus, when it is a leaf, the KV back to the previous checkpoint or branch point
@@ -342,8 +351,10 @@ class UnitCache:
   (bool) and `_nchild` (int32: present children), and `_flag` (uint8 bits: _CKPT = holds a
   checkpoint, _BRANCH = >= 2 present children), so the nearest checkpoint or branch above a node
   is one gather over its ancestors. What only checkpoints carry (`ver`, `hits`, `kind`, `stamp`)
-  lives in dicts keyed by node. The pinned nodes (request r's hit path) are `path[:pin_d]` of
-  the request being served, not a per-node field. Chains are handled by depth arithmetic: the
+  lives in dicts keyed by node. The pinned nodes are `path[:d]` of each running request with a
+  hit of d units (`_pins`: r -> (path, d); one entry at most in the sequential replay), not a
+  per-node field: a node of depth k is pinned iff some entry has d >= k and path[k - 1] == it.
+  Chains are handled by depth arithmetic: the
   KV pages of the nodes at depths a+1..e of one root path telescope to `(e U) // B - (a U) // B`
   (+1 when e ends mid-page as a leaf), so adding or dropping a chain costs one numpy
   gather/scatter, not a step per node.
@@ -379,14 +390,18 @@ class UnitCache:
     self.bank = CacheBank() if bank is None else bank
     self.row = len(self.bank.caches)  # this cache's row in the bank
     self.bank.add(self)  # sets the row views _present, _flag, _nchild
-    self._absent = 0  # first absent unit of the path being served (drops lower it)
+    self._absent = 0  # first absent unit of the last admitted path (drops lower it)
+    self._cur = -1  # the last admitted request while nothing else changed the cache since
+    self._cur_pa = self._nchild[:0]  # its path (int64 array)
     self.ver: dict[int, int] = {}
     self.hits: dict[int, int] = {}
     self.kind: dict[int, int] = {}
     self.stamp: dict[int, float] = {}  # the clock when checkpoint n was last inserted or hit
-    self.pin_r, self.pin_d = -1, 0
-    self.pin_path: list[int] = []
-    self.pin_pa = self._nchild[:0]
+    self._pins: dict[int, tuple[list[int], int]] = {}  # running r with a hit -> (path, d)
+    self.reserved = 0  # working sets of the running requests (bytes)
+    self.pinned_bound = 0  # bound on their pinned hit paths (bytes, module doc)
+    # r -> (path, path array, d, work, bound) of the admitted, unfinished requests
+    self.running: dict[int, tuple[list[int], np.ndarray, int, int, int]] = {}
     self.root_children = 0
     self.pages = 0
     self.nckpt = 0
@@ -492,32 +507,39 @@ class UnitCache:
     rel = eff / ref if ref > 0 else 1.0
     return rel**self.alpha if rel > 0 else 0.0
 
-  def _evict_one(self, r: int) -> bool:
+  def _evict_one(self) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
     held = []
     ok = False
     flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
     depth = self.trie.depth
-    pin_d = self.pin_d if r == self.pin_r else 0
+    pins = list(self._pins.values())
     zero_state = self.sizes.ckpt_bytes == 0
     while heap:
       prio, _, n, v = heapq.heappop(heap)
       if not flag[n] & _CKPT or ver[n] != v:
         continue
-      if pin_d and depth[n] <= pin_d and self.pin_path[depth[n] - 1] == n:
-        held.append(n)
-        continue
+      if pins:
+        dn = depth[n]
+        for pp, pd in pins:
+          if dn <= pd and pp[dn - 1] == n:
+            break
+        else:
+          dn = 0
+        if dn:
+          held.append(n)
+          continue
       if zero_state and nchild[n]:
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
-      self._drop(n, r)
+      self._drop(n)
       ok = True
       break
     for n in held:
       self._push(n, touch=False)
     return ok
 
-  def _drop(self, n: int, r: int) -> None:
+  def _drop(self, n: int) -> None:
     """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
     a checkpoint, a branch (>= 2 children) or pinned."""
     flag, nchild = self._flag, self._nchild
@@ -534,10 +556,9 @@ class UnitCache:
     anc = line[:-1]
     st = flag[anc].nonzero()[0]
     a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
-    if r == self.pin_r and a < self.pin_d:  # a pinned ancestor deeper than a stops it too
-      # the pinned nodes are pin_path[:pin_d]; n's ancestors agree with pin_path on a prefix
-      pp = self.pin_path
-      k = min(self.pin_d, len(anc))
+    for pp, pd in self._pins.values():  # a pinned ancestor deeper than a stops it too
+      # the nodes pinned by (pp, pd) are pp[:pd]; n's ancestors agree with pp on a prefix
+      k = min(pd, len(anc))
       if a < k and anc[a] == pp[a]:
         lo, hi = a, k  # anc[lo] == pp[lo]; anc[hi] != pp[hi] or hi == k
         if anc[k - 1] == pp[k - 1]:
@@ -553,8 +574,8 @@ class UnitCache:
     self._present[chain] = False
     nchild[chain] = 0
     self.pages -= self._chain_pages(a, dn)
-    if a < self._absent and chain[0] == self.pin_pa[a]:
-      self._absent = a  # the chain left the served path from depth a + 1 on
+    if a < self._absent and chain[0] == self._cur_pa[a]:
+      self._absent = a  # the chain left the last admitted path from depth a + 1 on
     if a == 0:
       self.root_children -= 1
       return
@@ -567,11 +588,11 @@ class UnitCache:
       if flag[p] & _CKPT:
         self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
-  def fit(self, limit: int, r: int) -> bool:
+  def fit(self, limit: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
     page, state = self.sizes.kv_page_bytes, self.sizes.ckpt_bytes
     while self.pages * page + self.nckpt * state > limit:
-      if not self._evict_one(r):
+      if not self._evict_one():
         return False
     return True
 
@@ -585,12 +606,39 @@ class UnitCache:
     place,
     found: tuple[int, int, int, int, int] | None = None,
   ) -> int:
-    """Replays request r (see the module docstring); returns its hit in tokens.
+    """Replays request r alone (`admit` then `finish`); returns its hit in tokens."""
+    h = self.admit(r, path, cap, n_comp, found, bound=False)
+    self.finish(r, place)
+    return h
 
-    `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
-    with their kind: a list of (depth, kind). `found`: this cache's row of
-    `CacheBank.lookup(path, cap)` when the caller looked up all caches of the bank at once
-    (after every cache grew to the trie), else it is looked up here.
+  def _work(self, n_comp: int, hit_tokens: int) -> int:
+    """A working set: the KV pages after the hit's last whole page, + one running state."""
+    s = self.sizes
+    pages = -(-n_comp // s.block_size) - hit_tokens // s.block_size
+    return pages * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
+
+  def can_admit(self, n_comp: int) -> bool:
+    """Admission control (module docstring): True when nothing runs or a request computing
+    `n_comp` tokens fits beside the running ones whatever its hit."""
+    need = self.reserved + self.pinned_bound + self._work(n_comp, 0)
+    return not self.running or need <= self.sizes.capacity
+
+  def admit(
+    self,
+    r: int,
+    path: list[int],
+    cap: int,
+    n_comp: int,
+    found: tuple[int, int, int, int, int] | None = None,
+    bound: bool = True,
+  ) -> int:
+    """Looks request r up, pins its hit path and reserves its working set (module docstring);
+    returns its hit in tokens.
+
+    `found`: this cache's row of `CacheBank.lookup(path, cap)` when the caller looked up all
+    caches of the bank at once (after every cache grew to the trie), else it is looked up here.
+    `bound`: add the hit path's bound to `pinned_bound` (read by `can_admit` only; `serve`
+    finishes at once and skips it).
     """
     pa = self.trie.path_array(path)
     self._flops.extend(len(path))
@@ -599,9 +647,11 @@ class UnitCache:
       old = self.trie.existed(path)
       found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
     f, last, prev, top, self._absent = found
+    self._cur, self._cur_pa = r, pa
     s = self.sizes
     d = last if s.recurrent else f
-    self.pin_r, self.pin_d, self.pin_path, self.pin_pa = r, d, path, pa
+    if d:
+      self._pins[r] = (path, d)
     if last:  # the hit is served by the deepest checkpoint; shallower ones are not used
       n = path[last - 1]
       self.hits[n] += 1
@@ -609,13 +659,37 @@ class UnitCache:
       self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
       self._push(n, prev=prev, a=top)
     hit_tokens = d * s.unit
-    pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
-    work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-    if not self.fit(s.capacity - work, r):
-      self.pin_d = 0  # the hit path does not fit beside the working set: recompute
-      d, hit_tokens = 0, 0
-      work = -(-n_comp // s.block_size) * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-      self.fit(s.capacity - work, r)
+    work = self._work(n_comp, hit_tokens)
+    if not self.fit(s.capacity - self.reserved - work):
+      self._pins.pop(r, None)  # the hit path does not fit beside the working set: recompute
+      d, hit_tokens, last = 0, 0, 0
+      work = self._work(n_comp, 0)
+      self.fit(s.capacity - self.reserved - work)
+    b = 0
+    if bound and d:  # whole pages of the hit + the checkpoints on its path
+      b = -(-hit_tokens // s.block_size) * s.kv_page_bytes
+      if last and s.ckpt_bytes:
+        b += int(np.count_nonzero(self._flag[pa[:last]] & _CKPT)) * s.ckpt_bytes
+    self.reserved += work
+    self.pinned_bound += b
+    self.running[r] = (path, pa, d, work, b)
+    return hit_tokens
+
+  def finish(self, r: int, place) -> int:
+    """Inserts admitted request r's placements and releases it; returns the checkpoints added.
+
+    `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
+    with their kind: a list of (depth, kind).
+    """
+    path, pa, d, work, b = self.running.pop(r)
+    self.reserved -= work
+    self.pinned_bound -= b
+    if self._cur != r:  # the cache changed since r's lookup: find its first absent unit again
+      pres = self._present[pa]
+      self._absent = len(pa) if pres.all() else int(pres.argmin())
+      self._cur_pa = pa
+    self._cur = -1
+    s = self.sizes
     if s.recurrent:
       places = place(d)
     else:  # attention only: every unit is a zero-byte hit point
@@ -668,9 +742,9 @@ class UnitCache:
         prev = cks[i - 1] + 1 if i else 0
         i = bisect.bisect_left(marks, q - 1)
         self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
-    self.fit(s.capacity, -2)
-    self.pin_d = 0
-    return hit_tokens
+    self._pins.pop(r, None)
+    self.fit(s.capacity - self.reserved)
+    return len(new)
 
 
 __all__ = [

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache.core import block_pool
 from hybrid_cache.core.groups.demand import BlockDemand
 from hybrid_cache.core.groups.demand import grow_to
 from hybrid_cache.core.groups.demand import target_blocks
-from hybrid_cache.core.state import C_STEP
+from hybrid_cache.core.groups.placement import Placed
+from hybrid_cache.core.groups.placement import Placement
+from hybrid_cache.core.groups.placement import fresh_blocks
+from hybrid_cache.core.split import checkpoint_position
+from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
@@ -107,12 +115,12 @@ def _same_step(d: BlockDemand):
   refuses the hit too), has not been computed yet."""
   state = d.state
   last = d.hit_ids[jnp.maximum(d.hits_len - 1, 0)]
-  step = state.counters[C_STEP]
+  step = state.clock
   same_key = (state.block_group == state.block_group[last]) & jnp.all(
     state.block_hash == state.block_hash[last][None, :], axis=1
   )
-  same_step = (state.block_aux[last, 0] == step) | jnp.any(
-    same_key & (state.block_aux[:, 0] == step)
+  same_step = (state.block_aux[last, AUX_STEP] == step) | jnp.any(
+    same_key & (state.key_step == step)
   )
   return d.is_new & (d.hit > 0) & (last > 0) & same_step
 
@@ -149,3 +157,197 @@ def cache_mask(spec, pos, align, retention, boundaries):
   if spec.mode == "none":
     return jnp.zeros(pos.shape, bool)
   return retention_mask(pos, spec.block_size, align, retention, boundaries)
+
+
+# ---------------------------------------------------------------------------------------------
+# static properties (read when the layout is derived and where the coordinator is structured)
+
+KEEPS_PREFIX = False
+"""A hit needs one state block exactly at its end (§2.4): looked up at every candidate of the
+coordinator's fixed point (§3.2)."""
+
+RECURRENT = True
+"""A recurrent group (`Layout.recurrent_groups`: recurrent-state counters, dead states)."""
+
+MLP_PRIORITY = 2
+"""The cost model's MLP layers go to recurrent groups when there is no attention group."""
+
+
+def hit_need(spec) -> int:
+  """Blocks a hit needs before its end (`SpecGroup.need`): none (the state block itself)."""
+  return 0
+
+
+def disables_caching(spec) -> bool:
+  """Whether this group turns prefix caching off for the whole model: mode none (vLLM §2.4.1:
+  one state block overwritten in place, nothing to hit)."""
+  return spec.mode == "none"
+
+
+def without_caching(spec):
+  """The group as the layout holds it when prefix caching is off: mode none (one state block,
+  overwritten in place; vLLM §2.4.1)."""
+  return dataclasses.replace(spec, mode="none")
+
+
+def is_align(spec) -> bool:
+  """Mode align (§2.4.3): states at block boundaries (`Layout.align_bs`, the block-aligned
+  split of §4.3)."""
+  return spec.mode == "align"
+
+
+def caches_prompt_tail(spec, partial: bool) -> bool:
+  """Whether a block larger than the hash block gets the prompt-tail partial entry (vLLM
+  `MambaManager._cache_partial_tail_block`, §2.5): mode align with partial hits."""
+  return partial and spec.mode == "align"
+
+
+# ---------------------------------------------------------------------------------------------
+# coordinator (§3.2) and fine-grained hits (§2.5)
+
+
+def eagle_cap(spec, cur, drop, max_len):
+  """The finder's cap at candidate `cur` in the fixed point: `cur` (recurrent groups get no
+  EAGLE margin, §3.2)."""
+  return cur
+
+
+def hit_lo(spec, hi, need: int):
+  """First table position of the hit mask for a hit of `hi` blocks (closed form): the state
+  block at the hit's end (§2.4)."""
+  return jnp.maximum(hi - 1, 0)
+
+
+def fine_valid(lay, spec, fine_cached, cached):
+  """bool[MH]: hash-block indices where a recurrent hit may end, with partial hits (§2.5): a
+  key at that boundary (`fine_cached`, the group's hash-block probe, when its block is larger
+  than the hash block), else a block key ending there."""
+  hbs = lay.hash_block_size
+  if fine_cached is not None:
+    return fine_cached
+  # block == hash block: block position i ends at hash index i * (bs // hbs) + ... (scale 1)
+  mh = lay.max_hashes
+  k = spec.block_size // hbs
+  fpos = np.arange(mh)
+  blk = (fpos + 1) // k - 1
+  on_edge = ((fpos + 1) % k == 0) & (blk < cached.shape[0])
+  return jnp.where(jnp.asarray(on_edge), cached[np.clip(blk, 0, cached.shape[0] - 1)], False)
+
+
+def fine_hit(lay, spec, g, hit, found, cached, fine, fa, pos):
+  """(bool[MB] hit mask before the miss filter, i32[MB] blocks) of group `g` for a partial-hit
+  lookup's reconciled `hit` (§2.5): the one state block at (hit - 1) // B, the block carrying
+  the hash-block key at `hit` (`fine`) when the block is larger than the hash block."""
+  bs = spec.block_size
+  p = (hit - 1) // bs
+  m = (pos == p) & (hit > 0)
+  if fine is not None:
+    fb = fine[jnp.maximum(hit // lay.hash_block_size - 1, 0)]
+  else:
+    fb = found[g][jnp.maximum(p, 0)]
+  return m, jnp.where(m, fb, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation (§2.4.3) and the prompt-tail entry (§2.5)
+
+
+def own_cow(spec, state, r, g, is_new):
+  """bool: mode align with partial hits: the request's own partial entry still on its running
+  block moves to a copy-on-write block at this allocation (§2.5)."""
+  if spec.mode != "align":
+    return jnp.bool_(False)
+  return ~is_new & (state.req_partial[r, g] > 0)
+
+
+def place_blocks(spec, p: Placement) -> Placed:
+  """align (vLLM §2.4.3 `MambaManager.allocate_new_blocks`): the table grows to the running
+  state's column cdiv(main, B) + S; blocks before the new state's column are left null (the
+  lookahead blocks of a running request move up to it), fresh ones fill the rest; entering a
+  new state (or a copy-on-write) remembers the previous state's column in `RG_LAST` (freed a
+  step later, `after_skipped_free`). none: one block (1 + S) on the first allocation only. all:
+  one block per B tokens, S blocks of lookahead."""
+  s, bs, length, row = p.num_spec_blocks, spec.block_size, p.length, p.row
+  if spec.mode == "align":
+    req = cdiv(p.main, bs) + s
+    grow = req > length
+    enter = (grow | p.has_cow) if p.partial else grow
+    prev = length
+    last_state = jnp.where(p.len0 > 0, prev - 1 - s, jnp.where(p.hits_len > 0, prev - 1, -1))
+    skip_to = req - s - 1
+    base = jnp.maximum(prev, skip_to)
+    nrel = jnp.int32(0)
+    for t in range(s):
+      j = prev - s + t
+      move = grow & (p.len0 > 0) & (j >= 0) & (j < skip_to)
+      blk = row[jnp.maximum(j, 0)]
+      row = jnp.where(move & (p.pos == base + nrel), blk, row)
+      row = jnp.where(move & (p.pos == j), 0, row)
+      nrel = nrel + move.astype(jnp.int32)
+    first = base + nrel
+    count = jnp.where(grow, req - base - nrel, 0)
+    last = jnp.where(enter, last_state, p.last)
+    return Placed(row, first, count, last, jnp.maximum(length, req))
+  if spec.mode == "none":
+    count = jnp.where(length == 0, 1 + s, 0)
+    return Placed(row, length, count, p.last, length + count)
+  return fresh_blocks(spec, p, bs * s)
+
+
+def tail_boundary(prompt, hbs: int, eagle: bool):
+  """The prompt-tail boundary: the prompt's checkpoint position (`split.checkpoint_position`,
+  EAGLE one hash block lower; vLLM `MambaManager._cache_partial_tail_block`)."""
+  return checkpoint_position(prompt, hbs, eagle)
+
+
+def tail_block(spec, t, n):
+  """(table position, bool) of the tail entry: the state block ending at t, when a chunk ends
+  exactly there (`n` == t; t may be block aligned)."""
+  return cdiv(t, spec.block_size) - 1, n == t
+
+
+def tail_needs_key(state, blk, t, cond):
+  """`cond` without a block already keyed at t (a hit or an earlier step)."""
+  return cond & ~((state.block_group[blk] >= 0) & (state.block_aux[blk, AUX_END] == t))
+
+
+def tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc):
+  """After the tail keys are written (entry `i` of the tail groups, group `g`): the state block
+  just written stays pending for the copy-on-write (and the same-step rule) even if it already
+  carried this key: registration step = `step`; a sub-block entry (t inside the block) is
+  remembered in `req_partial` (1 + its position) for the request's next allocation (§2.5) and
+  the block is not cached again. `acc` = (aux, ncached, pend, n_rec): the `block_aux` array,
+  the request's `RG_NCACHED` and `req_partial` rows and the recurrent states admitted."""
+  aux, ncached, pend, n_rec = acc
+  bs = spec.block_size
+  aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
+  ti = t[i]
+  sub = (ids[i] > 0) & (ti % bs != 0)  # a sub-block entry: copy-on-write at the next allocation
+  ncached = ncached.at[g].set(jnp.where(sub, ti // bs, ncached[g]))
+  pend = pend.at[g].set(jnp.where(sub, ti // bs + 1, pend[g]))
+  n_rec = n_rec + ((prim[i] > 0) | (extra[i] > 0)).astype(jnp.int32)
+  return aux, ncached, pend, n_rec
+
+
+# ---------------------------------------------------------------------------------------------
+# host-side cost model of FLOP-aware eviction (SPEC B2, `eviction_costs`, `alpha_tuning`)
+
+
+def prefix_flops(spec, tokens, linear: float, quadratic: float):
+  """F_g(L) = linear * L over `tokens` = L (float64)."""
+  return linear * tokens
+
+
+def block_flops(spec, end, linear: float, quadratic: float):
+  """FLOPs a hit on the state block ending at `end` (float64) saves: the whole prefix, F_g(E)
+  (a recurrent state replaces recomputing every token before it; Marconi charges only the edge
+  since its parent node holds a state too, a block pool does not know the previous state, so
+  this is the saving against a cold start)."""
+  return prefix_flops(spec, end, linear, quadratic)
+
+
+def layer_costs(model, spec, block_size: int, share: float, lin_quad):
+  """(linear, quadratic, bytes) of the recurrent layers a group of this kind stands for
+  (`share` of them): linear only; bytes: one checkpoint of its recurrent layers."""
+  r_lin, _ = lin_quad(model.recurrent_flops)
+  return model.n_recurrent * r_lin, 0.0, model.state_bytes * share

@@ -9,9 +9,9 @@ from hybrid_cache.core import block_pool
 from hybrid_cache.core.groups.demand import BlockDemand
 from hybrid_cache.core.groups.demand import grow_to
 from hybrid_cache.core.groups.demand import target_blocks
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
-from hybrid_cache.core.state import P_PIN_MIN_DROP
+from hybrid_cache.core.groups.placement import Placed
+from hybrid_cache.core.groups.placement import Placement
+from hybrid_cache.core.groups.placement import fresh_blocks
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 
@@ -109,7 +109,7 @@ def before_skipped_free(config, state, spec, row, drop, k, j0):
   if not config.pinning:
     return state
   pos = jnp.arange(row.shape[0])
-  big_enough = (k - 1 - j0) >= state.params[P_PIN_MIN_DROP]
+  big_enough = (k - 1 - j0) >= state.pin_min_drop_size
   to_pin = drop & (pos >= k - spec.window_blocks) & big_enough & (state.block_group[row] >= 0)
   return block_pool.pin(state, jnp.where(to_pin, row, 0))
 
@@ -131,7 +131,7 @@ def blocks_needed(spec, d: BlockDemand):
   target = target_blocks(spec, d)
   if d.swa_cap:
     # min(W - 1 + max_num_batched_tokens, max_model_len) without int32 overflow
-    budget, mml = d.state.params[P_MAX_BATCHED], d.state.params[P_MAX_MODEL_LEN]
+    budget, mml = d.state.max_batched_tokens, d.state.max_model_len
     w1 = spec.window - 1
     bound = cdiv(jnp.minimum(budget, mml - w1) + w1, spec.block_size)
     target = jnp.minimum(target, bound + 1)
@@ -148,3 +148,131 @@ def cache_mask(spec, pos, align, retention, boundaries):
   return retention_mask(
     pos, spec.block_size, spec.swa_need, align, retention, spec.eagle, boundaries
   )
+
+
+# ---------------------------------------------------------------------------------------------
+# static properties (read when the layout is derived and where the coordinator is structured)
+
+KEEPS_PREFIX = False
+"""A hit needs only the window's blocks before its end (§2.3): looked up at every candidate of
+the coordinator's fixed point (§3.2)."""
+
+RECURRENT = False
+"""Not a recurrent group (no state blocks: `Layout.recurrent_groups`)."""
+
+MLP_PRIORITY = 1
+"""The cost model's MLP layers go to window groups when there is no full-attention group."""
+
+
+def hit_need(spec) -> int:
+  """Blocks a hit needs before its end (`SpecGroup.need`): ceil((W - 1) / B), without the EAGLE
+  +1 (vLLM §2.3)."""
+  return spec.window_blocks
+
+
+def disables_caching(spec) -> bool:
+  """Whether this group turns prefix caching off for the whole model: no."""
+  return False
+
+
+def without_caching(spec):
+  """The group as the layout holds it when prefix caching is off: unchanged."""
+  return spec
+
+
+def is_align(spec) -> bool:
+  """A recurrent group in mode align (`Layout.align_bs`, the block-aligned split): no."""
+  return False
+
+
+def caches_prompt_tail(spec, partial: bool) -> bool:
+  """Whether the group gets the prompt-tail partial entry (vLLM `_cache_partial_tail_block`,
+  §2.5): no (a window group beside partial hits has the hash block as its block)."""
+  return False
+
+
+# ---------------------------------------------------------------------------------------------
+# coordinator (§3.2) and fine-grained hits (§2.5)
+
+
+def eagle_cap(spec, cur, drop, max_len):
+  """The finder's cap at candidate `cur` in the fixed point: with the EAGLE drop pending the
+  lookup reaches one block past the candidate (so that dropping one block can land on it),
+  at most `max_len` (vLLM §3.2 / §4.5)."""
+  return jnp.where(drop, jnp.minimum(cur + spec.block_size, max_len), cur)
+
+
+def hit_lo(spec, hi, need: int):
+  """First table position of the hit mask for a hit of `hi` blocks (closed form): the window's
+  max(need, 1) blocks before the hit (§2.3)."""
+  return jnp.maximum(hi - max(need, 1), 0)
+
+
+def fine_valid(lay, spec, fine_cached, cached):
+  """bool[MH]: hash-block indices where a sliding-window hit may end, with partial hits (§2.5).
+
+  A window group beside partial hits has the hash block as its block (vLLM turns partial hits
+  off otherwise), so block position i ends at hash index i: valid where the `swa_need` blocks
+  (at least one) before the end are cached, or inside the leading cached run (§2.3).
+  `fine_cached` is unused (None: the block is the hash block).
+  """
+  mb, mh = cached.shape[0], lay.max_hashes
+  k = max(spec.swa_need, 1)
+  pos = jnp.arange(mb)
+  cs = jnp.cumsum(cached.astype(jnp.int32))
+  before = jnp.concatenate([jnp.zeros((k,), cs.dtype), cs[: mb - k]]) if k < mb else 0 * cs
+  window = ((cs - before) == k) & (pos >= k - 1)
+  valid = cached & (window | (cs == pos + 1))
+  if mb >= mh:
+    return valid[:mh]
+  return jnp.concatenate([valid, jnp.zeros((mh - mb,), bool)])
+
+
+def fine_hit(lay, spec, g, hit, found, cached, fine, fa, pos):
+  """(bool[MB] hit mask before the miss filter, i32[MB] blocks) of group `g` for a partial-hit
+  lookup's reconciled `hit` (§2.5): the window's blocks before the hit (§2.3)."""
+  bs = spec.block_size
+  hi = hit // bs
+  m = (pos >= jnp.maximum(hi - max(spec.swa_need, 1), 0)) & (pos < hi) & cached[g]
+  return m, found[g]
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation (§2.3)
+
+
+def own_cow(spec, state, r, g, is_new):
+  """bool: the request's own partial entry moves to a copy-on-write block now: never."""
+  return jnp.bool_(False)
+
+
+def place_blocks(spec, p: Placement) -> Placed:
+  """One block per B tokens up to `need_tokens`, as full attention (the blocks out of the window
+  are released by `allocate.remove_skipped`, vLLM §2.3.3)."""
+  return fresh_blocks(spec, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# host-side cost model of FLOP-aware eviction (SPEC B2, `eviction_costs`, `alpha_tuning`)
+
+
+def prefix_flops(spec, tokens, linear: float, quadratic: float):
+  """F_g(L) = linear * L + quadratic * L * min(L, W) over `tokens` = L (float64; the sim cost
+  model's non-causal count)."""
+  return linear * tokens + quadratic * tokens * np.minimum(tokens, float(spec.window))
+
+
+def block_flops(spec, end, linear: float, quadratic: float):
+  """FLOPs a hit on the block ending at `end` (float64) saves: its own tokens,
+  F_g(E) - F_g(E - B)."""
+  total = prefix_flops(spec, end, linear, quadratic)
+  return total - prefix_flops(spec, end - spec.block_size, linear, quadratic)
+
+
+def layer_costs(model, spec, block_size: int, share: float, lin_quad):
+  """(linear, quadratic, bytes) of the sliding-window layers a group of this kind stands for
+  (`share` of them): context capped at the window; bytes: the window KV of `block_size`
+  tokens."""
+  s_lin, s_quad = lin_quad(model.swa_flops, spec.window)
+  own = model.swa_kv_bytes_per_token * block_size * share
+  return model.n_swa * s_lin, model.n_swa * s_quad, own

@@ -6,7 +6,7 @@ freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_mi
 normalised efficiency q (FLOPs saved per byte of the block's group at its key's token end,
 `eviction_costs.efficiency_table`); a single candidate or all-equal values normalise to 2^14
 (Marconi's `_normalize`). Integer arithmetic only, so the oracle twin
-(`hybrid_cache.oracle.policies.flop_aware`) agrees exactly. alpha = 0 (`counters[C_ALPHA_MILLI]`)
+(`hybrid_cache.oracle.policies.flop_aware`) agrees exactly. alpha = 0 (`CacheState.alpha_milli`)
 leaves the queue alone: exactly LRU.
 
 Known limitation: the utility is per block and blind to prefix chains; see
@@ -25,13 +25,12 @@ from hybrid_cache.core.eviction import scaled_ratio
 from hybrid_cache.core.eviction_costs import ALPHA_MILLI_MAX
 from hybrid_cache.core.eviction_costs import efficiency_table
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_ALPHA_MILLI
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
 
 
 def _alpha(state: CacheState) -> jax.Array:
-  return jnp.clip(state.counters[C_ALPHA_MILLI], 0, ALPHA_MILLI_MAX)
+  return jnp.clip(state.alpha_milli, 0, ALPHA_MILLI_MAX)
 
 
 def active(state: CacheState) -> jax.Array:

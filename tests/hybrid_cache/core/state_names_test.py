@@ -1,0 +1,142 @@
+"""The named views of `CacheState` (`state.py` module docstring): each property is the leaf's
+row or column its constant names, the row builders put columns in constant order, and the
+module docstring lists every view with its shape."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.config import GroupSpec
+from hybrid_cache.core import state as st
+from hybrid_cache.factory import make_manager
+from hybrid_cache.types import ScheduleEntry
+
+CFG = CacheConfig(
+  groups=(GroupSpec("full"), GroupSpec("swa", window=8), GroupSpec("mamba")),
+  block_size=4,
+  num_blocks=40,
+  max_model_len=64,
+  max_requests=4,
+  pinning=True,
+)
+
+# property -> (leaf, index of the row or column it names)
+VIEWS = {
+  "free_key": ("queue_key", (st.Q_FREE,)),
+  "pinned_key": ("queue_key", (st.Q_PINNED,)),
+  "key_step": ("block_aux", (slice(None), st.AUX_STEP)),
+  "pinned": ("block_aux", (slice(None), st.AUX_PINNED)),
+  "key_end": ("block_aux", (slice(None), st.AUX_END)),
+  "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
+  "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
+  "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
+  "req_computed": ("req_info", (slice(None), st.INFO_COMPUTED)),
+  "req_tokens": ("req_info", (slice(None), st.INFO_TOKENS)),
+  "req_prompt": ("req_info", (slice(None), st.INFO_PROMPT)),
+  "req_spb": ("req_info", (slice(None), st.INFO_SPB)),
+  "group_len": ("req_group", (Ellipsis, st.RG_LEN)),
+  "group_ncached": ("req_group", (Ellipsis, st.RG_NCACHED)),
+  "group_last": ("req_group", (Ellipsis, st.RG_LAST)),
+  "head_key": ("counters", (st.C_HEAD,)),
+  "tail_key": ("counters", (st.C_TAIL,)),
+  "pin_key": ("counters", (st.C_PIN,)),
+  "clock": ("counters", (st.C_STEP,)),
+  "next_seq": ("counters", (st.C_SEQ,)),
+  "index_overflows": ("counters", (st.C_OVERFLOW,)),
+  "states_admitted": ("counters", (st.C_REC_ADMITTED,)),
+  "states_evicted": ("counters", (st.C_REC_EVICTED,)),
+  "alpha_milli": ("counters", (st.C_ALPHA_MILLI,)),
+  "num_real_blocks": ("params", (st.P_NUM_BLOCKS,)),
+  "max_batched_tokens": ("params", (st.P_MAX_BATCHED,)),
+  "max_model_len": ("params", (st.P_MAX_MODEL_LEN,)),
+  "watermark_blocks": ("params", (st.P_WATERMARK,)),
+  "full_sequence_must_fit": ("params", (st.P_FULL_FIT,)),
+  "retention_interval": ("params", (st.P_RETENTION,)),
+  "pin_min_drop_size": ("params", (st.P_PIN_MIN_DROP,)),
+  "marconi_junction": ("params", (st.P_JUNCTION,)),
+  "free_all_tail": ("params", (st.P_ALL_TAIL,)),
+}
+
+
+def _busy_state():
+  """A state after admissions, a decode, a pinning finish and a re-admission (keys, pins,
+  several steps): most columns hold non-default values."""
+  m = make_manager(CFG, "jax")
+  m.add_request("a", list(range(30)))
+  m.add_request("b", list(range(12)) + list(range(100, 110)))
+  for _ in range(3):
+    m.schedule([ScheduleEntry("a", None), ScheduleEntry("b", None)])
+  m.free("a")
+  m.add_request("c", list(range(20)))
+  m.schedule([ScheduleEntry("c", None)])
+  return m.state
+
+
+def test_every_view_is_its_leaf_slice_on_device_and_host():
+  state = _busy_state()
+  host = jax.device_get(state)
+  props = {
+    n for n, v in vars(st.CacheState).items() if isinstance(v, property) and not n.startswith("_")
+  }
+  assert props == set(VIEWS)
+  for name, (leaf, idx) in VIEWS.items():
+    want = np.asarray(getattr(host, leaf))[idx]
+    np.testing.assert_array_equal(np.asarray(getattr(state, name)), want, err_msg=name)
+    np.testing.assert_array_equal(getattr(host, name), want, err_msg=name)
+  # the state is not trivial: keys, a pinned block, steps and requests of every status
+  assert int(state.clock) == 4 and int(state.next_seq) > 0
+  assert (np.asarray(state.key_end) > 0).any() and (np.asarray(state.pinned) == 1).any()
+  assert set(np.asarray(state.req_status).tolist()) >= {st.STATUS_EMPTY, st.STATUS_RUNNING}
+
+
+def test_views_inside_jit_equal_the_leaf_slices():
+  state = _busy_state()
+
+  @jax.jit
+  def both(s):
+    return [(getattr(s, n), getattr(s, leaf)[idx]) for n, (leaf, idx) in VIEWS.items()]
+
+  for (a, b), name in zip(both(state), VIEWS):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+def test_row_builders_place_columns_by_their_constants():
+  step, pinned, end = jnp.arange(3), jnp.arange(3) + 10, jnp.arange(3) + 20
+  aux = np.asarray(st.aux_columns(step, pinned, end))
+  assert aux.shape == (3, st.NUM_AUX)
+  np.testing.assert_array_equal(aux[:, st.AUX_STEP], step)
+  np.testing.assert_array_equal(aux[:, st.AUX_PINNED], pinned)
+  np.testing.assert_array_equal(aux[:, st.AUX_END], end)
+  rg = np.asarray(st.group_columns(step, pinned, end))
+  assert rg.shape == (3, st.NUM_RG)
+  np.testing.assert_array_equal(rg[:, st.RG_LEN], step)
+  np.testing.assert_array_equal(rg[:, st.RG_NCACHED], pinned)
+  np.testing.assert_array_equal(rg[:, st.RG_LAST], end)
+  qk = np.asarray(st.queue_rows(step, pinned))
+  assert qk.shape == (st.NUM_QUEUES, 3)
+  np.testing.assert_array_equal(qk[st.Q_FREE], step)
+  np.testing.assert_array_equal(qk[st.Q_PINNED], pinned)
+  assert st.NO_KEY_AUX[st.AUX_STEP] == -1 and st.NO_KEY_AUX[st.AUX_END] == -1
+  assert st.NO_KEY_AUX[st.AUX_PINNED] == 0
+
+
+def test_fresh_state_widths_and_no_key_rows():
+  s = jax.device_get(st.init_state(CFG))
+  lay = st.layout(CFG)
+  assert s.queue_key.shape == (st.NUM_QUEUES, lay.num_blocks)
+  assert s.block_aux.shape == (lay.num_blocks, st.NUM_AUX)
+  assert s.index_entry.shape == (lay.buckets, st.WAYS, st.NUM_IDX)
+  assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
+  assert s.req_group.shape == (lay.max_requests, lay.num_groups, st.NUM_RG)
+  assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES
+  assert (s.block_aux == st.NO_KEY_AUX).all()
+  assert (s.group_last == -1).all() and (s.group_len == 0).all()
+
+
+def test_module_docstring_lists_every_view():
+  doc = st.__doc__
+  for name in VIEWS:
+    assert f"`{name}`" in doc, name
