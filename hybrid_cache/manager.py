@@ -223,6 +223,7 @@ class JaxCacheManager:
     results, copies = [], []
     empty = self._empty_ids
     align = self._align_groups
+    slot_cols = self._slot_cols
     for i, e in enumerate(entries):
       r = rs[i]
       h = head[i]
@@ -244,13 +245,15 @@ class JaxCacheManager:
           copies.extend(self._copies(r, computed - sched, sched, row))
         r.status = "running"
         slots = tuple(
-          RecurrentSlots(
-            g,
-            h[c],
-            h[c + 1],
-            tuple(row[g, h[c + 2] : h[c + 2] + h[c + 3]].tolist()) if h[c + 3] else (),
-          )
-          for g, c in self._slot_cols
+          [
+            RecurrentSlots(
+              g,
+              h[c],
+              h[c + 1],
+              tuple(row[g, h[c + 2] : h[c + 2] + h[c + 3]].tolist()) if h[c + 3] else (),
+            )
+            for g, c in slot_cols
+          ]
         )
       else:
         new_ids = empty
