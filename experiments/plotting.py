@@ -38,14 +38,17 @@ def line_chart(
   series: Mapping[str, Mapping[str, Sequence[float]]],
   metrics: Sequence[str],
   xlabel: str,
+  xscale: str = "linear",
 ) -> str:
-  """One panel per metric, one line per series: series[name][metric][i] at xs[i]."""
+  """One panel per metric, one line per series: series[name][metric][i] at xs[i] (`xscale`:
+  matplotlib's axis scale, e.g. "log")."""
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.2), squeeze=False)
   for ax, m in zip(axes[0], metrics):
     for name, vals in series.items():
       ax.plot(xs, [float(v) for v in vals[m]], marker="o", label=name)
     ax.set_title(m)
     ax.set_xlabel(xlabel)
+    ax.set_xscale(xscale)
     ax.legend()
   fig.suptitle(title)
   fig.tight_layout()

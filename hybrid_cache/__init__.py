@@ -6,7 +6,7 @@ The public API (everything else is reached through its package):
                        num_blocks=64, block_size=16)
   manager = make_manager(config, backend="jax")  # or "reference" (the plain-Python twin)
   manager.add_request("r0", prompt_tokens)
-  step = manager.schedule([ScheduleEntry("r0")])  # StepResult: hits, chunks, blocks, copies
+  step = manager.schedule([ScheduleEntry("r0")])  # StepResult: hits, chunks, blocks, slots, copies
 
 Packages: `core` (the jitted rules), `oracle` (their plain-Python reference), `replay`
 (scenario CLI), `engine` (serving a real model), `sim` (trace simulator and bounds).
@@ -21,6 +21,7 @@ from hybrid_cache.types import CacheManager
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats
+from hybrid_cache.types import RecurrentSlots
 from hybrid_cache.types import RequestView
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
@@ -36,6 +37,7 @@ __all__ = [
   "GroupSpec",
   "HitInfo",
   "PoolStats",
+  "RecurrentSlots",
   "RequestExtras",
   "RequestView",
   "ScheduleEntry",

@@ -2,7 +2,8 @@
 
 Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
 map request names to state slots, pad schedule batches to powers of two, pull each call's
-results once with `np.asarray`, and build the `types` records, including the recurrent
+results once with `np.asarray`, and build the `types` records: the recurrent state slots of
+each scheduled chunk (computed by the core, `recurrent.state_slots`) and the recurrent
 state-copy plan (vLLM §5.2) derived from the returned block tables.
 
 Example::
@@ -31,6 +32,7 @@ from hybrid_cache.core.state import layout
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats
+from hybrid_cache.types import RecurrentSlots
 from hybrid_cache.types import RequestView
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
@@ -84,6 +86,10 @@ class JaxCacheManager:
       if spec.kind == "mamba" and spec.mode == "align" and self._lay.caching
     )
     self._empty_ids = ((),) * self._lay.num_groups
+    # (group, offset of its 4 state-slot columns in `EntryColumns.slots`) per recurrent group
+    self._slot_cols = tuple(
+      (g, self._columns.slots.start + 4 * j) for j, g in enumerate(self._lay.recurrent_groups)
+    )
 
   # ---- helpers ----
   def _to_stats(self, packed) -> PoolStats:
@@ -217,6 +223,7 @@ class JaxCacheManager:
     results, copies = [], []
     empty = self._empty_ids
     align = self._align_groups
+    slot_cols = self._slot_cols
     for i, e in enumerate(entries):
       r = rs[i]
       h = head[i]
@@ -237,8 +244,20 @@ class JaxCacheManager:
         if align:
           copies.extend(self._copies(r, computed - sched, sched, row))
         r.status = "running"
+        slots = tuple(
+          [
+            RecurrentSlots(
+              g,
+              h[c],
+              h[c + 1],
+              tuple(row[g, h[c + 2] : h[c + 2] + h[c + 3]].tolist()) if h[c + 3] else (),
+            )
+            for g, c in slot_cols
+          ]
+        )
       else:
         new_ids = empty
+        slots = ()
       r.row, r.lens = row, after
       r.num_computed = computed
       results.append(
@@ -257,6 +276,7 @@ class JaxCacheManager:
           reason=_REASONS[reason],
           num_computed_tokens=computed,
           new_block_ids=new_ids,
+          recurrent=slots,
         )
       )
     return StepResult(entries=tuple(results), state_copies=tuple(cow_copies + copies))

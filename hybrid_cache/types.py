@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 from typing import Protocol
 
 from hybrid_cache.config import CacheConfig
@@ -51,9 +52,31 @@ class StateCopy:
   conv_shift: int = 0
 
 
+class RecurrentSlots(NamedTuple):
+  """Where a scheduled chunk reads and writes one recurrent group's state (SPEC A6, A11).
+
+  The model runner reads the state after the chunk's first token count from block `read`
+  (-1 = no state yet: start from zeros), writes the state after the chunk to block `write`
+  and, in mode "all", the state after each full block of the chunk to `checkpoints` (in token
+  order). Blocks are the group's pool ids, after the step's `StateCopy`s. The rule, per mode:
+  `hybrid_cache.core.groups.recurrent.state_slots` (vLLM §5.1-5.4). A NamedTuple (immutable,
+  fields by name) rather than a frozen dataclass: the manager builds one per scheduled entry
+  and recurrent group, and it is built in about half the time.
+  """
+
+  group: int
+  read: int
+  write: int
+  checkpoints: tuple[int, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class EntryResult:
-  """One request's outcome in one scheduler step."""
+  """One request's outcome in one scheduler step.
+
+  `recurrent`: when tokens were scheduled, one `RecurrentSlots` per recurrent group (in group
+  order), else ().
+  """
 
   req: str
   admission: bool
@@ -62,11 +85,13 @@ class EntryResult:
   reason: str | None  # "allocate_slots_failed" | "no_token_budget" | None
   num_computed_tokens: int
   new_block_ids: tuple[tuple[int, ...], ...]  # per group, blocks appended this step
+  recurrent: tuple[RecurrentSlots, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-  """A scheduler step: one entry per requested entry, in order, plus the copy plan."""
+  """A scheduler step: one entry per requested entry, in order, plus the copy plan (the
+  copies to make before the forward pass, in order; each names its request)."""
 
   entries: tuple[EntryResult, ...]
   state_copies: tuple[StateCopy, ...] = ()

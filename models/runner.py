@@ -9,8 +9,10 @@ the graphdef (static), the parameter state, the cache (donated) and the step inp
   inputs = build_step_inputs(model.cfg, [SeqStep(tokens, 0, tables, state_write=3)], 64)
   logits, cache = forward(graphdef, params, cache, inputs)
 
-The engine builds `StepInputs` from the cache core's block tables: `recurrent_state_ids`
-maps a request's recurrent block table to the read/write/checkpoint ids (vLLM §5.1, §5.4).
+The engine builds `StepInputs` from the cache core's block tables and the state slots its step
+results carry (`hybrid_cache.types.RecurrentSlots`); `recurrent_state_ids` maps a bare
+recurrent block table that holds every state (mode "all", vLLM §5.1, §5.4) to the same ids, for
+`models.testing`.
 """
 
 from __future__ import annotations

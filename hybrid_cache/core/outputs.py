@@ -1,8 +1,9 @@
 """Packing of step results and pool counters into one int32 array (one device -> host copy).
 
 `pack_step` lays out, per entry, the scalars `ENTRY_SCALARS`, the per-group vectors
-`ENTRY_VECTORS`, the block-table row and (partial hits) the copy-on-write pairs, then the pool
-counters row; `unpack_step` is its inverse, used by `manager.JaxCacheManager`.
+`ENTRY_VECTORS`, the recurrent groups' state slots (`recurrent.state_slots`), the block-table
+row and (partial hits) the copy-on-write pairs, then the pool counters row; `unpack_step` is its
+inverse, used by `manager.JaxCacheManager`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Layout
@@ -57,10 +59,22 @@ def unpack_stats(packed) -> dict:
   )
 
 
-def pack_entry(out) -> jax.Array:
+def entry_slots(lay: Layout, out) -> jax.Array:
+  """i32[4 R]: per recurrent group (`lay.recurrent_groups` order) the `recurrent.state_slots`
+  of the entry's scheduled chunk [computed - scheduled, computed) in its block-table row."""
+  n = out["scheduled"]
+  start = out["computed"] - n
+  return jnp.concatenate(
+    [recurrent.state_slots(lay.groups[g], out["row"][g], start, n) for g in lay.recurrent_groups]
+    or [jnp.zeros((0,), jnp.int32)]
+  )
+
+
+def pack_entry(lay: Layout, out) -> jax.Array:
   """i32[K]: one entry's outputs (`step.schedule_entry`) in one row (columns: `unpack_step`)."""
   cols = [out[k].astype(jnp.int32)[None] for k in ENTRY_SCALARS]
   cols += [out[k].astype(jnp.int32) for k in ENTRY_VECTORS]
+  cols.append(entry_slots(lay, out))
   cols.append(out["row"].reshape(-1))
   if "cows" in out:
     cols.append(out["cows"].reshape(-1))
@@ -77,16 +91,20 @@ def pack_step(lay: Layout, body, st) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class EntryColumns:
-  """Where `pack_entry` puts each output in an entry's row (G groups, MB blocks per table).
+  """Where `pack_entry` puts each output in an entry's row (G groups, MB blocks per table,
+  R recurrent groups).
 
   `scalars` holds `ENTRY_SCALARS` in order; then one G-vector per `ENTRY_VECTORS` name
   (`alone` = each group's hit looked up alone, `hit_blocks`, `lens_before`, `lens_after`); then
-  the [G, MB] block-table row; then, with partial hits, the [G, 2] copy-on-write pairs.
+  the [R, 4] state slots (`entry_slots`: read, write, first checkpoint column, checkpoint
+  count); then the [G, MB] block-table row; then, with partial hits, the [G, 2] copy-on-write
+  pairs.
   """
 
   num_groups: int
   max_blocks: int
   partial: bool
+  num_recurrent: int = 0
 
   @property
   def scalars(self) -> slice:
@@ -97,8 +115,13 @@ class EntryColumns:
     return slice(start, start + self.num_groups)
 
   @property
-  def row(self) -> slice:
+  def slots(self) -> slice:
     start = len(ENTRY_SCALARS) + len(ENTRY_VECTORS) * self.num_groups
+    return slice(start, start + 4 * self.num_recurrent)
+
+  @property
+  def row(self) -> slice:
+    start = self.slots.stop
     return slice(start, start + self.num_groups * self.max_blocks)
 
   @property
@@ -108,7 +131,7 @@ class EntryColumns:
 
 
 def entry_columns(lay: Layout) -> EntryColumns:
-  return EntryColumns(lay.num_groups, lay.max_blocks, lay.partial)
+  return EntryColumns(lay.num_groups, lay.max_blocks, lay.partial, len(lay.recurrent_groups))
 
 
 def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
@@ -119,6 +142,7 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   body, g, n = p[:-1], lay.num_groups, p.shape[0] - 1
   out = {k: body[:, cols.scalars.start + i] for i, k in enumerate(ENTRY_SCALARS)}
   out.update({k: body[:, cols.vector(k)] for k in ENTRY_VECTORS})
+  out["slots"] = body[:, cols.slots].reshape(n, cols.num_recurrent, 4)
   out["row"] = body[:, cols.row].reshape(n, g, lay.max_blocks)
   if lay.partial:
     out["cows"] = body[:, cols.cows].reshape(n, g, 2)

@@ -77,7 +77,7 @@ def schedule_step(
     # each entry's outputs packed into one row inside the body: the scan stacks ONE array
     # (one in-place update per entry instead of one per output)
     carry, out = schedule_entry(lay, config, carry, x, admit_only=admit_only, one_write=many)
-    return carry, pack_entry(out)
+    return carry, pack_entry(lay, out)
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
   # pops and releases) instead of one pool reduction per entry

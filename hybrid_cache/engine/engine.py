@@ -16,16 +16,13 @@ Each `Engine.step()`:
      blocks to makes the newest running request preempted (recompute: blocks freed,
      computed tokens reset; it is re-admitted later, with a fresh prefix lookup).
 
-Which recurrent state block is read and written (vLLM §5.1-5.4), with B = the recurrent
-groups' block size (it may differ from the attention groups' KV page, `engine_config`),
-`start` = tokens computed before the step and `end` = after it, `row` = the request's
-recurrent block table:
-  * align: the plan copies the previous state block into column cdiv(end, B) - 1; the model
-    reads (start > 0) and writes that column;
-  * all:   read column (start - 1) // B, write column (end - 1) // B and checkpoint every full
-    block of the step (the engine keeps prefill chunk ends block-aligned for this);
-  * none (caching off): one block per request, read (start > 0) and written in place.
-A first chunk (start == 0) reads no state (zeros).
+Which recurrent state blocks a chunk reads, writes and checkpoints (vLLM §5.1-5.4) comes with
+the step result (`EntryResult.recurrent`, computed by the core's
+`hybrid_cache.core.groups.recurrent.state_slots`), and the copies to make before the forward
+pass with it (`StepResult.state_copies`); the engine holds no mode rule of its own. In mode
+"all" our kernels checkpoint every B tokens from a chunk's start (B = the recurrent groups'
+block size, which may differ from the attention groups' KV page, `engine_config`), so the
+engine caps prefill chunks to end on a block boundary (`recurrent.kernel_chunk_cap`).
 
 Speculative decoding (`Engine(drafter=...)` with `CacheConfig.num_speculative_tokens` = k):
 decoding requests run verify windows of their last token + up to k drafts through the
@@ -60,6 +57,8 @@ import numpy as np
 from flax import nnx
 
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.state import layout
 from hybrid_cache.engine import config as engine_config
 from hybrid_cache.engine import sharding as engine_sharding
 from hybrid_cache.engine import spec as engine_spec
@@ -68,6 +67,7 @@ from hybrid_cache.factory import BACKENDS
 from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.types import CacheManager
+from hybrid_cache.types import RecurrentSlots
 from hybrid_cache.types import ScheduleEntry
 from kernels.pallas.state_copy import api as state_copy_api
 from models import cache as cache_lib
@@ -184,6 +184,8 @@ def _bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
 
 
 _FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
+# the state slots of a model without recurrent layers (one unused row in `StepInputs`)
+_NO_STATE = (RecurrentSlots(-1, -1, -1),)
 
 
 def _chain_copies(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -343,6 +345,9 @@ class Engine:
     if self.drafter is not None and mesh is not None:
       raise ValueError("mesh must be None with a drafter (speculative decoding runs on one device)")
     self.rgroups = self.model_config.recurrent_groups
+    # the recurrent groups' spec as the core runs it (mode "none" when caching is off), for the
+    # engine's kernel rules (`recurrent.kernel_chunk_cap`, ...); None without recurrent layers
+    self._state_spec = layout(cache_config).groups[self.rgroups[0]] if self.rgroups else None
     # Cache group of each recurrent family's layers (copies of group g go to these families).
     self._family_group = {
       k: self.model_config.recurrent_groups[self.model_config.recurrent_index(k)]
@@ -475,57 +480,35 @@ class Engine:
   def _entries(self) -> list[ScheduleEntry]:
     """Running requests first, then waiting ones in queue order (up to max_num_seqs).
 
-    In recurrent mode "all" the kernels checkpoint every B tokens from a chunk's start, so
-    prefill chunks must end on a recurrent block boundary (or at the sequence end): each entry
-    then gets a `max_tokens` computed against the budget left, assuming every earlier entry takes
-    its maximum (the core may give less, never more, so ends stay aligned).
+    Where our kernels need it (`recurrent.kernel_chunk_cap`: mode "all", prefill chunks end on
+    a recurrent block boundary), each entry gets a `max_tokens` computed against the budget
+    left, assuming every earlier entry takes its maximum (the core may give less, never more,
+    so ends stay aligned); a running request whose chunk cannot end on a boundary is skipped,
+    and a waiting one stops the waiting queue.
     """
     out: list[ScheduleEntry] = []
     budget = self.cache_config.max_num_batched_tokens
-    bs = self.state_block_size
-    aligned = self.mode == "all"
-    for rid in self._running:
-      if len(out) >= self.max_num_seqs:
-        break
-      r = self._reqs[rid]
-      if not aligned:
-        out.append(ScheduleEntry(rid))
-        continue
-      remaining = r.num_tokens - r.num_computed
-      n = min(remaining, budget)
-      if n < remaining:
-        n = (r.num_computed + n) // bs * bs - r.num_computed
-      if n <= 0:
-        continue
-      out.append(ScheduleEntry(rid, n))
-      budget -= n
-    for rid in self._waiting:
-      r = self._reqs[rid]
-      if not r.in_manager or len(out) >= self.max_num_seqs:
-        break
-      if not aligned:
-        out.append(ScheduleEntry(rid))
-        continue
-      n = min(r.num_tokens, budget)
-      if n < r.num_tokens:
-        n = n // bs * bs  # prefix hits are block-aligned: a B-multiple keeps the end aligned
-      if n <= 0:
-        break
-      out.append(ScheduleEntry(rid, n))
-      budget -= n
+    spec = self._state_spec
+    for waiting, queue in ((False, self._running), (True, self._waiting)):
+      for rid in queue:
+        r = self._reqs[rid]
+        if len(out) >= self.max_num_seqs or (waiting and not r.in_manager):
+          break
+        cap = None
+        if spec is not None:
+          # a waiting request's chunk starts at its prefix hit, aligned to the scheduler block
+          computed = 0 if waiting else r.num_computed
+          cap = recurrent.kernel_chunk_cap(spec, computed, r.num_tokens, budget)
+        if cap is None:
+          out.append(ScheduleEntry(rid))
+          continue
+        if cap <= 0:
+          if waiting:
+            break
+          continue
+        out.append(ScheduleEntry(rid, cap))
+        budget -= cap
     return out
-
-  def _state_ids(self, row: Sequence[int], start: int, n: int) -> tuple[int, int, list[int]]:
-    bs = self.state_block_size
-    end = start + n
-    if self.mode == "none":
-      return (row[0] if start > 0 else -1), row[0], []
-    if self.mode == "align":
-      curr = row[-(-end // bs) - 1]
-      return (curr if start > 0 else -1), curr, []
-    if start % bs and -(-start // bs) * bs < end:
-      raise AssertionError(f"'all' mode chunk [{start}, {end}) crosses a block boundary")
-    return runner.recurrent_state_ids(row, start, n, bs, checkpoints=start % bs == 0)
 
   def step(self) -> list[RequestOutput]:
     """Runs one engine step; returns the requests that finished in it."""
@@ -567,18 +550,20 @@ class Engine:
         if start + n <= r.num_computed:
           continue  # catch-up: the core reaches tokens the engine verified already
         if start + n == r.num_tokens and r.num_computed == r.num_tokens - 1 >= len(r.prompt):
-          windows.append(self._window(r, tables, start))
+          windows.append(self._window(r, tables, e.recurrent))
           verifying.append(r)
           continue
-      ids = [self._state_ids(tables[g], start, n) for g in self.rgroups] or [(-1, -1, [])]
+      slots = e.recurrent or _NO_STATE
+      if self._state_spec is not None:
+        recurrent.check_kernel_chunk(self._state_spec, start, n)
       seqs.append(
         runner.SeqStep(
           all_tokens[start : start + n],
           start,
           tables,
-          tuple(i[0] for i in ids),
-          tuple(i[1] for i in ids),
-          tuple(tuple(i[2]) for i in ids),
+          tuple(s.read for s in slots),
+          tuple(s.write for s in slots),
+          tuple(s.checkpoints for s in slots),
         )
       )
       sched.append((r, start, n))
@@ -652,8 +637,11 @@ class Engine:
       self._free_private.append(r.private)
     r.private, r.carry_valid, r.scratch_col = None, False, None
 
-  def _window(self, r: _Req, tables: list[list[int]], start: int) -> engine_spec.Window:
-    """r's verify window: last token + drafts from the drafter (see engine_spec)."""
+  def _window(
+    self, r: _Req, tables: list[list[int]], slots: Sequence[RecurrentSlots]
+  ) -> engine_spec.Window:
+    """r's verify window: last token + drafts from the drafter (see engine_spec). `slots`: the
+    step result's state slots of r's one-token chunk (the window's first token)."""
     bs, c = self.block_size, r.num_computed
     tokens = r.prompt + r.output
     k = min(self.num_spec, r.max_new_tokens - len(r.output) - 1)
@@ -677,8 +665,9 @@ class Engine:
     if r.carry_valid:
       read = [r.private] * len(self.rgroups)
     else:
-      read = [self._state_ids(tables[g], start, 1)[0] for g in self.rgroups]
-    aligned = self.mode == "align" and off <= len(draft)
+      read = [s.read for s in slots]
+    spec = self._state_spec
+    aligned = spec is not None and recurrent.copies_after_verify(spec) and off <= len(draft)
     return engine_spec.Window(
       tokens=[tokens[c]] + draft,
       start=c,
@@ -771,7 +760,8 @@ class Engine:
         kv_args = engine_sharding.replicate(kv_args, self.mesh)
     self.stats.kv_page_copies += len(kv)
     sbs = self.state_block_size
-    ckpt_cols = pad_t // sbs if self.mode == "all" and not decode else 0
+    spec = self._state_spec
+    ckpt_cols = pad_t // sbs if spec and recurrent.kernel_checkpoints(spec) and not decode else 0
     inputs = runner.build_step_inputs(
       self.model_config,
       seqs,

@@ -34,6 +34,7 @@ from hybrid_cache.oracle import rules
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats
+from hybrid_cache.types import RecurrentSlots
 from hybrid_cache.types import RequestView
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
@@ -734,6 +735,17 @@ class ReferencePolicy:
         out.append(StateCopy(req.name, gid, row[copy[0]], row[copy[1]], 0))
     return out
 
+  def _state_slots(self, req: _Request, start: int, n: int) -> tuple[RecurrentSlots, ...]:
+    """Each recurrent group's read / write / checkpoint blocks for the chunk (§5.1-5.4)."""
+    out = []
+    for gid, mode in enumerate(self._mode):
+      if mode is not None:
+        read, write, ckpts = rules.recurrent_state_slots(
+          mode, req.rows[gid], start, n, self._bs[gid]
+        )
+        out.append(RecurrentSlots(gid, read, write, ckpts))
+    return tuple(out)
+
   def _schedule_one(self, entry: ScheduleEntry, budget: int):
     req = self._reqs[entry.req]
     ng = len(self._groups)
@@ -744,8 +756,8 @@ class ReferencePolicy:
     # the split's chunk limit: the entry's cap, else the configured budget (not what is left)
     max_chunk = entry.max_tokens if entry.max_tokens is not None else cfg_budget
 
-    def result(admission, hit, n, reason, new=no_new):
-      return EntryResult(req.name, admission, hit, n, reason, req.num_computed, new)
+    def result(admission, hit, n, reason, new=no_new, slots=()):
+      return EntryResult(req.name, admission, hit, n, reason, req.num_computed, new, slots)
 
     if waiting:
       if budget <= 0:
@@ -763,8 +775,9 @@ class ReferencePolicy:
       req.status = "running"
       req.num_computed = hit
       copies = self._state_copies(req, hit, n)
+      slots = self._state_slots(req, hit, n)
       req.num_computed = hit + n
-      return result(True, info, n, None, tuple(tuple(r) for r in new)), copies, n
+      return result(True, info, n, None, tuple(tuple(r) for r in new), slots), copies, n
     n = min(len(req.tokens) - req.num_computed, cap, budget)
     # a running request never reaches max_model_len (vLLM's running loop: the last position
     # is left for the token it samples)
@@ -777,8 +790,9 @@ class ReferencePolicy:
     if new is None:
       return result(False, None, 0, "allocate_slots_failed"), [], 0
     copies = self._state_copies(req, req.num_computed, n)
+    slots = self._state_slots(req, req.num_computed, n)
     req.num_computed += n
-    return result(False, None, n, None, tuple(tuple(r) for r in new)), copies, n
+    return result(False, None, n, None, tuple(tuple(r) for r in new), slots), copies, n
 
   # ------------------------------------------------------------------------------------------
   # CacheManager protocol

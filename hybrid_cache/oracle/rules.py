@@ -461,8 +461,33 @@ def mamba_align_layout(
 
 
 # ---------------------------------------------------------------------------------------------
-# Worker-side recurrent state copies (§5.2, §5.3)
+# Worker-side recurrent state slots and copies (§5.1-5.4)
 # ---------------------------------------------------------------------------------------------
+
+
+def recurrent_state_slots(
+  mode: str, row: Sequence[int], start: int, n: int, block_size: int
+) -> tuple[int, int, tuple[int, ...]]:
+  """(read block or -1, write block, checkpoint blocks) of a chunk [start, start + n) (n >= 1).
+
+  The state after p tokens sits in the column of token p - 1 (§5.1). none: the request's one
+  block (column 0). align: the running-state column of the chunk's end, read too, since the
+  pre-forward copy (§5.2) moved the previous state there. all (§5.4): read after `start`, write
+  after `end`, and, for a chunk starting on a block boundary (our kernels checkpoint every B
+  tokens from the chunk start), the state at each boundary start + B, start + 2B, ... <= end.
+  Nothing is read when start == 0.
+  """
+  end = start + n
+  if mode == "none":
+    read_col = write_col = 0
+  elif mode == "align":
+    read_col = write_col = (end - 1) // block_size
+  else:
+    read_col, write_col = (start - 1) // block_size, (end - 1) // block_size
+  ckpts: tuple[int, ...] = ()
+  if mode == "all" and start % block_size == 0:
+    ckpts = tuple(row[b // block_size - 1] for b in range(start + block_size, end + 1, block_size))
+  return (row[read_col] if start > 0 else -1), row[write_col], ckpts
 
 
 def pre_forward_copy(

@@ -21,13 +21,22 @@ at no extra compute, so here:
   a copy, and a branch that ends inside a page holds a whole page. With N_j = the present nodes
   in which page j ends plus the present leaves that end inside a page, KV bytes =
   kv_bytes_per_token * B * sum N_j (`_node_pages`). B = 1 is token-exact KV.
-- Sequential replay, as the other simulators: at r's arrival the cache (everything but r's hit
-  path, which is pinned) is evicted until cache + r's working set fits the capacity (the KV
-  pages of r's tokens after the last whole page of its hit, and one running state), so a
-  policy never holds more than the capacity, its own request included. After r, the *placement*
-  rule picks the depths that get a checkpoint; the KV of r's path up to the deepest one is kept
-  (KV past the last checkpoint cannot serve a recurrent hit and is dropped); the cache is then
-  evicted to the capacity.
+- A request's life is `admit` (lookup, at its admission) then `finish` (insertion, when it has
+  computed everything); `serve` = both, the sequential replay of the other simulators. At r's
+  admission the cache (everything but the hit paths of the running requests, which are pinned:
+  `_pin` counts the running requests whose hit path holds a node) is evicted until cache + the
+  working sets of the running requests and r's fit the capacity (a working set: the KV pages of
+  the request's tokens after the last whole page of its hit, and one running state), so a
+  policy never holds more than the capacity, its running requests included. At r's finish, the
+  *placement* rule picks the depths that get a checkpoint; the KV of r's path up to the deepest
+  one is kept (KV past the last checkpoint cannot serve a recurrent hit and is dropped); r's
+  working set is released and the cache is evicted to the capacity minus the working sets still
+  running. With one request at a time (sequential) nothing else is pinned or reserved.
+- Admission control (`can_admit`, the concurrent replay): a request waits unless the capacity
+  covers the running working sets, a bound on the running requests' pinned hit paths (whole
+  pages of the hit + its path's checkpoints, summed without sharing) and its own working set
+  without a hit, so the eviction at its admission always fits (recurrent models: once every
+  unpinned checkpoint is evicted, only the pinned paths remain).
 
 Eviction is chain-aware GreedyDual (Cao & Irani's GreedyDual-Size-Frequency): the unit is a
 checkpoint plus, when it is a leaf, the KV back to the previous checkpoint or branch point
@@ -45,10 +54,18 @@ recency and frequency only, larger alpha favours FLOPs saved per byte).
 
 The replay is online: what happens at request r depends only on requests 0..r (no trace-wide
 statistic is read), so replaying a prefix of a trace gives the prefix of the full replay.
+
+Layout for speed (same decisions as one object per node): the trie and its flat array of walked
+paths are shared by every cache of a replay; the caches' per-node state is one row each of
+`CacheBank`'s [K, nodes] arrays, so a sweep over capacities finds all K caches' hits with one
+gather per request (`lookup`); a chain of KV units is added or dropped by one scatter, its pages
+telescoped (`UnitCache._chain_pages`), and the nearest checkpoint or branch above a node is one
+gather over its ancestors (`SeenTrie.ancestors`).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 
@@ -89,6 +106,11 @@ class SeenTrie:
 
   Node ids are dense ints; `depth[n]` = units from the root through n (>= 1), `parent[n]`
   (_ROOT = -1 for depth 1), `out[n]` = the node was first computed inside its creator's output.
+  Every walked path is also appended to `flat` (int64, all paths end to end) and `home[n]` is the
+  offset in `flat` of the path that created n, so n's ancestors are the array view
+  `flat[home[n] : home[n] + depth[n] - 1]` (ancestor at depth k at index k - 1): the caches find
+  the nearest checkpoint or branch above a node with one numpy gather (`ancestors`), not a
+  pointer chase.
   """
 
   def __init__(self, unit: int):
@@ -97,6 +119,11 @@ class SeenTrie:
     self.parent: list[int] = []
     self.depth: list[int] = []
     self.out: list[bool] = []
+    self.home: list[int] = []
+    self.flat = np.zeros(1 << 12, np.int64)
+    self.flat_len = 0
+    self._last: tuple[list[int] | None, np.ndarray] = (None, self.flat[:0])
+    self.last_old = 0  # units of the last walked path that existed before it (a prefix)
     self.pending: dict[int, int] = {}  # candidate point -> kind, until a later request passes it
     self.placed: dict[int, float] = {}
     self.reached: dict[int, float] = {}
@@ -117,6 +144,21 @@ class SeenTrie:
     """(passed + 1) / (registered + 2): how often a point of `kind` was passed later."""
     return (self.reached.get(kind, 0.0) + 1.0) / (self.placed.get(kind, 0.0) + 2.0)
 
+  def ancestors(self, n: int) -> np.ndarray:
+    """int64[depth[n] - 1]: the strict ancestors of node n, root side first (a view)."""
+    s = self.home[n]
+    return self.flat[s : s + self.depth[n] - 1]
+
+  def path_array(self, path: list[int]) -> np.ndarray:
+    """int64[len(path)] of a path (the stored view when `path` is the last walked one)."""
+    last, arr = self._last
+    return arr if path is last else np.asarray(path, np.int64)
+
+  def existed(self, path: list[int]) -> int:
+    """How many leading units of `path` existed before it was walked (all, if it is not the
+    last walked path)."""
+    return self.last_old if path is self._last[0] else len(path)
+
   def walk(self, req: Request) -> tuple[list[int], int]:
     """Node ids of r's computed units (creating new ones) and how many of its input units
     (up to the hit cap) existed before r."""
@@ -129,19 +171,33 @@ class SeenTrie:
     seen = 0
     node = _ROOT
     ch = self.children
+    start = self.flat_len
+    old = -1
     for k, h in enumerate(hs):
       key = ((node + 1) << 64) | h
       nxt = ch.get(key)
       if nxt is None:
+        if old < 0:
+          old = k
         nxt = len(self.parent)
         ch[key] = nxt
         self.parent.append(node)
         self.depth.append(k + 1)
         self.out.append((k + 1) * self.unit > n_in)
+        self.home.append(start)
       elif k < cap and seen == k:
         seen = k + 1
       path.append(nxt)
       node = nxt
+    end = start + len(path)
+    if end > len(self.flat):
+      grown = np.zeros(max(end, 2 * len(self.flat)), np.int64)
+      grown[:start] = self.flat[:start]
+      self.flat = grown
+    self.flat[start:end] = path
+    self.flat_len = end
+    self._last = (path, self.flat[start:end])
+    self.last_old = len(path) if old < 0 else old
     if self.pending:
       for k in range(seen):
         kind = self.pending.pop(path[k], None)
@@ -182,8 +238,127 @@ class CacheSizes:
     return self.ckpt_bytes > 0
 
 
+_CKPT, _BRANCH = 1, 2  # bits of UnitCache._flag
+
+
+class FlopsTable:
+  """`int(model.prefill_flops(d * unit))` for d = 0, 1, ..., extended on demand; one table is
+  shared by every cache of a replay (`flops_table`)."""
+
+  def __init__(self, model: ModelConfig, unit: int):
+    self.model, self.unit = model, unit
+    self.values: list[int] = []
+
+  def extend(self, depth: int) -> list[int]:
+    """The table, holding at least depths 0..depth."""
+    v = self.values
+    while len(v) <= depth:
+      v.append(int(self.model.prefill_flops(len(v) * self.unit)))
+    return v
+
+
+_TABLES: dict[tuple[ModelConfig, int], FlopsTable] = {}
+
+
+def flops_table(model: ModelConfig, unit: int) -> FlopsTable:
+  """The shared `FlopsTable` of (model, unit)."""
+  t = _TABLES.get((model, unit))
+  if t is None:
+    t = _TABLES[(model, unit)] = FlopsTable(model, unit)
+  return t
+
+
+class CacheBank:
+  """The per-node state of K caches over one trie as [K, nodes] arrays (a batch axis).
+
+  Row k of `present` (bool), `flag` (uint8: _CKPT | _BRANCH) and `nchild` (int32) is cache k's
+  state (`UnitCache` holds row views, re-pointed when the bank grows with the trie). The one
+  thing every cache does at every request, finding its hit along the request's path, is done
+  for all K rows in one gather (`lookup`).
+  """
+
+  def __init__(self):
+    self.caches: list[UnitCache] = []
+    self.present = np.zeros((0, 0), np.bool_)
+    self.flag = np.zeros((0, 0), np.uint8)
+    self.nchild = np.zeros((0, 0), np.int32)
+
+  def add(self, cache: UnitCache) -> None:
+    self.caches.append(cache)
+    self._resize(len(self.caches), self.present.shape[1])
+
+  def grow(self, nodes: int) -> None:
+    """Makes room for `nodes` trie nodes (columns double)."""
+    cols = self.present.shape[1]
+    if nodes > cols:
+      self._resize(len(self.caches), max(nodes, 2 * cols, 1 << 12))
+
+  def _resize(self, rows: int, cols: int) -> None:
+    for name in ("present", "flag", "nchild"):
+      old = getattr(self, name)
+      new = np.zeros((rows, cols), old.dtype)
+      new[: old.shape[0], : old.shape[1]] = old
+      setattr(self, name, new)
+    for k, c in enumerate(self.caches):
+      c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
+
+  def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int, int]]:
+    """`lookup` of every cache of the bank, in the order they were added (rows)."""
+    return list(zip(*lookup(self.present, self.flag, pa, cap, old), strict=True))
+
+
+def lookup(present: np.ndarray, flag: np.ndarray, pa: np.ndarray, cap: int, old: int):
+  """Hits of K caches along one request's path, in one gather.
+
+  Args:
+    present: bool[K, nodes], flag: uint8[K, nodes] (the caches' rows, `CacheBank`).
+    pa: int64[L] the request's path (node ids by depth - 1); cap: the hit cap in units;
+      old: how many leading units of pa existed before the request (`SeenTrie.last_old`; the
+      others were created by it, so no cache holds them).
+
+  Returns:
+    Five lists of K ints: the length of the present prefix of pa[:cap] (an attention-only
+    cache's hit), the depth of the deepest checkpoint in that prefix (a recurrent cache's hit
+    and the checkpoint serving it; 0: none), the depth of the checkpoint above that one (0:
+    none), the depth of the deepest checkpoint or branch above it (its chain's top when it is
+    a leaf; 0: root), the first absent unit of the whole path (present nodes are
+    prefix-closed, so present units along a path are a prefix).
+  """
+  k = present.shape[0]
+  if old == 0:
+    z = [0] * k
+    return z, z, z, z, z
+  pres = present[:, pa[:old]]
+  first = np.where(pres[:, -1], old, pres.argmin(axis=1))
+  m = max(min(cap, old), 0)
+  f = np.minimum(first, m)
+  depth = np.arange(1, m + 1)
+  fl = flag[:, pa[:m]]
+  on = (fl & _CKPT).astype(bool) & (depth <= f[:, None])
+  idx = np.where(on, depth, 0)
+  last = idx.max(axis=1, initial=0)
+  rows = np.flatnonzero(last)
+  idx[rows, last[rows] - 1] = 0
+  prev = idx.max(axis=1, initial=0)
+  top = np.where((fl != 0) & (depth < last[:, None]), depth, 0).max(axis=1, initial=0)
+  return f.tolist(), last.tolist(), prev.tolist(), top.tolist(), first.tolist()
+
+
 class UnitCache:
-  """One cache over a shared `SeenTrie` (per-node arrays indexed by trie node id)."""
+  """One cache over a shared `SeenTrie`.
+
+  Per-node state is two numpy arrays indexed by trie node id, grown with the trie: `_present`
+  (bool) and `_nchild` (int32: present children), and `_flag` (uint8 bits: _CKPT = holds a
+  checkpoint, _BRANCH = >= 2 present children), so the nearest checkpoint or branch above a node
+  is one gather over its ancestors. What only checkpoints carry (`ver`, `hits`, `kind`, `stamp`)
+  lives in dicts keyed by node. The pinned nodes are `path[:d]` of each running request with a
+  hit of d units (`_pins`: r -> (path, d); one entry at most in the sequential replay), not a
+  per-node field: a node of depth k is pinned iff some entry has d >= k and path[k - 1] == it.
+  Chains are handled by depth arithmetic: the
+  KV pages of the nodes at depths a+1..e of one root path telescope to `(e U) // B - (a U) // B`
+  (+1 when e ends mid-page as a leaf), so adding or dropping a chain costs one numpy
+  gather/scatter, not a step per node.
+  """
 
   def __init__(
     self,
@@ -193,23 +368,40 @@ class UnitCache:
     alpha: float | None,
     prior: str = "hits",
     frequency: bool = True,
+    bank: CacheBank | None = None,
+    retuned: bool = False,
   ):
     """alpha: the eviction weight's exponent (>= 0); None = plain LRU (every weight 1).
     prior: "hits" (share of this cache's checkpoints of the kind that served a hit), "reach"
     (share of the kind's candidate points a later request passed, `SeenTrie.reach_prior`) or
-    "none"; frequency: multiply by 1 + hits."""
+    "none"; frequency: multiply by 1 + hits. bank: the `CacheBank` holding this cache's row
+    (a new one of its own when None). retuned: alpha, prior and frequency may be changed
+    between requests (the live cache of `adaptive`'s online re-tuning).
+
+    With alpha 0 fixed (not retuned) the FLOPs term is (eff / eff_ref) ** 0 = 1 whenever
+    eff > 0, and eff = (F(d U) - F(a U)) / bytes > 0 for a < d when F = `prefill_flops` is
+    strictly increasing: the cost model's F is a sum of nondecreasing polynomials in L with
+    nonnegative coefficients, strictly increasing once F(U) > F(0) (checked here). Such a cache
+    skips eff and its running mean (`_flat_weight`), which nothing else reads."""
     if prior not in PRIORS:
       raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
     self.trie, self.sizes, self.model = trie, sizes, model
     self.alpha, self.prior, self.frequency = alpha, prior, frequency
-    self.present: list[bool] = []
-    self.nchild: list[int] = []
-    self.ckpt: list[bool] = []
-    self.ver: list[int] = []
-    self.hits: list[int] = []
-    self.kind: list[int] = []
-    self.pin: list[int] = []
-    self.stamp: list[float] = []  # the clock when checkpoint n was last inserted or hit
+    self.bank = CacheBank() if bank is None else bank
+    self.row = len(self.bank.caches)  # this cache's row in the bank
+    self.bank.add(self)  # sets the row views _present, _flag, _nchild
+    self._absent = 0  # first absent unit of the last admitted path (drops lower it)
+    self._cur = -1  # the last admitted request while nothing else changed the cache since
+    self._cur_pa = self._nchild[:0]  # its path (int64 array)
+    self.ver: dict[int, int] = {}
+    self.hits: dict[int, int] = {}
+    self.kind: dict[int, int] = {}
+    self.stamp: dict[int, float] = {}  # the clock when checkpoint n was last inserted or hit
+    self._pins: dict[int, tuple[list[int], int]] = {}  # running r with a hit -> (path, d)
+    self.reserved = 0  # working sets of the running requests (bytes)
+    self.pinned_bound = 0  # bound on their pinned hit paths (bytes, module doc)
+    # r -> (path, path array, d, work, bound) of the admitted, unfinished requests
+    self.running: dict[int, tuple[list[int], np.ndarray, int, int, int]] = {}
     self.root_children = 0
     self.pages = 0
     self.nckpt = 0
@@ -221,230 +413,347 @@ class UnitCache:
     self.kind_hit: dict[int, float] = {}
     self.evicted_ckpts = 0
     self.admitted_ckpts = 0
-    self._flops_cache: dict[int, int] = {}
+    self._flops = flops_table(model, sizes.unit)
+    self.retuned = retuned
+    fl = self._flops.extend(1)
+    self._flat_weight = alpha == 0 and not retuned and fl[1] > fl[0]
+
+  # ---- per-node views (copies, for checks) ----
+  @property
+  def present(self) -> list[bool]:
+    return self._present[: len(self.trie)].tolist()
+
+  @property
+  def ckpt(self) -> list[bool]:
+    return (self._flag[: len(self.trie)] & _CKPT).astype(bool).tolist()
+
+  @property
+  def nchild(self) -> list[int]:
+    return self._nchild[: len(self.trie)].tolist()
 
   # ---- sizes ----
   def _grow(self) -> None:
-    n = len(self.trie) - len(self.present)
-    if n > 0:
-      self.present += [False] * n
-      self.nchild += [0] * n
-      self.ckpt += [False] * n
-      self.ver += [0] * n
-      self.hits += [0] * n
-      self.kind += [0] * n
-      self.pin += [-1] * n
-      self.stamp += [0.0] * n
+    self.bank.grow(len(self.trie))
 
   @property
   def used(self) -> int:
     return self.pages * self.sizes.kv_page_bytes + self.nckpt * self.sizes.ckpt_bytes
 
-  def _node_pages(self, n: int, leaf: bool) -> int:
-    """Pages charged to present node n: pages ending in it (+1 if a leaf ending mid-page)."""
+  def _chain_pages(self, a: int, e: int) -> int:
+    """Pages charged to a leaf chain of present nodes at depths a+1..e of one root path:
+    pages ending in them (telescoped) + 1 if the leaf ends mid-page."""
     u, b = self.sizes.unit, self.sizes.block_size
-    end = self.trie.depth[n] * u
-    k = end // b - (end - u) // b
-    return k + (1 if leaf and end % b else 0)
+    end = e * u
+    return end // b - (a * u) // b + (1 if end % b else 0)
 
-  def _leaf_bonus(self, n: int) -> int:
-    return 1 if (self.trie.depth[n] * self.sizes.unit) % self.sizes.block_size else 0
-
-  def _add_node(self, n: int, refresh: list[int]) -> None:
-    p = self.trie.parent[n]
-    if p == _ROOT:
-      self.root_children += 1
-    else:
-      if self.nchild[p] == 0:
-        self.pages -= self._leaf_bonus(p)
-        if self.ckpt[p]:
-          refresh.append(p)  # no longer a leaf: its unit is now its state alone
-      self.nchild[p] += 1
-    self.present[n] = True
-    self.pages += self._node_pages(n, True)
-
-  def _remove_leaf(self, n: int) -> None:
-    self.present[n] = False
-    self.pages -= self._node_pages(n, True)
-    p = self.trie.parent[n]
-    if p == _ROOT:
-      self.root_children -= 1
-    else:
-      self.nchild[p] -= 1
-      if self.nchild[p] == 0:
-        self.pages += self._leaf_bonus(p)
+  def _leaf_bonus(self, depth: int) -> int:
+    return 1 if (depth * self.sizes.unit) % self.sizes.block_size else 0
 
   def flops(self, depth: int) -> int:
-    f = self._flops_cache.get(depth)
-    if f is None:
-      f = int(self.model.prefill_flops(depth * self.sizes.unit))
-      self._flops_cache[depth] = f
-    return f
-
-  # ---- lookup ----
-  def hit_depth(self, path: list[int], cap: int) -> tuple[int, list[int]]:
-    """(hit depth in units, the checkpoint nodes on the hit path)."""
-    present, ckpt = self.present, self.ckpt
-    best, on_path = 0, []
-    rec = self.sizes.recurrent
-    for k in range(min(cap, len(path))):
-      n = path[k]
-      if not present[n]:
-        break
-      if ckpt[n]:
-        on_path.append(n)
-        best = k + 1
-      elif not rec:
-        best = k + 1
-    return best, on_path
+    return self._flops.extend(depth)[depth]
 
   # ---- eviction units ----
-  def _prev_ckpt_depth(self, n: int) -> int:
-    p = self.trie.parent[n]
-    while p != _ROOT and not self.ckpt[p]:
-      p = self.trie.parent[p]
-    return 0 if p == _ROOT else self.trie.depth[p]
-
-  def _unit_bytes(self, n: int) -> int:
-    """Bytes evicting checkpoint n frees (state, + its leaf chain's KV pages)."""
-    b = self.sizes.ckpt_bytes
-    if self.nchild[n]:
-      return b
-    pages = self._node_pages(n, True)
-    p = self.trie.parent[n]
-    while p != _ROOT and not self.ckpt[p] and self.nchild[p] == 1:
-      pages += self._node_pages(p, False)
-      p = self.trie.parent[p]
-    return b + pages * self.sizes.kv_page_bytes
-
-  def _push(self, n: int, touch: bool = True) -> None:
+  def _push(self, n: int, touch: bool = True, prev: int = -1, a: int = -1) -> None:
     """(Re)computes checkpoint n's GreedyDual priority and pushes it; `touch` = it was
-    inserted or hit now (else it keeps its last stamp: only its unit's shape changed)."""
-    self.ver[n] += 1
-    self.seq += 1
+    inserted or hit now (else it keeps its last stamp: only its unit's shape changed).
+    `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
+    hangs from) are found from n's ancestors unless the caller knows them."""
+    ver = self.ver[n] = self.ver.get(n, 0) + 1
+    seq = self.seq = self.seq + 1
     if touch:
-      self.stamp[n] = self.clock
+      stamp = self.stamp[n] = self.clock
+    else:
+      stamp = self.stamp[n]
     if self.alpha is None:
-      heapq.heappush(self.heap, (self.stamp[n] + 1.0, self.seq, n, self.ver[n]))
+      heapq.heappush(self.heap, (stamp + 1.0, seq, n, ver))
       return
-    gain = self.flops(self.trie.depth[n]) - self.flops(self._prev_ckpt_depth(n))
-    eff = gain / max(self._unit_bytes(n), 1)
+    if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
+      w = 1.0
+    else:
+      w = self._flops_term(n, prev, a)
+    if self.frequency:
+      w *= 1 + self.hits[n]
+    prior = self.prior
+    if prior == "reach":
+      w *= self.trie.reach_prior(self.kind[n])
+    elif prior == "hits":
+      kind = self.kind[n]
+      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
+    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
+
+  def _flops_term(self, n: int, prev: int, a: int) -> float:
+    """(eff / eff_ref) ** alpha of checkpoint n, eff_ref updated (see the module doc)."""
+    dn = self.trie.depth[n]
+    leaf = not self._nchild[n]
+    if prev < 0 or (leaf and a < 0):
+      f = self._flag[self.trie.ancestors(n)]
+      ck = (f & _CKPT).nonzero()[0]
+      prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
+      if leaf:  # the nearest checkpoint or branch above n
+        st = f[prev:].nonzero()[0]
+        a = prev + int(st[-1]) + 1 if len(st) else prev
+    sizes = self.sizes
+    nbytes = sizes.ckpt_bytes  # interior: evicting it frees its state only
+    if leaf:  # + the KV back to the previous checkpoint or branch point
+      u, b = sizes.unit, sizes.block_size
+      end = dn * u
+      pages = end // b - (a * u) // b + (1 if end % b else 0)  # _chain_pages(a, dn)
+      nbytes += pages * sizes.kv_page_bytes
+    fl = self._flops.values  # holds every served depth (serve extends it)
+    eff = (fl[dn] - fl[prev]) / max(nbytes, 1)
     self.eff_sum += eff
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n
     rel = eff / ref if ref > 0 else 1.0
-    w = rel**self.alpha if rel > 0 else 0.0
-    if self.frequency:
-      w *= 1 + self.hits[n]
-    if self.prior == "reach":
-      w *= self.trie.reach_prior(self.kind[n])
-    elif self.prior == "hits":
-      w *= (self.kind_hit.get(self.kind[n], 0.0) + 1.0) / (
-        self.kind_placed.get(self.kind[n], 0.0) + 2.0
-      )
-    heapq.heappush(self.heap, (self.stamp[n] + w, self.seq, n, self.ver[n]))
+    return rel**self.alpha if rel > 0 else 0.0
 
-  def _evict_one(self, r: int) -> bool:
+  def _evict_one(self) -> bool:
     """Evicts the lowest-priority unpinned unit; False when none is left."""
     held = []
     ok = False
-    while self.heap:
-      prio, _, n, v = heapq.heappop(self.heap)
-      if not self.ckpt[n] or self.ver[n] != v:
+    flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
+    depth = self.trie.depth
+    pins = list(self._pins.values())
+    zero_state = self.sizes.ckpt_bytes == 0
+    while heap:
+      prio, _, n, v = heapq.heappop(heap)
+      if not flag[n] & _CKPT or ver[n] != v:
         continue
-      if self.pin[n] == r:
-        held.append(n)
-        continue
-      if self.sizes.ckpt_bytes == 0 and self.nchild[n]:
+      if pins:
+        dn = depth[n]
+        for pp, pd in pins:
+          if dn <= pd and pp[dn - 1] == n:
+            break
+        else:
+          dn = 0
+        if dn:
+          held.append(n)
+          continue
+      if zero_state and nchild[n]:
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
-      self._drop(n, r)
+      self._drop(n)
       ok = True
       break
     for n in held:
       self._push(n, touch=False)
     return ok
 
-  def _drop(self, n: int, r: int) -> None:
-    self.ckpt[n] = False
+  def _drop(self, n: int) -> None:
+    """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
+    a checkpoint, a branch (>= 2 children) or pinned."""
+    flag, nchild = self._flag, self._nchild
+    flag[n] &= _BRANCH
     self.nckpt -= 1
     self.evicted_ckpts += 1
     self.ver[n] += 1
-    if self.nchild[n]:
+    if nchild[n]:
       return
-    p = n
-    while True:
-      self._remove_leaf(p)
-      p = self.trie.parent[p]
-      if p == _ROOT or self.ckpt[p] or self.nchild[p] or self.pin[p] == r:
-        break
-    if p != _ROOT and self.ckpt[p] and self.nchild[p] == 0:
-      self._push(p, touch=False)  # became a leaf: its unit now includes its chain
+    trie = self.trie
+    dn = trie.depth[n]
+    s0 = trie.home[n]
+    line = trie.flat[s0 : s0 + dn]  # n's root path: its ancestors, then n
+    anc = line[:-1]
+    st = flag[anc].nonzero()[0]
+    a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
+    for pp, pd in self._pins.values():  # a pinned ancestor deeper than a stops it too
+      # the nodes pinned by (pp, pd) are pp[:pd]; n's ancestors agree with pp on a prefix
+      k = min(pd, len(anc))
+      if a < k and anc[a] == pp[a]:
+        lo, hi = a, k  # anc[lo] == pp[lo]; anc[hi] != pp[hi] or hi == k
+        if anc[k - 1] == pp[k - 1]:
+          lo = k - 1
+        while hi - lo > 1:
+          mid = (lo + hi) // 2
+          if anc[mid] == pp[mid]:
+            lo = mid
+          else:
+            hi = mid
+        a = lo + 1
+    chain = line[a:]  # the dropped nodes, n included
+    self._present[chain] = False
+    nchild[chain] = 0
+    self.pages -= self._chain_pages(a, dn)
+    if a < self._absent and chain[0] == self._cur_pa[a]:
+      self._absent = a  # the chain left the last admitted path from depth a + 1 on
+    if a == 0:
+      self.root_children -= 1
+      return
+    p = int(anc[a - 1])
+    c = nchild[p] = nchild[p] - 1
+    if c == 1:
+      flag[p] &= _CKPT
+    elif c == 0:
+      self.pages += self._leaf_bonus(a)
+      if flag[p] & _CKPT:
+        self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
-  def fit(self, limit: int, r: int) -> bool:
+  def fit(self, limit: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
-    while self.used > limit:
-      if not self._evict_one(r):
+    page, state = self.sizes.kv_page_bytes, self.sizes.ckpt_bytes
+    while self.pages * page + self.nckpt * state > limit:
+      if not self._evict_one():
         return False
     return True
 
   # ---- one request ----
-  def serve(self, r: int, path: list[int], cap: int, n_comp: int, place) -> int:
-    """Replays request r (see the module docstring); returns its hit in tokens.
+  def serve(
+    self,
+    r: int,
+    path: list[int],
+    cap: int,
+    n_comp: int,
+    place,
+    found: tuple[int, int, int, int, int] | None = None,
+  ) -> int:
+    """Replays request r alone (`admit` then `finish`); returns its hit in tokens."""
+    h = self.admit(r, path, cap, n_comp, found, bound=False)
+    self.finish(r, place)
+    return h
+
+  def _work(self, n_comp: int, hit_tokens: int) -> int:
+    """A working set: the KV pages after the hit's last whole page, + one running state."""
+    s = self.sizes
+    pages = -(-n_comp // s.block_size) - hit_tokens // s.block_size
+    return pages * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
+
+  def can_admit(self, n_comp: int) -> bool:
+    """Admission control (module docstring): True when nothing runs or a request computing
+    `n_comp` tokens fits beside the running ones whatever its hit."""
+    need = self.reserved + self.pinned_bound + self._work(n_comp, 0)
+    return not self.running or need <= self.sizes.capacity
+
+  def admit(
+    self,
+    r: int,
+    path: list[int],
+    cap: int,
+    n_comp: int,
+    found: tuple[int, int, int, int, int] | None = None,
+    bound: bool = True,
+  ) -> int:
+    """Looks request r up, pins its hit path and reserves its working set (module docstring);
+    returns its hit in tokens.
+
+    `found`: this cache's row of `CacheBank.lookup(path, cap)` when the caller looked up all
+    caches of the bank at once (after every cache grew to the trie), else it is looked up here.
+    `bound`: add the hit path's bound to `pinned_bound` (read by `can_admit` only; `serve`
+    finishes at once and skips it).
+    """
+    pa = self.trie.path_array(path)
+    self._flops.extend(len(path))
+    if found is None:
+      self._grow()
+      old = self.trie.existed(path)
+      found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
+    f, last, prev, top, self._absent = found
+    self._cur, self._cur_pa = r, pa
+    s = self.sizes
+    d = last if s.recurrent else f
+    if d:
+      self._pins[r] = (path, d)
+    if last:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      n = path[last - 1]
+      self.hits[n] += 1
+      kind = self.kind[n]
+      self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
+      self._push(n, prev=prev, a=top)
+    hit_tokens = d * s.unit
+    work = self._work(n_comp, hit_tokens)
+    if not self.fit(s.capacity - self.reserved - work):
+      self._pins.pop(r, None)  # the hit path does not fit beside the working set: recompute
+      d, hit_tokens, last = 0, 0, 0
+      work = self._work(n_comp, 0)
+      self.fit(s.capacity - self.reserved - work)
+    b = 0
+    if bound and d:  # whole pages of the hit + the checkpoints on its path
+      b = -(-hit_tokens // s.block_size) * s.kv_page_bytes
+      if last and s.ckpt_bytes:
+        b += int(np.count_nonzero(self._flag[pa[:last]] & _CKPT)) * s.ckpt_bytes
+    self.reserved += work
+    self.pinned_bound += b
+    self.running[r] = (path, pa, d, work, b)
+    return hit_tokens
+
+  def finish(self, r: int, place) -> int:
+    """Inserts admitted request r's placements and releases it; returns the checkpoints added.
 
     `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
     with their kind: a list of (depth, kind).
     """
-    self._grow()
+    path, pa, d, work, b = self.running.pop(r)
+    self.reserved -= work
+    self.pinned_bound -= b
+    if self._cur != r:  # the cache changed since r's lookup: find its first absent unit again
+      pres = self._present[pa]
+      self._absent = len(pa) if pres.all() else int(pres.argmin())
+      self._cur_pa = pa
+    self._cur = -1
     s = self.sizes
-    d, on_path = self.hit_depth(path, cap)
-    for k in range(d):
-      self.pin[path[k]] = r
-    if on_path:  # the hit is served by the deepest checkpoint; shallower ones are not used
-      n = on_path[-1]
-      self.hits[n] += 1
-      self.kind_hit[self.kind[n]] = self.kind_hit.get(self.kind[n], 0.0) + 1.0
-      self._push(n)
-    hit_tokens = d * s.unit
-    pages_needed = -(-n_comp // s.block_size) - hit_tokens // s.block_size
-    work = pages_needed * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-    if not self.fit(s.capacity - work, r):
-      for k in range(d):  # the hit path does not fit beside the working set: recompute
-        self.pin[path[k]] = -1
-      d, hit_tokens = 0, 0
-      work = -(-n_comp // s.block_size) * s.kv_page_bytes + (s.ckpt_bytes if s.recurrent else 0)
-      self.fit(s.capacity - work, r)
     if s.recurrent:
       places = place(d)
     else:  # attention only: every unit is a zero-byte hit point
       places = [(k + 1, 0) for k in range(d, len(path))]
     deepest = max((q for q, _ in places), default=0)
     refresh: list[int] = []
-    for k in range(deepest):
-      n = path[k]
-      if not self.present[n]:
-        self._add_node(n, refresh)
+    flag, nchild = self._flag, self._nchild
+    if deepest:
+      sub = pa[:deepest]
+      j = min(self._absent, deepest)  # present units along a path are a prefix
+      if j < deepest:  # add path[j:deepest] as one chain hanging from path[j - 1]
+        if j == 0:
+          self.root_children += 1
+        else:
+          p = path[j - 1]
+          c = nchild[p]
+          if c == 0:
+            self.pages -= self._leaf_bonus(j)
+            if flag[p] & _CKPT:
+              refresh.append(j)  # no longer a leaf: its unit is now its state alone
+          elif c == 1:
+            flag[p] |= _BRANCH
+          nchild[p] = c + 1
+        self._present[sub[j:]] = True
+        nchild[sub[j : deepest - 1]] = 1
+        self.pages += self._chain_pages(j, deepest)
     new = []
     for q, kind in places:
       n = path[q - 1]
-      if self.ckpt[n]:
+      if flag[n] & _CKPT:
         continue
-      self.ckpt[n] = True
+      flag[n] |= _CKPT
       self.nckpt += 1
       self.admitted_ckpts += 1
       self.kind[n] = kind
       self.hits[n] = 0
       self.kind_placed[kind] = self.kind_placed.get(kind, 0.0) + 1.0
-      new.append(n)
-    for n in refresh:
-      if n not in new:
-        self._push(n, touch=False)
-    for n in new:
-      self._push(n)
-    self.fit(s.capacity, -2)
-    for k in range(d):
-      self.pin[path[k]] = -1
-    return hit_tokens
+      new.append(q)
+    if self._flat_weight:
+      for q in [q for q in refresh if q not in new] + new:
+        self._push(path[q - 1], q in new)
+    elif new or refresh:
+      # one gather along the path gives every pushed node's previous checkpoint and (leaf)
+      # chain top: nothing changes between these pushes
+      f = flag[pa[:deepest]]
+      cks = (f & _CKPT).nonzero()[0].tolist()
+      marks = f.nonzero()[0].tolist()
+      for q, touch in [(q, False) for q in refresh if q not in new] + [(q, True) for q in new]:
+        i = bisect.bisect_left(cks, q - 1)
+        prev = cks[i - 1] + 1 if i else 0
+        i = bisect.bisect_left(marks, q - 1)
+        self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
+    self._pins.pop(r, None)
+    self.fit(s.capacity - self.reserved)
+    return len(new)
 
 
-__all__ = ["CacheSizes", "SeenTrie", "UnitCache", "unit_hashes"]
+__all__ = [
+  "CacheBank",
+  "CacheSizes",
+  "FlopsTable",
+  "SeenTrie",
+  "UnitCache",
+  "flops_table",
+  "lookup",
+  "unit_hashes",
+]

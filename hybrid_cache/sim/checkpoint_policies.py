@@ -33,17 +33,35 @@ placement rule), and every `RETUNE_EVERY` requests the live cache takes the weig
 shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
+Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the trie walk,
+hashes and candidate points are capacity-independent and done once per request; each capacity
+keeps its own caches, rows of one `CacheBank`); every point equals its own `run_checkpoint`.
+
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
 (`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
+
+Replays: "sequential" (default: one request at a time, lookup and insertion together, as the
+other simulators) or "concurrent" (`concurrent.py`: arrivals at the trace's timestamps, a token
+budget per step, several running requests; the lookup at admission, the insertion when the
+request finishes; the live cache refuses an admission it cannot hold, `UnitCache.can_admit`,
+and the shadows follow the live cache's schedule). Concurrent TTFTs include queueing and the
+copies (restores in the admission step, checkpoint writes after the finishing step). The
+concurrent schedule depends on the capacity (refused admissions), so it replays one capacity
+(`run_checkpoint`); `sweep_checkpoint` is sequential.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import numpy as np
 
+from hybrid_cache.sim import concurrent
+from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
@@ -51,6 +69,7 @@ from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 
 PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
+REPLAYS = ("sequential", "concurrent")
 SPARSE_PREFIX = "ckpt_sparse:"
 # (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
 SHADOW_WEIGHTINGS = (
@@ -171,6 +190,20 @@ def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
   return place
 
 
+@dataclasses.dataclass
+class _Point:
+  """One capacity of a sweep: its live cache, shadows (adaptive) and per-request records."""
+
+  sizes: CacheSizes
+  live: UnitCache
+  shadows: list[UnitCache]
+  score: list[float]
+  current: int = DEFAULT_WEIGHTING
+  alphas_used: dict[str, int] = dataclasses.field(default_factory=dict)
+  triples: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+  copy_bytes: list[int] = dataclasses.field(default_factory=list)
+
+
 def run_checkpoint(
   trace: Trace,
   model: ModelConfig,
@@ -182,6 +215,10 @@ def run_checkpoint(
   prior: str = "hits",
   frequency: bool = True,
   length_classes: bool = False,
+  replay: str = "sequential",
+  step_tokens: int = concurrent.DEFAULT_STEP_TOKENS,
+  max_running: int = concurrent.DEFAULT_MAX_RUNNING,
+  arrival_scale: float = 1.0,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
 
@@ -196,65 +233,277 @@ def run_checkpoint(
     prior, frequency: `adaptive`'s eviction weight terms with a fixed alpha (`UnitCache`; for
       ablations; the online re-tuning chooses among `SHADOW_WEIGHTINGS`).
     length_classes: `adaptive`'s priors per (kind, length class) instead of per kind.
+    replay: "sequential" or "concurrent" (module docstring).
+    step_tokens, max_running, arrival_scale: the concurrent replay's token budget per step, most
+      running requests and arrival-time multiplier (`concurrent.replay_concurrent`).
 
   Returns:
     ([hit, input tokens, reused tokens] per request, extra summary fields).
   """
-  rule, k = parse_placement(policy)
-  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
-    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
-  sizes = CacheSizes.of(model, capacity_bytes, unit, block_size)
-  trie = SeenTrie(sizes.unit)
-  stats = DivergenceStats()
-  tuned = rule == "adaptive" and alpha is None
-  weightings = list(SHADOW_WEIGHTINGS)
-  if tuned:
-    _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-    live = UnitCache(trie, sizes, model, a0, p0, f0)
-  else:
-    live_alpha = float(alpha) if rule == "adaptive" else None
-    live = UnitCache(trie, sizes, model, live_alpha, prior, frequency)
-  shadows = [UnitCache(trie, sizes, model, a, pr, fr) for _, a, pr, fr in weightings]
-  shadows = shadows if tuned else []
-  current = DEFAULT_WEIGHTING
-  score = [0.0] * len(shadows)
+  if replay not in REPLAYS:
+    raise ValueError(f"replay must be one of {REPLAYS}, got {replay!r}")
+  if replay == "concurrent":
+    return _run_concurrent(
+      trace,
+      model,
+      capacity_bytes,
+      policy,
+      unit,
+      block_size,
+      alpha,
+      prior,
+      frequency,
+      length_classes,
+      step_tokens,
+      max_running,
+      arrival_scale,
+    )
+  return sweep_checkpoint(
+    trace,
+    model,
+    [capacity_bytes],
+    policy,
+    unit,
+    block_size,
+    alpha=alpha,
+    prior=prior,
+    frequency=frequency,
+    length_classes=length_classes,
+  )[0]
+
+
+def sweep_checkpoint(
+  trace: Trace,
+  model: ModelConfig,
+  capacities: Sequence[float],
+  policy: str,
+  unit: int = 64,
+  block_size: int = 64,
+  alpha: float | None = None,
+  prior: str = "hits",
+  frequency: bool = True,
+  length_classes: bool = False,
+  progress: Callable[[int], None] | None = None,
+) -> list[tuple[list[tuple[int, int, int]], dict]]:
+  """`run_checkpoint` at every capacity of `capacities` in one replay of the trace.
+
+  Everything that does not depend on the capacity is done once per request and shared: the
+  trace's unit hashes and the trie walk (`SeenTrie`, incl. the placement kinds' reach counts),
+  the learned alignment and output reuse (`DivergenceStats`) and so the candidate points; none
+  of them reads a cache. Each capacity keeps its own caches (the live one and, for `adaptive`,
+  its shadows; K caches in all, the rows of one `CacheBank`, whose hits along r's path are
+  looked up in one gather) and serves request r after the shared work of r, as
+  `run_checkpoint` does (the caches read the shared trie's reach counts as of r), so
+  every capacity's result is identical to its own `run_checkpoint` call (same triples, same
+  summary; `wall_s` is the whole sweep's replay time).
+
+  Args:
+    capacities: one or more capacities in bytes (each finite and > 0), any order.
+    progress: called with the number of requests done after each request (e.g. a tqdm update).
+    others: as `run_checkpoint`.
+
+  Returns:
+    [(triples, extra summary fields)] in the order of `capacities`.
+  """
+  rep = _Replay(
+    trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, length_classes
+  )
+  trie, stats, bank, points = rep.trie, rep.stats, rep.bank, rep.points
+  tuned, weightings = rep.tuned, rep.weightings
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
-  alphas_used: dict[str, int] = {}
-  triples = []
-  copy_bytes = []
+  u = rep.unit
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
-    path, seen = trie.walk(req)
+    path, seen, cap, place = rep.prepare(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
-    cap = (n_in - 1) // sizes.unit
-    cands = []
-    if rule in ("ckpt_branch", "adaptive"):
-      cands = candidates(rule, stats, len(path), n_in // sizes.unit, seen, length_classes)
-      for q, kind in cands:
-        trie.register(path[q - 1], kind)
-    place = _placer(rule, k, len(path), cands)
-    before = live.admitted_ckpts
-    h = live.serve(r, path, cap, n_comp, place)
-    triples.append((int(h > 0), n_in, h))
-    copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * sizes.ckpt_bytes)
-    for i, sh in enumerate(shadows):
-      hs = sh.serve(r, path, cap, n_comp, place)
-      score[i] = score[i] * decay + (sh.flops(hs // sizes.unit) if hs else 0)
-    if tuned:
-      lab = weightings[current][0]
-      alphas_used[lab] = alphas_used.get(lab, 0) + 1
-      if (r + 1) % RETUNE_EVERY == 0:
-        current = max(range(len(score)), key=lambda i: (score[i], -i))
-        _, live.alpha, live.prior, live.frequency = weightings[current]
+    found = bank.lookup(trie.path_array(path), cap, trie.last_old)
+    for pt in points:
+      live = pt.live
+      before = live.admitted_ckpts
+      h = live.serve(r, path, cap, n_comp, place, found[live.row])
+      pt.triples.append((int(h > 0), n_in, h))
+      pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
+      score = pt.score
+      for i, sh in enumerate(pt.shadows):
+        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row])
+        score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
+      if tuned:
+        lab = weightings[pt.current][0]
+        pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
+        if (r + 1) % RETUNE_EVERY == 0:
+          pt.current = max(range(len(score)), key=lambda i: (score[i], -i))
+          _, live.alpha, live.prior, live.frequency = weightings[pt.current]
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
-  ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
-  ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
-  extra = {
-    "checkpoint_copy_bytes": int(sum(copy_bytes)),
-    "ttft_mean_ms_with_copies": float(ttft.mean()) if len(ttft) else 0.0,
-    "ttft_p95_ms_with_copies": float(np.percentile(ttft, 95)) if len(ttft) else 0.0,
+    if progress is not None:
+      progress(r + 1)
+  wall = time.perf_counter() - t0
+  return [_summary(pt, model, trie, stats, weightings, tuned, wall) for pt in points]
+
+
+class _Replay:
+  """What every capacity of a replay shares (the trie, the divergence statistics, the
+  placement rule) and each capacity's caches (`_Point`s, rows of one `CacheBank`)."""
+
+  def __init__(
+    self, trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, lc
+  ):
+    rule, k = parse_placement(policy)
+    if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
+      raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
+    if len(capacities) == 0:
+      raise ValueError("capacities must hold at least one capacity, got none")
+    sizes0 = CacheSizes.of(model, capacities[0], unit, block_size)
+    self.rule, self.k, self.length_classes, self.unit = rule, k, lc, sizes0.unit
+    trie = self.trie = SeenTrie(sizes0.unit)
+    self.stats = DivergenceStats()
+    self.tuned = tuned = rule == "adaptive" and alpha is None
+    self.weightings = weightings = list(SHADOW_WEIGHTINGS)
+    self.points = []
+    bank = self.bank = CacheBank()  # every cache's per-node state, one row each
+    for capacity in capacities:
+      sizes = CacheSizes.of(model, capacity, unit, block_size)
+      if tuned:
+        _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
+        live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True)
+        shadows = [UnitCache(trie, sizes, model, a, pr, fr, bank) for _, a, pr, fr in weightings]
+      else:
+        live_alpha = float(alpha) if rule == "adaptive" else None
+        live = UnitCache(trie, sizes, model, live_alpha, prior, frequency, bank)
+        shadows = []
+      self.points.append(_Point(sizes, live, shadows, [0.0] * len(shadows)))
+    # the trie never outgrows the requests' computed units: reserve once (np.zeros pages are
+    # only paid when touched) instead of copying [K, nodes] arrays as they double
+    u = self.unit
+    bank.grow(
+      sum((q.num_input_tokens + max(q.num_output_tokens - 1, 0)) // u for q in trace.requests)
+    )
+
+  def prepare(self, req):
+    """The trie walk, candidate points and placement rule of a request (before its lookup):
+    (path, seen, hit cap in units, place)."""
+    trie, u, rule = self.trie, self.unit, self.rule
+    path, seen = trie.walk(req)
+    n_in = req.num_input_tokens
+    cap = (n_in - 1) // u
+    cands = []
+    if rule in ("ckpt_branch", "adaptive"):
+      cands = candidates(rule, self.stats, len(path), n_in // u, seen, self.length_classes)
+      for q, kind in cands:
+        trie.register(path[q - 1], kind)
+    self.bank.grow(len(trie))
+    return path, seen, cap, _placer(rule, self.k, len(path), cands)
+
+
+def _run_concurrent(
+  trace,
+  model,
+  capacity_bytes,
+  policy,
+  unit,
+  block_size,
+  alpha,
+  prior,
+  frequency,
+  length_classes,
+  step_tokens,
+  max_running,
+  arrival_scale,
+):
+  """`run_checkpoint` with replay "concurrent" (module docstring): one capacity's caches driven
+  by `concurrent.replay_concurrent`, the lookup at admission (every cache of the bank in one
+  gather, as the sweep), the insertion at finish."""
+  rep = _Replay(
+    trace,
+    model,
+    [capacity_bytes],
+    policy,
+    unit,
+    block_size,
+    alpha,
+    prior,
+    frequency,
+    length_classes,
+  )
+  trie, stats, tuned, weightings, bank = rep.trie, rep.stats, rep.tuned, rep.weightings, rep.bank
+  pt = rep.points[0]
+  live, shadows, score, sizes, u = pt.live, pt.shadows, pt.score, pt.sizes, rep.unit
+  decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
+  n_req = len(trace.requests)
+  hits = [0] * n_req
+  copy_bytes = [0] * n_req
+  placers = {}
+  admitted = 0
+
+  def admit(r: int):
+    nonlocal admitted
+    req = trace.requests[r]
+    n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
+    if not live.can_admit(n_comp):
+      return None
+    path, seen, cap, place = rep.prepare(req)
+    placers[r] = place
+    found = bank.lookup(trie.path_array(path), cap, trie.last_old)
+    hits[r] = live.admit(r, path, cap, n_comp, found[live.row])
+    for i, sh in enumerate(shadows):
+      hs = sh.admit(r, path, cap, n_comp, found[sh.row])
+      score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
+    admitted += 1
+    if tuned:
+      lab = weightings[pt.current][0]
+      pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
+      if admitted % RETUNE_EVERY == 0:
+        pt.current = max(range(len(score)), key=lambda i: (score[i], -i))
+        _, live.alpha, live.prior, live.frequency = weightings[pt.current]
+    if 0 < seen < cap:
+      stats.observe(seen, trie.out[path[seen - 1]])
+    restore = sizes.ckpt_bytes if hits[r] else 0
+    copy_bytes[r] = restore
+    return hits[r], restore
+
+  def finish(r: int) -> int:
+    place = placers.pop(r)
+    written = live.finish(r, place) * sizes.ckpt_bytes
+    for sh in shadows:
+      sh.finish(r, place)
+    copy_bytes[r] += written
+    return written
+
+  t0 = time.perf_counter()
+  conc = concurrent.replay_concurrent(
+    trace,
+    model,
+    admit,
+    finish,
+    lambda b: b / (STATE_COPY_GB_PER_S * 1e6),
+    step_tokens=step_tokens,
+    max_running=max_running,
+    arrival_scale=arrival_scale,
+  )
+  pt.triples = [(int(h > 0), q.num_input_tokens, h) for q, h in zip(trace.requests, hits)]
+  pt.copy_bytes = copy_bytes
+  fields = conc.summary() | {
+    "step_tokens": step_tokens,
+    "max_running": max_running,
+    "arrival_scale": arrival_scale,
+  }
+  return _summary(pt, model, trie, stats, weightings, tuned, time.perf_counter() - t0, fields)
+
+
+def _summary(pt: _Point, model, trie, stats, weightings, tuned: bool, wall: float, conc=None):
+  """(triples, extra summary fields) of one capacity (see `run_checkpoint`); `conc`: the
+  concurrent replay's fields (they replace the sequential TTFTs with copies)."""
+  triples, copy_bytes, live, sizes = pt.triples, pt.copy_bytes, pt.live, pt.sizes
+  extra = {"checkpoint_copy_bytes": int(sum(copy_bytes))}
+  if conc is None:
+    ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))
+    ttft = ttft + np.array(copy_bytes, np.float64) / (STATE_COPY_GB_PER_S * 1e6)
+    extra["ttft_mean_ms_with_copies"] = float(ttft.mean()) if len(ttft) else 0.0
+    extra["ttft_p95_ms_with_copies"] = float(np.percentile(ttft, 95)) if len(ttft) else 0.0
+  else:
+    extra |= conc
+  extra |= {
     "checkpoint_unit": sizes.unit,
     "checkpoint_bytes": sizes.ckpt_bytes,
     "kv_page_bytes": sizes.kv_page_bytes,
@@ -265,11 +514,18 @@ def run_checkpoint(
     "learned_alignment_units": stats.alignment(),
     "learned_output_reuse": stats.output_reused(),
     "alpha": live.alpha,
-    "weighting": weightings[current][0] if tuned else None,
-    "alpha_requests": dict(sorted(alphas_used.items())) if tuned else None,
-    "wall_s": time.perf_counter() - t0,
+    "weighting": weightings[pt.current][0] if tuned else None,
+    "alpha_requests": dict(sorted(pt.alphas_used.items())) if tuned else None,
+    "wall_s": wall,
   }
   return triples, extra
 
 
-__all__ = ["PLACEMENTS", "DivergenceStats", "parse_placement", "run_checkpoint"]
+__all__ = [
+  "PLACEMENTS",
+  "REPLAYS",
+  "DivergenceStats",
+  "parse_placement",
+  "run_checkpoint",
+  "sweep_checkpoint",
+]

@@ -1,13 +1,22 @@
 """`python -m hybrid_cache.sim`: replays a trace under one policy and prints a JSON summary.
 
   python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic,sharegpt} \
-      --model NAME --capacity-bytes X --policy NAME [--block-size B] [--dump FILE]
+      --model NAME --capacity-bytes X --policy NAME [--block-size B|vllm] [--dump FILE]
+
+Models (`cost_model.MODELS`): marconi_7b (Marconi's default), qwen3_5_like (Qwen3.5-4B shapes,
+GDN 3:1), nemotron_h_like (Nemotron-H-8B shapes, Mamba2), qwen3_5_0_8b, qwen3_5_9b,
+nemotron_h_8b, gemma3_4b. --block-size vllm takes the attention block size vLLM 0.33 would
+pick for the model by page equality (`ModelConfig.vllm_block_size`: qwen3_5_like 576,
+nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
 
 With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
 seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
 optional extra `sharegpt`, see `sharegpt.py`). The summary has requests, input_tokens,
-token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bound and wall_s
-(replay seconds: trace parsing excluded, any compilation included). --dump writes
+token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bounds and wall_s
+(replay seconds: trace parsing excluded, any compilation included). fraction_of_oracle divides
+by the infinite cache at the policy's --block-size; fraction_of_oracle_own by the one at its own
+hit granularity (`hit_granularity`: U for checkpoint policies, the hash block or B for core
+policies, both capped at input - 1 tokens; B for the others, whole inputs allowed). --dump writes
 [hit, num_input_tokens, tokens_reused] per request in trace order (atomically, only after a
 successful replay). Bad input exits with status 2 and a message.
 
@@ -23,6 +32,15 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 64) for any KV page --block-size B (default 64), exact bytes (states never padded to a page);
 `adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
+--page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
+of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
+
+--replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
+timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
+at once (default 1024), chunked prefill, FCFS; a request's lookup happens at its admission and
+its insertion when it finishes (`concurrent.py`); --arrival-scale X multiplies the arrival times.
+ttft_mean_ms / ttft_p50_ms / ttft_p95_ms then include queueing and state copies; queue_*_ms,
+steps, makespan_s and offered_load (> 1: the queue grows whatever the cache) are added.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ import time
 
 from hybrid_cache import cli_util
 from hybrid_cache.sim import checkpoint_policies
+from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import synthetic
@@ -45,7 +64,9 @@ from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.offline_bound import offline_bound
+from hybrid_cache.sim.oracle import oracle_matched
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.oracle import own_oracle_reused
 from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
@@ -82,6 +103,18 @@ def _alpha(text):
   return v
 
 
+def _block_size_arg(text: str):
+  """--block-size: an integer >= 1 or 'vllm' (the model's `vllm_block_size`)."""
+  if text == "vllm":
+    return text
+  try:
+    return cli_util.int_arg(1)(text)
+  except argparse.ArgumentTypeError:
+    raise argparse.ArgumentTypeError(
+      f"block size must be an integer >= 1 or 'vllm', got {text!r}"
+    ) from None
+
+
 def _backend(text: str) -> str:
   if text not in core_sim.BACKENDS:
     raise argparse.ArgumentTypeError(f"backend must be one of {core_sim.BACKENDS}, got {text!r}")
@@ -101,6 +134,22 @@ def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) 
     )
 
 
+def hit_granularity(kind: str, block_size: int, core: dict | None, checkpoint_unit: int) -> dict:
+  """The policy's own hit granularity G and whether it may reuse the whole input.
+
+  Checkpoint policies hit at multiples of the unit U, core policies at the hash block (when
+  given) or the block B, both capped at input - 1 tokens; the others (Marconi's tree, vLLM+,
+  the oracle and the offline bound) at their block size (1 for Marconi) and may reuse the whole
+  input. `fraction_of_oracle_own` divides by the infinite cache with the same rules.
+  """
+  if kind == "ckpt":
+    return {"hit_granularity": checkpoint_unit, "hit_full_input": False}
+  if kind == "core":
+    hbs = (core or {}).get("hash_block_size")
+    return {"hit_granularity": hbs or block_size, "hit_full_input": False}
+  return {"hit_granularity": block_size, "hit_full_input": True}
+
+
 def simulate(
   trace: trace_lib.Trace,
   model: ModelConfig,
@@ -110,6 +159,10 @@ def simulate(
   core: dict | None = None,
   bound_iterations: int = DEFAULT_BOUND_ITERATIONS,
   checkpoint_unit: int = DEFAULT_CHECKPOINT_UNIT,
+  replay: str = "sequential",
+  step_tokens: int | None = None,
+  max_running: int | None = None,
+  arrival_scale: float | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
@@ -119,8 +172,20 @@ def simulate(
   the clairvoyant schedule's hits; the bounds are in the extra fields, see the module doc).
   `checkpoint_unit`: checkpoint policies' unit U (hits and states at multiples of it); their
   `core` dict may hold "alpha" (adaptive's fixed exponent, None or "tuned" = online).
+  `replay`: "sequential" or "concurrent" (checkpoint policies only; `step_tokens`,
+  `max_running` (default `concurrent.DEFAULT_*`) and `arrival_scale` (default 1) apply to it
+  alone).
   """
   policy = parse_policy(policy_name)
+  if replay not in checkpoint_policies.REPLAYS:
+    raise ValueError(f"replay must be one of {checkpoint_policies.REPLAYS}, got {replay!r}")
+  if replay == "concurrent" and policy.kind != "ckpt":
+    raise ValueError(
+      "replay 'concurrent' supports the checkpoint policies "
+      f"{checkpoint_policies.PLACEMENTS} only, got policy {policy.name!r}"
+    )
+  if replay == "sequential" and (step_tokens, max_running, arrival_scale) != (None,) * 3:
+    raise ValueError("step_tokens, max_running and arrival_scale apply to replay 'concurrent' only")
   if policy.required_block_size is not None:
     if block_size is None:
       block_size = policy.required_block_size
@@ -138,6 +203,7 @@ def simulate(
   if not capacity_bytes > 0:
     raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
   extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
+  extra |= hit_granularity(policy.kind, block_size, core, checkpoint_unit)
   if policy.kind == "core":
     return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
   if policy.kind == "bound":
@@ -155,6 +221,10 @@ def simulate(
       unit=checkpoint_unit,
       block_size=block_size,
       alpha=None if alpha == "tuned" else alpha,
+      replay=replay,
+      step_tokens=concurrent.DEFAULT_STEP_TOKENS if step_tokens is None else step_tokens,
+      max_running=concurrent.DEFAULT_MAX_RUNNING if max_running is None else max_running,
+      arrival_scale=1.0 if arrival_scale is None else arrival_scale,
     )
     return triples, extra | ck
   check_capacity(trace, model, capacity_bytes)
@@ -218,9 +288,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   budget = core.pop("token_budget", None)
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
+  layout = core.pop("page_layout", "model")
   if core:
     raise ValueError(
-      "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size, "
+      "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
+      "page_layout, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -237,6 +309,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     pinning=pinning,
     token_budget=budget,
     hash_block_size=hbs,
+    layout=layout,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -273,7 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     "--capacity-bytes", required=True, type=cli_util.positive_float_arg, help="finite, > 0"
   )
   p.add_argument("--policy", required=True)
-  p.add_argument("--block-size", type=cli_util.int_arg(1), default=None, help=">= 1")
+  p.add_argument(
+    "--block-size",
+    type=_block_size_arg,
+    default=None,
+    help=">= 1, or 'vllm': the block vLLM 0.33 picks for --model by page equality",
+  )
   p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
   p.add_argument(
     "--limit", type=cli_util.int_arg(1), default=None, help="replay only the first N requests"
@@ -299,6 +377,38 @@ def build_parser() -> argparse.ArgumentParser:
     type=cli_util.int_arg(1),
     default=None,
     help="core policies: vLLM's hash block (partial hits when it divides a larger block)",
+  )
+  p.add_argument(
+    "--replay",
+    choices=checkpoint_policies.REPLAYS,
+    default="sequential",
+    help="sequential (one request at a time) or concurrent (checkpoint policies: timestamps, "
+    "a token budget per step, several running requests)",
+  )
+  p.add_argument(
+    "--step-tokens",
+    type=cli_util.int_arg(1),
+    default=None,
+    help=f"--replay concurrent: tokens per engine step (default {concurrent.DEFAULT_STEP_TOKENS})",
+  )
+  p.add_argument(
+    "--max-running",
+    type=cli_util.int_arg(1),
+    default=None,
+    help=f"--replay concurrent: most running requests (default {concurrent.DEFAULT_MAX_RUNNING})",
+  )
+  p.add_argument(
+    "--arrival-scale",
+    type=cli_util.positive_float_arg,
+    default=None,
+    help="--replay concurrent: multiply arrival times (> 1 lowers the offered load; default 1)",
+  )
+  p.add_argument(
+    "--page-layout",
+    choices=core_sim.LAYOUTS,
+    default="model",
+    help="core policies: model (one group per layer kind, page = the largest) or vllm "
+    "(vLLM's groups of equal layer counts, per-layer page equality)",
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
@@ -372,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
   try:
     model = get_model(args.model)
     parse_policy(args.policy)
+    block_size = args.block_size
+    if block_size == "vllm":
+      block_size = model.vllm_block_size()
     core = {
       "backend": args.backend,
       "retention": _retention(args.retention),
@@ -381,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
+    if args.page_layout != "model":
+      if parse_policy(args.policy).kind != "core":
+        raise ValueError(f"page_layout 'vllm' applies to core policies only, got {args.policy!r}")
+      core["page_layout"] = args.page_layout
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)
@@ -390,20 +507,31 @@ def main(argv: list[str] | None = None) -> int:
         model,
         args.capacity_bytes,
         args.policy,
-        args.block_size,
+        block_size,
         core=core,
         bound_iterations=args.bound_iterations,
         checkpoint_unit=args.checkpoint_unit,
+        replay=args.replay,
+        step_tokens=args.step_tokens,
+        max_running=args.max_running,
+        arrival_scale=args.arrival_scale,
       )
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(
         f"--capacity-bytes {args.capacity_bytes:g} is too large to simulate "
         f"({type(e).__name__}: {e})"
       ) from None
-    oracle = None
+    oracle = own = None
     if not args.no_oracle:
-      oracle = oracle_reused(trace, extra["block_size"]).tolist()
-    summary = summarize(triples, model, oracle_reused=oracle) | extra
+      matched = oracle_matched(trace)
+      bs = extra["block_size"]
+      oracle = ((matched // bs) * bs).tolist()
+      own = own_oracle_reused(
+        matched, trace, extra["hit_granularity"], extra["hit_full_input"]
+      ).tolist()
+    summary = summarize(triples, model, oracle_reused=oracle, oracle_own_reused=own) | extra
+    if args.block_size == "vllm":
+      summary["block_size_rule"] = "vllm"
     summary["requests_per_s"] = len(triples) / extra["wall_s"] if extra["wall_s"] > 0 else None
     if args.dump:
       try:

@@ -15,7 +15,25 @@ Two FLOP conventions:
   Mamba2: H P N * state_bytes + (K - 1) (d_inner + 2 G N) * conv_bytes.
 
 TTFT: Marconi's fitted Jamba-1.5-Mini prefill line, TTFT_ms(L) = 17.81 + 0.05296 s with
-s = 50 floor(L / 50) + 50 capped at 31,950 (`ttft_ms`). Configs may set their own line.
+s = 50 floor(L / 50) + 50 capped at 31,950 (`ttft_ms`). Configs may set their own line (every
+preset here keeps Marconi's: an assumption for the non-Marconi shapes). `step_ms(T)` is the
+same line without the grid, for one engine step that computes T tokens (concurrent replay).
+
+vLLM's block size for a hybrid (`vllm_block_size`, page equality): vLLM 0.33
+`Platform._align_hybrid_block_size` (vllm/platforms/interface.py) raises the attention block
+size until ONE attention layer's page covers ONE recurrent layer's state page (groups hold
+equal numbers of layers, so the rule is per layer, not over the whole model):
+
+  page_1 = 2 kv_heads head_dim kv_bytes     (FullAttentionSpec(block_size=1).page_size_bytes)
+  state  = state_bytes_per_layer           (MambaSpec: conv + temporal, unpadded)
+  a      = max(16, 16)                     (FlashAttention/Triton: MultipleOf(16); default 16)
+  a      = lcm(a, checkpoint alignment)    (align mode; FlashInfer's GDN prefill on SM90: 64,
+                                            Mamba2 layers declare none: 1)
+  B      = a * cdiv(state, a * page_1), rounded up to a multiple of 16
+
+and then pads the recurrent page to exactly B * page_1. Qwen3.5-4B shapes: page_1 = 4,096 B,
+state = 2,146,304 B (524 tokens of one layer's KV), so B = 528 with a = 16 (the 528 reported in
+vLLM #40696) and 576 with FlashInfer's 64-token checkpoint alignment (Hopper, align mode).
 
 Example (Marconi's default 7B hybrid)::
 
@@ -27,8 +45,12 @@ Example (Marconi's default 7B hybrid)::
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
+
+VLLM_KERNEL_BLOCK = 16  # FlashAttention / Triton attention: MultipleOf(16) kernel blocks
+VLLM_DEFAULT_BLOCK = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +68,9 @@ class ModelConfig:
     rec_groups: Mamba2 groups G (GDN: key heads Hk); conv_kernel: K.
     state_dtype_bytes / conv_dtype_bytes: bytes per recurrent / conv state element.
     flops_style: "marconi" or "generic".
+    vllm_checkpoint_alignment: the token alignment vLLM's recurrent layers declare for
+      prefill checkpoints in align mode (`get_prefill_checkpoint_alignment`: 64 for GDN with
+      FlashInfer's prefill, chosen on Hopper; 1 = none declared, as Mamba2 and Triton GDN).
   """
 
   name: str
@@ -73,6 +98,7 @@ class ModelConfig:
   flops_style: str = "generic"
   ttft_intercept_ms: float = 17.81
   ttft_slope_ms: float = 0.05296
+  vllm_checkpoint_alignment: int = 1  # the recurrent layers' prefill checkpoint alignment
 
   # ---- bytes ----
   @property
@@ -112,6 +138,28 @@ class ModelConfig:
   def state_bytes(self) -> int:
     """One checkpoint of every recurrent layer, in bytes."""
     return self.n_recurrent * self.state_bytes_per_layer
+
+  def vllm_block_size(self, checkpoint_alignment: int | None = None) -> int:
+    """The attention block size vLLM 0.33 picks by page equality (module docstring).
+
+    `checkpoint_alignment` overrides `vllm_checkpoint_alignment` (1: Triton GDN, Mamba2).
+    Models without recurrent layers keep vLLM's default block, 16.
+    """
+    align = self.vllm_checkpoint_alignment if checkpoint_alignment is None else checkpoint_alignment
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+      raise ValueError(f"checkpoint_alignment must be an integer >= 1, got {align!r}")
+    if not self.n_recurrent:
+      return VLLM_DEFAULT_BLOCK
+    a = math.lcm(VLLM_KERNEL_BLOCK, align)
+    page_1 = self.kv_bytes_per_token_per_layer
+    b = a * -(-self.state_bytes_per_layer // (a * page_1))
+    return VLLM_KERNEL_BLOCK * -(-b // VLLM_KERNEL_BLOCK)
+
+  def vllm_page_padding(self, block_size: int | None = None) -> float:
+    """Share of vLLM's recurrent page that is padding at `block_size` (default: vLLM's)."""
+    b = self.vllm_block_size() if block_size is None else block_size
+    page = b * self.kv_bytes_per_token_per_layer
+    return 1.0 - self.state_bytes_per_layer / page if self.n_recurrent else 0.0
 
   def kv_bytes(self, tokens):
     """Full-attention KV bytes of `tokens` tokens (int or int array)."""
@@ -175,6 +223,11 @@ class ModelConfig:
     s = np.minimum(50 * (np.asarray(L, np.int64) // 50) + 50, 31_950)
     return self.ttft_intercept_ms + self.ttft_slope_ms * s
 
+  def step_ms(self, tokens: int) -> float:
+    """One engine step computing `tokens` tokens (all requests of the step): the TTFT line's
+    intercept + slope * tokens, without `ttft_ms`'s 50-token grid and cap."""
+    return self.ttft_intercept_ms + self.ttft_slope_ms * tokens
+
 
 MODELS: dict[str, ModelConfig] = {
   # Marconi's default: NVIDIA Attention-Mamba2 hybrid 7B (24 SSM, 4 attention, 28 MLP layers).
@@ -228,6 +281,55 @@ MODELS: dict[str, ModelConfig] = {
   # Nemotron-H-8B-like: 24 Mamba2 + 4 attention + 24 MLP, H 128, P 64, N 128, G 8.
   "nemotron_h_8b": ModelConfig(
     name="nemotron_h_8b",
+    d_model=4096,
+    n_attn=4,
+    n_recurrent=24,
+    n_mlp=24,
+    recurrent="mamba2",
+    q_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    rec_heads=128,
+    rec_dk=128,
+    rec_dv=64,
+    rec_groups=8,
+    d_ff=21504,
+    mlp_matrices=2,
+  ),
+  # Qwen3.5-4B-like (`qwen3_5_like`; reference/kernels.md §GDN table and its Qwen3.5-4B-derived
+  # config: 32 layers, full attention every 4th -> 24 GDN / 8 attention, hidden 2560,
+  # intermediate 9216, GDN Hk 16 / Hv 32, dk = dv = 128, conv 4, `mamba_ssm_dtype: float32`
+  # (vLLM's Qwen3_5 config hook takes it: fp32 state, bf16 conv), attention 16 Q / 4 KV heads of
+  # 256). One GDN layer: 32*128*128*4 + 3*8192*2 = 2,146,304 B; one attention layer's KV 4,096
+  # B/token. vLLM block: 576 with FlashInfer's GDN prefill (Hopper, align mode: checkpoint
+  # alignment 64, `vllm_checkpoint_alignment`), 528 with Triton's (vLLM #40696's figure).
+  # Assumption: the MLP is dense SwiGLU in every layer (3 matrices), as the 0.8B/9B configs.
+  "qwen3_5_like": ModelConfig(
+    name="qwen3_5_like",
+    d_model=2560,
+    n_attn=8,
+    n_recurrent=24,
+    n_mlp=32,
+    recurrent="gdn",
+    q_heads=16,
+    kv_heads=4,
+    head_dim=256,
+    rec_heads=32,
+    rec_dk=128,
+    rec_dv=128,
+    rec_groups=16,
+    d_ff=9216,
+    vllm_checkpoint_alignment=64,
+  ),
+  # Nemotron-H-8B-like (`nemotron_h_like`; reference/kernels.md §4.2: Mamba2 H 128, P 64, N 128,
+  # G 8; the same shapes as `nemotron_h_8b`: 52 layers = 24 Mamba2 + 4 attention (32 Q / 8 KV
+  # heads of 128) + 24 squared-ReLU MLPs (2 matrices, 21,504 wide), hidden 4096, conv 4,
+  # d_inner 8192). vLLM keeps the SSM state in fp32 for NemotronH (`NemotronHForCausalLMConfig`
+  # DEFAULT_MAMBA_SSM_CACHE_DTYPE) and the conv state in the model dtype (bf16). One Mamba2 layer:
+  # 128*64*128*4 + 3*(8192 + 2*8*128)*2 = 4,255,744 B; one attention layer 4,096 B/token; vLLM
+  # block 16 * cdiv(4,255,744, 16 * 4,096) = 1,040 (Mamba2 declares no checkpoint alignment).
+  "nemotron_h_like": ModelConfig(
+    name="nemotron_h_like",
     d_model=4096,
     n_attn=4,
     n_recurrent=24,

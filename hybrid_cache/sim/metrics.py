@@ -5,6 +5,9 @@ FLOPs saved = sum over requests of the model's prefill FLOPs of the reused token
 7B this is exactly Marconi's `n_ssm F_ssm(sum reused) + sum_r n_attn F_attn(r) + n_mlp F_mlp(r)`,
 since F_ssm is linear); TTFT of a request = `model.ttft_ms(input - reused)`, P50/P95/mean, and
 P95 relative to no caching ("vanilla"). Percentiles use NumPy's default (linear) method.
+`fraction_of_oracle` divides by the oracle passed as `oracle_reused` (the CLI: at the policy's
+block size); `fraction_of_oracle_own` by `oracle_own_reused` (the infinite cache at the policy's
+own hit granularity and cap, `oracle.own_oracle_reused`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def summarize(
   model: ModelConfig,
   *,
   oracle_reused: Sequence[int] | None = None,
+  oracle_own_reused: Sequence[int] | None = None,
 ) -> dict:
-  """The JSON summary of a replay (see module docstring); `oracle_reused` adds the bound."""
+  """The JSON summary of a replay (see module docstring); `oracle_reused` adds the bound,
+  `oracle_own_reused` the bound at the policy's own granularity."""
   arr = as_triples(triples)
   n = len(arr)
   inp, reused = arr[:, 1], arr[:, 2]
@@ -63,4 +68,11 @@ def summarize(
     out["oracle_tokens_reused"] = int(o.sum())
     out["oracle_token_hit_rate"] = int(o.sum()) / total_in if total_in else 0.0
     out["fraction_of_oracle"] = total_reused / int(o.sum()) if o.sum() else 1.0
+  if oracle_own_reused is not None:
+    o = np.asarray(oracle_own_reused, np.int64)
+    if len(o) != n:
+      raise ValueError(f"oracle_own_reused has {len(o)} entries, expected {n}")
+    out["oracle_own_tokens_reused"] = int(o.sum())
+    out["oracle_own_token_hit_rate"] = int(o.sum()) / total_in if total_in else 0.0
+    out["fraction_of_oracle_own"] = total_reused / int(o.sum()) if o.sum() else 1.0
   return out

@@ -51,6 +51,16 @@ TINY = {
     "bound_iterations = 20",
     "backend = 'reference'",
   ],
+  "capacity_sweep": [
+    "trace = 'agentic'",
+    "fmt = 'synthetic'",
+    "params = {'num_sessions': 3, 'sys_prompt_len': 300, 'obs_mean': 60.0, 'max_turns': 6}",
+    "cap_min = 1.5e9",
+    "cap_max = 3e9",
+    "num_points = 3",
+    "block_size = 64",
+    "progress = False",
+  ],
   "swa_pinning_sweep": [
     "num_prefixes = (1, 2)",
     "prefix_len = 40",

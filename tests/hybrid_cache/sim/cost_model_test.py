@@ -1,5 +1,8 @@
 """Cost model numbers against hand-computed formulas."""
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
@@ -55,3 +58,62 @@ def test_ttft_line():
 def test_unknown_model():
   with pytest.raises(ValueError, match="model must be one of"):
     get_model("gpt5")
+
+
+def test_qwen3_5_like_vllm_block_by_page_equality():
+  m = get_model("qwen3_5_like")
+  # one GDN layer: Hv 32 x dk 128 x dv 128 fp32 + conv 3 x (2*16*128 + 32*128) bf16
+  per_layer = 32 * 128 * 128 * 4 + 3 * 8192 * 2
+  assert per_layer == 2_146_304 and m.state_bytes_per_layer == per_layer
+  assert m.state_bytes == 24 * per_layer
+  # one attention layer: K and V, 4 KV heads of 256, bf16
+  assert m.kv_bytes_per_token_per_layer == 2 * 4 * 256 * 2 == 4096
+  assert m.kv_bytes_per_token == 8 * 4096
+  # 2,146,304 / 4,096 = 524 tokens -> Triton GDN (alignment 16): 33 * 16 = 528 (vLLM #40696)
+  assert m.vllm_block_size(1) == 528
+  # FlashInfer GDN prefill on Hopper, align mode: lcm(16, 64) = 64 -> 9 * 64 = 576
+  assert m.vllm_block_size() == 576
+  assert m.vllm_page_padding() == pytest.approx(1 - per_layer / (576 * 4096))
+  # a Qwen3.5-397B-like layer (2 KV heads, Hv 64, conv 2*16*128 + 64*128): 2,084 tokens of KV
+  big = dataclasses.replace(m, kv_heads=2, rec_heads=64)
+  assert big.state_bytes_per_layer == 64 * 128 * 128 * 4 + 3 * 12288 * 2
+  assert big.vllm_block_size(1) == 16 * 131 == 2096
+
+
+def test_nemotron_h_like_vllm_block_by_page_equality():
+  m = get_model("nemotron_h_like")
+  per_layer = 128 * 64 * 128 * 4 + 3 * (8192 + 2 * 8 * 128) * 2
+  assert per_layer == 4_255_744 and m.state_bytes == 24 * per_layer
+  assert m.kv_bytes_per_token == 4 * 2 * 8 * 128 * 2 == 16_384
+  # 4,255,744 / 4,096 = 1,039.0 tokens -> 65 blocks of 16 = 1,040
+  assert m.vllm_block_size() == 1040
+  assert get_model("gemma3_4b").vllm_block_size() == 16  # no recurrent layers: vLLM's default
+  with pytest.raises(ValueError, match="checkpoint_alignment must be an integer >= 1"):
+    m.vllm_block_size(0)
+
+
+def test_step_ms_is_the_ttft_line_without_grid():
+  m = get_model("marconi_7b")
+  assert m.step_ms(0) == pytest.approx(17.81)
+  assert m.step_ms(1000) == pytest.approx(17.81 + 52.96)
+
+
+def test_cli_block_size_vllm(tmp_path, capsys):
+  from hybrid_cache.sim.cli import main
+  from hybrid_cache.sim.testing import small_chat
+  from hybrid_cache.sim.trace import write_marconi
+
+  path = tmp_path / "t.jsonl"
+  write_marconi(small_chat(12), path)
+  base = ["--trace", str(path), "--format", "marconi", "--capacity-bytes", "1e9"]
+  for model, block in (("qwen3_5_like", 576), ("nemotron_h_like", 1040)):
+    argv = base + ["--model", model, "--policy", "adaptive", "--block-size", "vllm"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["block_size"] == block and out["block_size_rule"] == "vllm"
+    assert out["model"] == model
+  argv = base + ["--model", "qwen3_5_like", "--policy", "adaptive", "--block-size", "vlm"]
+  assert main(argv) == 2
+  err = capsys.readouterr().err
+  assert "block size must be an integer >= 1 or 'vllm', got 'vlm'" in err
+  assert err.count("\n") == 1

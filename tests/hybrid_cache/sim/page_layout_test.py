@@ -1,0 +1,58 @@
+"""`--page-layout vllm`: vLLM's KV-cache groups of equal layer counts and per-layer page."""
+
+import dataclasses
+import json
+
+from hybrid_cache.sim import core_sim
+from hybrid_cache.sim.cli import main
+from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.testing import TINY
+from hybrid_cache.sim.testing import small_chat
+from hybrid_cache.sim.trace import write_marconi
+
+
+def test_vllm_groups_and_pages_by_hand():
+  q = get_model("qwen3_5_like")  # 8 attention + 24 GDN layers -> groups of 8: 1 full + 3 mamba
+  groups = core_sim.model_groups(q, "align", "vllm")
+  assert [g.kind for g in groups] == ["full", "mamba", "mamba", "mamba"]
+  page = 8 * 576 * 4096  # 8 layers x one layer's KV page at vLLM's block
+  assert core_sim.page_bytes(q, groups, 576, "vllm") == page == 18_874_368
+  assert core_sim.group_block_bytes(q, groups, 576, "vllm") == [page] + [8 * 2_146_304] * 3
+  # the one-group-per-kind model: the whole state (24 layers) is the page
+  one = core_sim.model_groups(q, "align")
+  assert core_sim.page_bytes(q, one, 576) == 24 * 2_146_304
+  m = get_model("marconi_7b")  # 4 attention + 24 SSM -> 1 full + 6 mamba groups of 4
+  assert core_sim.vllm_group_size(m) == 4
+  g7 = core_sim.model_groups(m, "align", "vllm")
+  assert len(g7) == 7 and core_sim.page_bytes(m, g7, 512, "vllm") == 4 * 512 * 16_384
+  n = get_model("nemotron_h_like")
+  gn = core_sim.model_groups(n, "align", "vllm")
+  assert core_sim.page_bytes(n, gn, 1040, "vllm") == 4 * 1040 * 4096
+  # a block below page equality: the page is the state's (vLLM would raise the block)
+  assert core_sim.page_bytes(n, gn, 16, "vllm") == 4 * 4_255_744
+
+
+def test_build_config_sizing_and_same_hits_with_room():
+  model = dataclasses.replace(TINY, n_recurrent=3)  # 1 attention + 3 recurrent layers
+  trace = small_chat(30)
+  cfg, sizing = core_sim.build_config(trace, model, 1e6, "vllm_align_marconi", 4, layout="vllm")
+  assert sizing["groups"] == ["full", "mamba", "mamba", "mamba"]
+  assert sizing["page_bytes"] == max(4 * 4, 34) and sizing["layers_per_group"] == 1
+  assert sizing["num_blocks"] == int(1e6 // 34) + 1
+  base, _ = core_sim.build_config(trace, model, 1e6, "vllm_align_marconi", 4)
+  t_vllm, _ = core_sim.replay(trace, cfg, "reference")
+  t_model, _ = core_sim.replay(trace, base, "reference")
+  assert t_vllm == t_model and any(t[2] for t in t_vllm)
+
+
+def test_cli_page_layout(tmp_path, capsys):
+  path = tmp_path / "t.jsonl"
+  write_marconi(small_chat(12), path)
+  base = ["--trace", str(path), "--format", "marconi", "--model", "qwen3_5_like"]
+  base += ["--capacity-bytes", "2e9", "--block-size", "vllm", "--backend", "reference"]
+  assert main(base + ["--policy", "vllm_align_marconi", "--page-layout", "vllm"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["page_layout"] == "vllm" and out["page_bytes"] == 18_874_368
+  assert out["groups"] == ["full", "mamba", "mamba", "mamba"]
+  assert main(base + ["--policy", "adaptive", "--page-layout", "vllm"]) == 2
+  assert "page_layout 'vllm' applies to core policies only" in capsys.readouterr().err
