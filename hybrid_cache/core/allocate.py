@@ -74,14 +74,12 @@ class Allocation(NamedTuple):
     state: the cache state after the touches, pops, copy-on-writes and key registration.
     queued: i32[NUM_QUEUES], free blocks (normal queue, pinned tier: `Q_*`) after the touches
       and pops.
-    head: i32, the new head of the precomputed free-queue order when one was given, else None.
     cows: with partial hits, i32[G, 2]: each group's copy-on-write (source, copy), 0 = none;
       else None.
   """
 
   state: CacheState
   queued: jax.Array
-  head: jax.Array | None
   cows: jax.Array | None
 
 
@@ -97,8 +95,6 @@ def allocate_slots(
   ok,
   queued,
   keys=None,
-  order=None,
-  info=None,
 ):
   """Touches hits, allocates fresh blocks per group and registers keys (allocate_slots 4-6).
 
@@ -106,14 +102,11 @@ def allocate_slots(
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
   `queued` (i32[NUM_QUEUES]): blocks in the normal free queue and in the pinned tier before the hits
   are touched. Returns an `Allocation`.
-  `info` (optional i32[NUM_INFO]): the request's `req_info` row as the caller writes it back at the
-  end of the entry (read from the state when not given).
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
   queue, so the concatenation is the queue's first `sum(counts)` blocks).
   """
-  if info is None:
-    info = state.req_info[r]
+  info = state.req_info[r]
   start = info[INFO_COMPUTED] + hit
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
@@ -186,10 +179,9 @@ def allocate_slots(
     offsets.append(offsets[-1] + counts[g - 1])
   kmax = lay.num_groups * lay.max_blocks
   total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
-  popped = block_pool.pop_many(
-    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys, order=order
+  state, ids = block_pool.pop_many(
+    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
   )
-  state, ids = popped[:2]
   k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
   queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
   # fresh blocks of every group in one [G, MB] gather
@@ -219,8 +211,7 @@ def allocate_slots(
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
   state = cache_blocks(lay, config, state, r, start + n, ok, keys, info)
-  head = popped[2] if order is not None else None
-  return Allocation(state, queued, head, cows)
+  return Allocation(state, queued, cows)
 
 
 def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:

@@ -189,16 +189,11 @@ def pop_many(
   count_groups: tuple[int, ...] = (),
   n_norm: jax.Array | None = None,
   scan_all: bool = False,
-  order: tuple[jax.Array, jax.Array] | None = None,
 ):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
   `n_norm` (optional i32): the caller's count of normal-queue blocks (`free_key < BIG`),
   saving one reduction over the pool.
-  `order` (optional): (`queue_order(...)`, head i32) for a sequence of pops with no block
-  joining the normal queue in between (see `queue_order`); the window is then read from the
-  precomputed order at `head` instead of scattering the pool by key, and the result is
-  (state, ids, new head).
 
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
@@ -238,9 +233,9 @@ def pop_many(
     dest = jnp.where(w > 0, p - 1, kmax)
     return jnp.zeros((kmax,), jnp.int32).at[dest].set(w, mode="drop")
 
-  if order is None and not xla_cpu.enabled("pop_window"):
+  if not xla_cpu.enabled("pop_window"):
     ordered = by_rank()  # the plain twin: rank selection over the whole pool
-  elif order is None:
+  else:
     # common case: only normal-queue blocks, and at least k1 normal keys lie in the window
     # [min, min + win): each such block's id is scattered to its key offset (already in pop
     # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
@@ -249,37 +244,6 @@ def pop_many(
     p = jnp.cumsum(w > 0)
     fast = (k2 == 0) & (p[win - 1] >= k1)
     ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
-  else:
-    # the precomputed order from `head` on: the blocks still in the normal queue, in key order
-    # (a popped or touched block left the queue, its key is BIG; block 0 is never free). Every
-    # order entry before the new head has left the queue.
-    seq, head = order
-    w = jax.lax.dynamic_slice(seq, (head,), (win,))
-    w = jnp.where(qk[Q_FREE][w] < BIG, w, 0)
-    first = w[:kmax]
-    # common case: no hole among the first k1 window entries: they are the pop, no prefix
-    # count needed
-    dense = jnp.all((first > 0) | (jnp.arange(kmax) >= k1))
-
-    def by_head():
-      return first, head + k1
-
-    def by_window():
-      p = jnp.cumsum(w > 0)
-      # at least k1 live blocks: squeeze; else all of them are among the k1 smallest keys
-      return jax.lax.cond(
-        p[win - 1] >= k1,
-        lambda: (squeeze(w, p), head + jnp.sum(p < k1).astype(jnp.int32)),
-        by_rank_past_window,
-      )
-
-    def by_rank_past_window():
-      return by_rank(), head + win
-
-    # k2 > 0: the whole normal queue and some pinned blocks (rank selection)
-    case = jnp.where(k2 > 0, 2, jnp.where(dense, 0, 1))
-    ordered, new_head = jax.lax.switch(case, (by_head, by_window, by_rank_past_window))
-    new_head = jnp.minimum(new_head, seq.shape[0] - win)
   ids = jnp.where(jnp.arange(kmax) < count, ordered, 0)
   sidx = jnp.where(ids > 0, ids, nb)
   # the pinned flag (`CacheState.pinned`) is cleared by `evict_ids` in its row write
@@ -293,27 +257,7 @@ def pop_many(
     n_ev = jnp.sum(hit).astype(jnp.int32)
     state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
   state = block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all)
-  if order is not None:
-    return state, ids, new_head
   return state, ids
-
-
-def queue_order(state: CacheState, kmax: int) -> jax.Array:
-  """i32[2 NB + 2 kmax]: the normal free queue's blocks in key order (pop order), 0-padded.
-
-  Holds the blocks whose key lies within 2 NB of the smallest key (every later key is larger
-  than all of them). For `pop_many(order=(queue_order(...), head))` across pops with no block
-  joining the normal queue in between (an admit-only scheduler step: blocks only leave it):
-  popping the first live blocks from `head` on is then popping the smallest keys; when the
-  window from `head` holds fewer than needed, `pop_many` falls back to its rank selection.
-  One scatter of the pool and one prefix count per step instead of per pop.
-  """
-  nb = state.ref_cnt.shape[0]
-  ws, win = 2 * nb, 2 * kmax
-  w = _by_key_offset(state.free_key, ws)
-  p = xla_cpu.prefix_count(w > 0, 64)
-  dest = jnp.where(w > 0, p - 1, ws + win)
-  return jnp.zeros((ws + win,), jnp.int32).at[dest].set(w, mode="drop")
 
 
 RENORM_LIMIT = 1 << 29

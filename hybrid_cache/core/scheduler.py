@@ -26,7 +26,6 @@ from hybrid_cache.core import compile_cache
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import eviction
 from hybrid_cache.core import release as release_lib
-from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.allocate import release_cows
 from hybrid_cache.core.block_pool import free_counts
 from hybrid_cache.core.outputs import pack_entry
@@ -49,11 +48,6 @@ from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
 
-# admit-only steps with at least this many (padded) entries pop from a per-step free-queue
-# order (`block_pool.queue_order`; smaller ones scatter the pool per pop, cheaper below ~4
-# entries) and write each request's req_info row once (`schedule_entry`'s `one_write`)
-ORDER_MIN_ENTRIES = 8
-
 
 @compile_cache.entry_point(static_argnames=("admit_only",), donate_argnums=(0,))
 def schedule_step(
@@ -71,12 +65,11 @@ def schedule_step(
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
   state = eviction.prepare(lay, config, state)
-  many = admit_only and slots.shape[0] >= ORDER_MIN_ENTRIES and xla_cpu.enabled("queue_order")
 
   def body(carry, x):
     # each entry's outputs packed into one row inside the body: the scan stacks ONE array
     # (one in-place update per entry instead of one per output)
-    carry, out = schedule_entry(lay, config, carry, x, admit_only=admit_only, one_write=many)
+    carry, out = schedule_entry(lay, config, carry, x, admit_only=admit_only)
     return carry, pack_entry(lay, out)
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
@@ -89,13 +82,6 @@ def schedule_step(
     keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
   xs = StepInput(slots, max_tokens, valid, keys)
   carry = StepCarry(state, state.max_batched_tokens, free_counts(state))
-  if many:
-    # no block joins the normal free queue during an admit-only step (touches and pops only
-    # take blocks out): its key order is computed once here and every pop reads its window
-    # from a moving head (`block_pool.queue_order`) instead of scattering the pool by key.
-    # The order costs about one pop (a pool scatter and a prefix count): from a few entries on
-    kmax = lay.num_groups * lay.max_blocks
-    carry = carry._replace(order=block_pool.queue_order(state, kmax), head=jnp.int32(0))
   carry, rows = jax.lax.scan(body, carry, xs)
   state = carry.state
   if lay.partial:

@@ -17,7 +17,6 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import admission
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
-from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.allocate import allocate_slots
 from hybrid_cache.core.allocate import remove_skipped
 from hybrid_cache.core.block_pool import free_counts
@@ -44,9 +43,8 @@ REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
 # one entry, one step
 
 
-def lookup_or_zero(lay, state, r, is_new, keys=None, info=None):
-  if info is None:
-    info = state.req_info[r]
+def lookup_or_zero(lay, state, r, is_new, keys=None):
+  info = state.req_info[r]
   g_n, mb = lay.num_groups, lay.max_blocks
 
   def yes(_):
@@ -65,12 +63,11 @@ def lookup_or_zero(lay, state, r, is_new, keys=None, info=None):
   return jax.lax.cond(is_new, yes, no, None)
 
 
-def lookup_masked(lay, state, r, is_new, keys=None, info=None):
+def lookup_masked(lay, state, r, is_new, keys=None):
   """`lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
   masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
   nested executor and its output copies cost more than the rare wasted lookup."""
-  if info is None:
-    info = state.req_info[r]
+  info = state.req_info[r]
   lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
   z = jnp.int32(0)
   return dict(
@@ -106,16 +103,11 @@ class StepCarry(NamedTuple):
     state: the cache state.
     budget: i32, tokens left in the step's budget.
     queued: i32[NUM_QUEUES], free blocks in the normal queue and in the pinned tier (`Q_*`).
-    order: admit-only steps of many entries: the free queue's order computed once at the start
-      (`block_pool.queue_order`), or None.
-    head: i32, with `order`: how many blocks of `order` were popped so far, or None.
   """
 
   state: CacheState
   budget: jax.Array
   queued: jax.Array
-  order: jax.Array | None = None
-  head: jax.Array | None = None
 
 
 def schedule_entry(
@@ -124,28 +116,20 @@ def schedule_entry(
   carry,
   x,
   admit_only: bool = False,
-  one_write: bool = False,
 ):
   """One entry of a step (the scan body). `admit_only` (static): no entry's request is
   running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
   (XLA:CPU copies the state leaves a cond passes through, even on its identity branch).
-  `one_write` (static, with `admit_only`): the request's req_info row is read once and
-  written once (see below)."""
+  """
   state, budget, queued = carry.state, carry.budget, carry.queued
-  order = None if carry.order is None else (carry.order, carry.head)
   r, max_tok, valid, keys = x.slot, x.max_tokens, x.valid, x.keys
-  # one_write (admit-only steps of several entries): the request's req_info row in its own
-  # buffer, read by the lookup, `allocate_slots` and `cache_blocks` instead of req_info, and written
-  # ONCE at the end of the entry (one in-place update; the general path writes it twice and
-  # re-reads it, which XLA runs faster for `admit_one` in the simulator's scan)
-  one_write = one_write and admit_only
-  info = xla_cpu.materialise(state.req_info[r]) if one_write else state.req_info[r]
+  info = state.req_info[r]
   status = info[INFO_STATUS]
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
   # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
   lookup = lookup_masked if admit_only else lookup_or_zero
-  lk = lookup(lay, state, r, is_new, keys, info if one_write else None)
+  lk = lookup(lay, state, r, is_new, keys)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = jnp.where(state.marconi_junction != 0, lk["spb"], 0)
   spb = jnp.where(is_new, spb_new, info[INFO_SPB])
@@ -201,30 +185,17 @@ def schedule_entry(
   ok &= ~is_new | (fcount + watermark <= free) | (state.full_sequence_must_fit == 0)
   ok &= ~is_new | (count + watermark <= free)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
-  if one_write:  # column selects, not updates of the row (no copies)
-    col = jnp.arange(info.shape[0])
-    info = jnp.where(col == INFO_SPB, spb_row, info)
-  else:
-    state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
+  state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
   lens_now = state.req_group[r, :, RG_LEN]
   bss = jnp.asarray(lay.block_sizes)
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
-  row = info if one_write else None
-  alloc = allocate_slots(
-    lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys, order, row
-  )
+  alloc = allocate_slots(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
   state, queued = alloc.state, alloc.queued
-  if one_write:
-    info = jnp.where(ok & (col == INFO_COMPUTED), start + n, info)
-    info = jnp.where(ok & (col == INFO_STATUS), STATUS_RUNNING, info)
-    state = state.replace(req_info=state.req_info.at[r].set(info))
-    computed = info[INFO_COMPUTED]
-  else:
-    inf = state.req_info[r]
-    done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
-    state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
-    computed = state.req_info[r, INFO_COMPUTED]
+  inf = state.req_info[r]
+  done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+  state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
+  computed = state.req_info[r, INFO_COMPUTED]
   scheduled = jnp.where(ok, n, 0)
   reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
   out = dict(
@@ -242,4 +213,4 @@ def schedule_entry(
   )
   if lay.partial:
     out["cows"] = alloc.cows  # i32[G, 2]: this entry's copy-on-write (source, copy) per group
-  return carry._replace(state=state, budget=budget - scheduled, queued=queued, head=alloc.head), out
+  return carry._replace(state=state, budget=budget - scheduled, queued=queued), out

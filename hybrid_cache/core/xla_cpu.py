@@ -9,7 +9,17 @@ Each trick stays only while it buys >= 10% on `experiments/bench_scheduler.py` (
 the simulator's core replay (issue 14). `python -m experiments.bench_xla_tricks` measures that:
 it runs both benchmarks with every trick on and with one trick at a time replaced by its plain
 twin, named in the environment variable `HYBRID_CACHE_PLAIN_XLA` (comma-separated `TRICKS`
-names; read once at import). The measured gains are in each docstring and in BENCHMARKS.md.
+names; read once at import). The measured gains are in each docstring and in BENCHMARKS.md
+(2026-11-25, 2-core CPU, load 3-7: medians of 3-5 interleaved rounds, each the minimum of 3
+timings; "x" = plain twin / trick). All tricks together: batch 64 1.5-1.8x (process CPU), scan
+2.0x, lru replay 1.7x, flop_aware replay 1.6-2.3x.
+
+Dropped by that rule (their plain code is what the core now runs): identity scatters as fusion
+barriers (`materialise`: <= 1.02x everywhere, the batch step ran faster without), and the
+admit-only step's free-queue order computed once per step with one req_info write per entry
+(`queue_order` / `one_write`: <= 1.03x; it was three of `pop_many`'s five paths). Dropping
+both together measured 0.83-0.96x on the scheduler benchmarks (faster) and 1.07-1.16x on the
+simulator, whose replays they never served, i.e. noise at that load.
 
 GPU/TPU: the tricks are exact there too (f32 matmuls at HIGHEST precision, no TF32), merely
 not tuned for those backends.
@@ -26,11 +36,10 @@ import numpy as np
 TRICKS = (
   "prefix_count",  # cumsum by triangular matmuls
   "row_count",  # row sums by a matrix-vector product
-  "materialise",  # identity scatter as a fusion barrier
   "stable_argsort",  # two-pass radix argsort
   "ordered_after",  # fake data dependence ordering a read before an in-place write
-  "queue_order",  # admit-only steps: the free queue's key order computed once per step
   "pop_window",  # pops read the queue head from a key-offset window instead of ranking
+  # (`block_pool.pop_many`; measured 1.57x on the scan, 2.80x on the lru replay)
 )
 
 
@@ -62,6 +71,8 @@ def prefix_count(mask: jax.Array, width: int = 32) -> jax.Array:
   Replaces: `cumsum`, which XLA:CPU lowers to a reduce-window (quadratic in N). Instead a
   [N/w, w] x [w, w] triangular matmul (counts inside rows of `width`) plus a [N/w, N/w] one
   for the row offsets; exact in f32 (counts < 2^24, HIGHEST precision: no TF32 on GPUs).
+  Measured: 1.05x on the lru replay, ~1.0x on the scheduler benchmarks: kept as borderline
+  (at load 3-7 the rounds spread +-15%; re-measure on an idle machine).
   """
   if not enabled("prefix_count"):
     return jnp.cumsum(mask.astype(jnp.int32)).astype(jnp.int32)
@@ -93,25 +104,12 @@ def row_count(mask: jax.Array) -> jax.Array:
 
   Replaces: an integer reduction over more than 32 elements, which XLA:CPU splits into a
   reduce-window plus a reduce (two thunks); here one exact f32 matrix-vector product.
+  Measured: 1.13x on the scan of admissions.
   """
   if not enabled("row_count"):
     return jnp.sum(mask, axis=1).astype(jnp.int32)
   ones = jnp.ones((mask.shape[1],), jnp.float32)
   return jnp.matmul(mask.astype(jnp.float32), ones, precision=_HI).astype(jnp.int32)
-
-
-def materialise(x: jax.Array) -> jax.Array:
-  """`x` (1-D) written to its own buffer: a fusion boundary; plain twin: `x` itself.
-
-  Replaces: nothing in the result. XLA:CPU fuses a cheap elementwise producer (a bucket hash,
-  a gathered group) into a pairwise [N, N] consumer and recomputes it N times per element;
-  `lax.optimization_barrier` is expanded away before fusion, an identity scatter is not fused
-  into its consumers.
-  """
-  if not enabled("materialise"):
-    return x
-  n = x.shape[0]
-  return jnp.zeros_like(x).at[jnp.arange(n)].set(x, unique_indices=True, indices_are_sorted=True)
 
 
 def stable_argsort(x: jax.Array) -> jax.Array:
@@ -122,7 +120,8 @@ def stable_argsort(x: jax.Array) -> jax.Array:
   comparator call per comparison, several times slower than its fast path for one primitive
   operand. Each pass sorts one packed uint32, 16 key bits above the log2(N) position bits
   (unique, so no tie order is needed): first by the low 16 bits and block index, then by the
-  high 16 bits and the first pass's position.
+  high 16 bits and the first pass's position. Measured: 1.41x on the flop_aware replay (its
+  re-keying sorts the free queue twice per step).
   """
   n = x.shape[0]
   bits = max(1, (n - 1).bit_length())
@@ -154,7 +153,8 @@ def ordered_after(x: jax.Array, dep: jax.Array) -> jax.Array:
   Replaces: nothing in the result. An in-place scatter into an array happens only if XLA sees
   every read of that array ordered before it; a later scatter whose indices depend on a value
   computed from those reads (`dep`) is. Used where the pool's queue keys are gathered and then
-  touched: without it XLA copies the [2, NB] key array twice per entry.
+  touched: without it XLA copies the [2, NB] key array twice per entry. Measured: 1.15x on the
+  lru replay.
   """
   if not enabled("ordered_after"):
     return x
@@ -166,7 +166,6 @@ __all__ = [
   "TRICKS",
   "compact",
   "enabled",
-  "materialise",
   "ordered_after",
   "prefix_count",
   "row_count",

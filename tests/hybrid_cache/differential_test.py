@@ -216,8 +216,8 @@ TestDifferentialPinning.settings = settings(
 
 class BatchAdmissionMachine(DifferentialMachine):
   """Adds steps that admit every request at once: five waiting or preempted requests, padded
-  to 8 entries, take the admit-only step's precomputed free-queue order
-  (`scheduler.ORDER_MIN_ENTRIES`), which the 1-3 entry steps above never reach."""
+  to 8 entries, in one admit-only step (`schedule_step(admit_only=True)`), which the 1-3
+  entry steps above never reach."""
 
   @rule(data=st.data())
   def admit_batch(self, data):

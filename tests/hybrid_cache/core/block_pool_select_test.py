@@ -86,33 +86,3 @@ def test_evict_ids_equals_evict(seed):
   b = block_index.evict_ids(state, jnp.asarray(victims))
   for name in ("index_entry", "block_group", "block_aux"):
     assert np.array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name))), name
-
-
-@jax.jit
-def _pop_ordered(state, count, order, head):
-  return block_pool.pop_many(state, count, KMAX, order=(order, head))
-
-
-@given(pools(), st.data())
-def test_pops_from_the_queue_order_equal_plain_pops(pool, data):
-  """An admit-only step's pops read a precomputed order from a moving head
-  (`block_pool.queue_order`); with touches (hits leaving the queue) between the pops, every pop
-  must equal the plain `pop_many` on the same state: the dense, squeeze and rank paths."""
-  qk, _ = pool
-  state = init_state(CFG, bucketed=False).replace(queue_key=jnp.asarray(qk))
-  order, head = block_pool.queue_order(state, KMAX), jnp.int32(0)
-  for _ in range(data.draw(st.integers(1, 12))):
-    free_norm = np.nonzero(np.asarray(state.queue_key[0]) < BIG)[0]
-    if len(free_norm) and data.draw(st.booleans()):
-      # a hit touches a few free blocks: holes in the order
-      picks = data.draw(st.lists(st.sampled_from(free_norm.tolist()), max_size=6, unique=True))
-      ids = np.zeros(KMAX, np.int32)
-      ids[: len(picks)] = picks
-      state = block_pool.touch(state, jnp.asarray(ids))
-    n_free = int(block_pool.num_free(state))
-    count = jnp.int32(data.draw(st.integers(0, min(KMAX, n_free))))
-    want_state, want = _pop(state, count)
-    state, got, head = _pop_ordered(state, count, order, head)
-    assert np.asarray(got).tolist() == np.asarray(want).tolist()
-    for name in ("queue_key", "ref_cnt", "block_aux"):
-      assert np.array_equal(np.asarray(getattr(state, name)), np.asarray(getattr(want_state, name)))
