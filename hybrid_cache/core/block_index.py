@@ -25,6 +25,7 @@ from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import IDX_SEQ
 from hybrid_cache.core.state import NO_KEY_AUX
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.xla_cpu import materialise
 from hybrid_cache.core.xla_cpu import prefix_count
 from hybrid_cache.core.xla_cpu import row_count
 
@@ -44,9 +45,10 @@ def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
 
 
 def _entry_groups(state: CacheState) -> jax.Array:
-  """i32[BK, W]: group of each index entry's block (-2 = empty way)."""
+  """i32[BK, W]: group of each index entry's block (-2 = empty way), in its own buffer."""
   blk = state.index_block
-  return jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+  grp = jnp.where(blk >= 0, state.block_group[jnp.maximum(blk, 0)], -2)
+  return materialise(grp.reshape(-1)).reshape(blk.shape)
 
 
 def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None = None):
@@ -58,6 +60,7 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   buckets = state.index_entry.shape[0]
   if b is None:
     b = bucket_of(h, group, buckets)
+    b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
   ent = state.index_entry[b]  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
   blk = ent[..., IDX_BLOCK]
@@ -80,7 +83,7 @@ def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
   without picking the oldest duplicate). h: u32[N, 2]."""
   buckets = state.index_entry.shape[0]
   mine = _entry_groups(state) == group  # [BK, W], once per index slot
-  b = bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets)
+  b = materialise(bucket_of(h, jnp.full(h.shape[:-1], group, jnp.int32), buckets))
   same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & mine[b]
   return jnp.any(same, axis=-1)
 
@@ -133,6 +136,7 @@ def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):
     m = jnp.sum(jnp.where(e, shift, u(0)), axis=1, dtype=u)
   else:
     bits = jnp.sum(jnp.where(empty, shift, u(0)), axis=1, dtype=u)
+    bits = materialise(bits)  # else the per-bucket reduction is redone per gathered key
     m = bits[jnp.minimum(bks, buckets - 1)]
   m = jnp.where(bks < buckets, m, u(0))
   ok = rank < jax.lax.population_count(m).astype(jnp.int32)
@@ -175,6 +179,7 @@ def insert(
   c = state.counters
   if buckets_of_keys is None:
     bks = jnp.where(valid, bucket_of(keys, group, buckets), buckets)
+    bks = materialise(bks)  # else XLA recomputes the bucket hash inside every pairwise compare
   else:
     bks = jnp.where(valid, buckets_of_keys, buckets)
   k = ids.shape[0]

@@ -14,15 +14,11 @@ names; read once at import). The measured gains are in each docstring and in BEN
 timings; "x" = plain twin / trick). All tricks together: batch 64 1.5-1.8x (process CPU), scan
 2.0x, lru replay 1.7x, flop_aware replay 1.6-2.3x.
 
-Dropped by that rule (their plain code is what the core now runs): identity scatters as fusion
-barriers (`materialise`: <= 1.02x everywhere, the batch step ran faster without), and the
-admit-only step's free-queue order computed once per step with one req_info write per entry
-(`queue_order` / `one_write`: <= 1.03x; it was three of `pop_many`'s five paths). Dropping
-both together measured 0.83-0.96x on the scheduler benchmarks (faster) and 1.07-1.16x on the
-simulator, whose replays they never served, i.e. noise at that load.
-
-GPU/TPU: the tricks are exact there too (f32 matmuls at HIGHEST precision, no TF32), merely
-not tuned for those backends.
+Dropped by that rule (the core now runs their plain code): the admit-only step's free-queue
+order computed once per step with one req_info write per entry (`queue_order` / `one_write`:
+<= 1.03x on every benchmark; it was three of `pop_many`'s five paths). Checked against the
+commit before, full Mooncake trace at 10 GB (3 interleaved pairs, load ~1.5-2): lru replay
+5.79 -> 5.77 s, flop_aware 7.65 -> 8.06 s (medians; the rounds spread 15-50%).
 """
 
 from __future__ import annotations
@@ -36,6 +32,7 @@ import numpy as np
 TRICKS = (
   "prefix_count",  # cumsum by triangular matmuls
   "row_count",  # row sums by a matrix-vector product
+  "materialise",  # identity scatter as a fusion barrier
   "stable_argsort",  # two-pass radix argsort
   "ordered_after",  # fake data dependence ordering a read before an in-place write
   "pop_window",  # pops read the queue head from a key-offset window instead of ranking
@@ -112,6 +109,22 @@ def row_count(mask: jax.Array) -> jax.Array:
   return jnp.matmul(mask.astype(jnp.float32), ones, precision=_HI).astype(jnp.int32)
 
 
+def materialise(x: jax.Array) -> jax.Array:
+  """`x` (1-D) written to its own buffer: a fusion boundary; plain twin: `x` itself.
+
+  Replaces: nothing in the result. XLA:CPU fuses a cheap elementwise producer (a bucket hash,
+  a gathered group) into a pairwise [N, N] consumer and recomputes it N times per element;
+  `lax.optimization_barrier` is expanded away before fusion, an identity scatter is not fused
+  into its consumers. Measured: <= 1.02x on the benchmarks' 1,500-request replays, but the
+  full-trace flop_aware replay (10 GB, every step re-keys and scans the index for dead states)
+  ran 9.35 s without it vs 8.43 s for the commit before (3 interleaved pairs): kept.
+  """
+  if not enabled("materialise"):
+    return x
+  n = x.shape[0]
+  return jnp.zeros_like(x).at[jnp.arange(n)].set(x, unique_indices=True, indices_are_sorted=True)
+
+
 def stable_argsort(x: jax.Array) -> jax.Array:
   """i32[N]: `jnp.argsort(x, stable=True)` of int32 `x` (its plain twin), by two radix passes
   when N <= 2^16.
@@ -166,6 +179,7 @@ __all__ = [
   "TRICKS",
   "compact",
   "enabled",
+  "materialise",
   "ordered_after",
   "prefix_count",
   "row_count",

@@ -52,6 +52,7 @@ def test_stable_argsort_matches_numpy_with_ties_and_extremes(n):
 
 def test_identity_tricks_return_their_input():
   x = jnp.asarray(np.arange(-3, 9, dtype=np.int32))
+  np.testing.assert_array_equal(np.asarray(jax.jit(xla_cpu.materialise)(x)), np.asarray(x))
   dep = jnp.int32(5)
   np.testing.assert_array_equal(np.asarray(xla_cpu.ordered_after(x, dep)), np.asarray(x))
 
