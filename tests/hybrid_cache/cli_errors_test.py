@@ -291,4 +291,6 @@ def test_sim_subprocess_block_size_zero(trace_file):
     timeout=120,
   )
   assert r.returncode == 2 and r.stdout == ""
-  _one_error_line(r.stderr, "error: argument --block-size: block size must be an integer >= 1 or 'vllm', got '0'")
+  _one_error_line(
+    r.stderr, "error: argument --block-size: block size must be an integer >= 1 or 'vllm', got '0'"
+  )
