@@ -98,12 +98,14 @@ class JaxCacheManager:
   @staticmethod
   def _stats_from_row(p: list[int]) -> PoolStats:
     """PoolStats from the `outputs.pack_stats` row as a list of ints."""
+    n = len(outputs.STATS_SCALARS)
+    s = dict(zip(outputs.STATS_SCALARS, p[:n], strict=True))
     return PoolStats(
-      num_free_blocks=p[0],
-      num_used_blocks=p[1],
-      num_free_cached_blocks=p[2],
-      cached_blocks_per_group=tuple(p[4:]),
-      num_pinned_blocks=p[3],
+      num_free_blocks=s["num_free"],
+      num_used_blocks=s["num_used"],
+      num_free_cached_blocks=s["num_free_cached"],
+      cached_blocks_per_group=tuple(p[n:]),
+      num_pinned_blocks=s["num_pinned"],
     )
 
   def _hash_row(self, hashes: np.ndarray) -> np.ndarray:
@@ -160,15 +162,13 @@ class JaxCacheManager:
         f"tokens has {len(toks)} tokens; must be <= max_model_len={self.config.max_model_len}"
       )
     h = hashing.block_hashes(toks, self._lay.hash_block_size, extras or hashing.NO_EXTRAS)
-    out = np.asarray(
-      scheduler.lookup_only(self.config, self.state, self._hash_row(h), np.int32(len(toks)))
-    )
-    g = self._lay.num_groups
+    packed = scheduler.lookup_only(self.config, self.state, self._hash_row(h), np.int32(len(toks)))
+    lk = outputs.unpack_lookup(packed, self._lay.num_groups)
     return HitInfo(
-      hit_tokens=int(out[0]),
-      per_group_hit_tokens=tuple(int(x) for x in out[2 : 2 + g]),
-      hit_blocks_per_group=tuple(int(x) for x in out[2 + g : 2 + 2 * g]),
-      shared_prefix_boundary=int(out[1]),
+      hit_tokens=lk["hit"],
+      per_group_hit_tokens=lk["alone"],
+      hit_blocks_per_group=lk["hit_blocks"],
+      shared_prefix_boundary=lk["spb"],
     )
 
   def schedule(self, entries: Sequence[ScheduleEntry]) -> StepResult:
@@ -203,7 +203,7 @@ class JaxCacheManager:
     # np.asarray, not jax.device_get: same array, ~10x less host overhead on CPU
     packed = np.asarray(packed)
     g_n, mb = self._lay.num_groups, self._lay.max_blocks
-    self._stats = self._stats_from_row(packed[-1, : 4 + g_n].tolist())
+    self._stats = self._stats_from_row(packed[-1, : outputs.stats_width(g_n)].tolist())
     # the packed columns (`outputs.EntryColumns`); the leading columns go to Python lists
     # once (per-element NumPy conversions dominate)
     cols = self._columns

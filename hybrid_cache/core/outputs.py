@@ -45,18 +45,52 @@ ENTRY_SCALARS = ("admission", "hit", "spb", "scheduled", "reason", "computed")
 ENTRY_VECTORS = ("alone", "hit_blocks", "lens_before", "lens_after")
 
 
+STATS_SCALARS = ("num_free", "num_used", "num_free_cached", "num_pinned")
+
+
+def stats_width(num_groups: int) -> int:
+  """Columns of a `pack_stats` row: the scalars, then one cached count per group."""
+  return len(STATS_SCALARS) + num_groups
+
+
 def pack_stats(lay: Layout, st) -> jax.Array:
-  """i32[4 + G]: the pool counters as one array (one host transfer)."""
-  head = jnp.stack([st["num_free"], st["num_used"], st["num_free_cached"], st["num_pinned"]])
+  """i32[stats_width(G)]: the pool counters (`STATS_SCALARS`, then `cached_per_group`) as one
+  array (one host transfer)."""
+  head = jnp.stack([st[k] for k in STATS_SCALARS])
   return jnp.concatenate([head, st["cached_per_group"]]).astype(jnp.int32)
 
 
 def unpack_stats(packed) -> dict:
-  """Host side of `pack_stats` (NumPy in, dict of ints/arrays out)."""
+  """Host side of `pack_stats` (NumPy or a list in, dict of ints / an array out)."""
   p = np.asarray(packed)
-  return dict(
-    num_free=p[0], num_used=p[1], num_free_cached=p[2], num_pinned=p[3], cached_per_group=p[4:]
+  out = {k: p[i] for i, k in enumerate(STATS_SCALARS)}
+  out["cached_per_group"] = p[len(STATS_SCALARS) :]
+  return out
+
+
+LOOKUP_SCALARS = ("hit", "spb")
+
+
+def pack_lookup(lk) -> jax.Array:
+  """i32[2 + 2G]: a `coordinator.lookup` result for the host: `LOOKUP_SCALARS` (hit tokens,
+  shared-prefix boundary), then per group the hit alone (`alone`) and the hit blocks."""
+  return jnp.concatenate(
+    [
+      jnp.stack([lk[k] for k in LOOKUP_SCALARS]),
+      lk["alone"],
+      jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
+    ]
   )
+
+
+def unpack_lookup(packed, num_groups: int) -> dict:
+  """Host side of `pack_lookup`: ints `hit`, `spb`; tuples `alone`, `hit_blocks` (per group)."""
+  p = [int(x) for x in np.asarray(packed)]
+  s = len(LOOKUP_SCALARS)
+  out = {k: p[i] for i, k in enumerate(LOOKUP_SCALARS)}
+  out["alone"] = tuple(p[s : s + num_groups])
+  out["hit_blocks"] = tuple(p[s + num_groups : s + 2 * num_groups])
+  return out
 
 
 def entry_slots(lay: Layout, out) -> jax.Array:
@@ -146,4 +180,4 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   out["row"] = body[:, cols.row].reshape(n, g, lay.max_blocks)
   if lay.partial:
     out["cows"] = body[:, cols.cows].reshape(n, g, 2)
-  return out, unpack_stats(p[-1, : 4 + g])
+  return out, unpack_stats(p[-1, : stats_width(g)])

@@ -29,6 +29,7 @@ from hybrid_cache.core import release as release_lib
 from hybrid_cache.core.allocate import release_cows
 from hybrid_cache.core.block_pool import free_counts
 from hybrid_cache.core.outputs import pack_entry
+from hybrid_cache.core.outputs import pack_lookup
 from hybrid_cache.core.outputs import pack_stats
 from hybrid_cache.core.outputs import pack_step
 from hybrid_cache.core.outputs import stats
@@ -95,17 +96,11 @@ def schedule_step(
 def lookup_only(config: CacheConfig, state: CacheState, hashes, num_tokens):
   """Read-only lookup for a fresh request (hashes u32[MH, 2]).
 
-  Returns i32[2 + 2G]: hit, shared-prefix boundary, per-group alone hits, hit blocks per group.
+  Returns i32[2 + 2G] (`outputs.pack_lookup`; host side `outputs.unpack_lookup`).
   """
   lay = layout(config)
   lk = coordinator.lookup(lay, state, hashes, num_tokens)
-  return jnp.concatenate(
-    [
-      jnp.stack([lk["hit"], lk["spb"]]),
-      lk["alone"],
-      jnp.sum(lk["hit_mask"], axis=1).astype(jnp.int32),
-    ]
-  ).astype(jnp.int32)
+  return pack_lookup(lk).astype(jnp.int32)
 
 
 @compile_cache.entry_point(donate_argnums=(0,))
