@@ -26,6 +26,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import eviction
 from hybrid_cache.core import outputs
 from hybrid_cache.core import scheduler
+from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import init_state
 from hybrid_cache.core.state import layout
@@ -39,6 +40,12 @@ from hybrid_cache.types import StateCopy
 from hybrid_cache.types import StepResult
 
 _REASONS = {0: None, 1: "allocate_slots_failed", 2: "no_token_budget"}
+_SLOT_ORDER = (  # `recurrent.state_slots` columns in `RecurrentSlots` order
+  recurrent.SLOT_READ,
+  recurrent.SLOT_WRITE,
+  recurrent.SLOT_FIRST_CHECKPOINT,
+  recurrent.SLOT_NUM_CHECKPOINTS,
+)
 
 
 @dataclasses.dataclass
@@ -87,8 +94,10 @@ class JaxCacheManager:
     )
     self._empty_ids = ((),) * self._lay.num_groups
     # (group, offset of its 4 state-slot columns in `EntryColumns.slots`) per recurrent group
+    # per recurrent group: (group, columns of its read, write, first checkpoint, count)
     self._slot_cols = tuple(
-      (g, self._columns.slots.start + 4 * j) for j, g in enumerate(self._lay.recurrent_groups)
+      (g, *(self._columns.slots.start + recurrent.SLOT_WIDTH * j + k for k in _SLOT_ORDER))
+      for j, g in enumerate(self._lay.recurrent_groups)
     )
 
   # ---- helpers ----
@@ -98,13 +107,12 @@ class JaxCacheManager:
   @staticmethod
   def _stats_from_row(p: list[int]) -> PoolStats:
     """PoolStats from the `outputs.pack_stats` row as a list of ints."""
-    n = len(outputs.STATS_SCALARS)
-    s = dict(zip(outputs.STATS_SCALARS, p[:n], strict=True))
+    s = outputs.unpack_stats(p)
     return PoolStats(
       num_free_blocks=s["num_free"],
       num_used_blocks=s["num_used"],
       num_free_cached_blocks=s["num_free_cached"],
-      cached_blocks_per_group=tuple(p[n:]),
+      cached_blocks_per_group=tuple(s["cached_per_group"]),
       num_pinned_blocks=s["num_pinned"],
     )
 
@@ -248,11 +256,11 @@ class JaxCacheManager:
           [
             RecurrentSlots(
               g,
-              h[c],
-              h[c + 1],
-              tuple(row[g, h[c + 2] : h[c + 2] + h[c + 3]].tolist()) if h[c + 3] else (),
+              h[rc],
+              h[wc],
+              tuple(row[g, h[fc] : h[fc] + h[nc]].tolist()) if h[nc] else (),
             )
-            for g, c in slot_cols
+            for g, rc, wc, fc, nc in slot_cols
           ]
         )
       else:

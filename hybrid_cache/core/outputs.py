@@ -61,10 +61,10 @@ def pack_stats(lay: Layout, st) -> jax.Array:
 
 
 def unpack_stats(packed) -> dict:
-  """Host side of `pack_stats` (NumPy or a list in, dict of ints / an array out)."""
-  p = np.asarray(packed)
-  out = {k: p[i] for i, k in enumerate(STATS_SCALARS)}
-  out["cached_per_group"] = p[len(STATS_SCALARS) :]
+  """Host side of `pack_stats`: a NumPy row or a list of ints in, its entries by name out
+  (`cached_per_group`: the rest of the row, of the same type)."""
+  out = {k: packed[i] for i, k in enumerate(STATS_SCALARS)}
+  out["cached_per_group"] = packed[len(STATS_SCALARS) :]
   return out
 
 
@@ -94,8 +94,9 @@ def unpack_lookup(packed, num_groups: int) -> dict:
 
 
 def entry_slots(lay: Layout, out) -> jax.Array:
-  """i32[4 R]: per recurrent group (`lay.recurrent_groups` order) the `recurrent.state_slots`
-  of the entry's scheduled chunk [computed - scheduled, computed) in its block-table row."""
+  """i32[SLOT_WIDTH R]: per recurrent group (`lay.recurrent_groups` order) the
+  `recurrent.state_slots` of the entry's scheduled chunk [computed - scheduled, computed) in its
+  block-table row."""
   n = out["scheduled"]
   start = out["computed"] - n
   return jnp.concatenate(
@@ -151,7 +152,7 @@ class EntryColumns:
   @property
   def slots(self) -> slice:
     start = len(ENTRY_SCALARS) + len(ENTRY_VECTORS) * self.num_groups
-    return slice(start, start + 4 * self.num_recurrent)
+    return slice(start, start + recurrent.SLOT_WIDTH * self.num_recurrent)
 
   @property
   def row(self) -> slice:

@@ -363,6 +363,11 @@ def layer_costs(model, spec, block_size: int, share: float, lin_quad):
 # worker side: state slots of a scheduled chunk (vLLM §5)
 
 
+# the columns of a `state_slots` result
+SLOT_READ, SLOT_WRITE, SLOT_FIRST_CHECKPOINT, SLOT_NUM_CHECKPOINTS = range(4)
+SLOT_WIDTH = 4
+
+
 def state_slots(spec, row, start, n):
   """Where a scheduled chunk [start, start + n) reads and writes this group's recurrent state.
 
@@ -389,9 +394,9 @@ def state_slots(spec, row, start, n):
     start, n: i32 scalars, tokens computed before the chunk and the chunk's length.
 
   Returns:
-    i32[4] (read block or -1, write block, first checkpoint column, checkpoint count): the
-    checkpoint blocks are row[first : first + count]. n == 0 (not scheduled) gives
-    (-1, -1, 0, 0).
+    i32[SLOT_WIDTH] (`SLOT_*` columns: read block or -1, write block, first checkpoint
+    column, checkpoint count): the checkpoint blocks are row[first : first + count]. n == 0
+    (not scheduled) gives (-1, -1, 0, 0).
 
   Example (mode all, B=4): row [7, 8, 9], start 4, n 6 -> (7, 9, 1, 1): read the state after
   4 tokens from block 7, checkpoint the state after 8 tokens into block 8, write the state
