@@ -21,7 +21,9 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import EVICTION_POLICIES
+from hybrid_cache.policies import PLACEMENT_POLICIES
 
 GROUP_KINDS = ("full", "swa", "mamba")
 _KIND_ALIASES = {
@@ -144,6 +146,12 @@ class CacheConfig:
     eviction: a registered eviction policy (`hybrid_cache.policies`): "lru" (vLLM's free
       queue order), "flop_aware" (SPEC B2: Marconi's utility, `core/policies/flop_aware.py`;
       alpha lives in the state, `eviction.set_alpha`) or another registered name.
+    placement: a registered placement policy (`policies.PLACEMENT_POLICIES`): which state
+      blocks of a recurrent group a request keeps; "vllm" = vLLM's retention mask (§2.4.7).
+    admission: a registered admission policy (`policies.ADMISSION_POLICIES`): whether a kept
+      recurrent state is registered, from the policy's statistics across requests; "all" =
+      vLLM (every kept state). Another policy needs prefix caching, a recurrent group and no
+      partial hits (`partial_hits`).
     eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
       of the layers the group stands for (linear part: projections, MLP share, recurrence).
     eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
@@ -173,6 +181,8 @@ class CacheConfig:
   pin_min_drop_size: int = 1
   free_order: str = "scratch_first"
   eviction: str = "lru"
+  placement: str = "vllm"
+  admission: str = "all"
   max_requests: int = 64
   eviction_flops_linear: tuple[float, ...] = ()
   eviction_flops_quadratic: tuple[float, ...] = ()
@@ -199,6 +209,14 @@ class CacheConfig:
     if self.eviction not in EVICTION_POLICIES:
       raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
     self._check_eviction_costs()
+    if self.placement not in PLACEMENT_POLICIES:
+      raise ValueError(
+        f"placement must be one of {PLACEMENT_POLICIES}, got {self.placement!r}"
+      )
+    if self.admission not in ADMISSION_POLICIES:
+      raise ValueError(
+        f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}"
+      )
     sizes = [g.block_size or self.block_size for g in self.groups]
     hbs = self.hash_block_size
     if hbs is None:
@@ -223,6 +241,16 @@ class CacheConfig:
         )
       if not any(g.kind in ("swa", "mamba") for g in self.groups):
         raise ValueError("retention_interval needs at least one swa or mamba group")
+    if self.admission != "all":
+      if not any(g.kind == "mamba" and g.mode != "none" for g in self.groups):
+        raise ValueError(
+          f"admission={self.admission!r} needs a mamba group in mode align or all"
+        )
+      if self.partial_hits:
+        raise ValueError(
+          f"admission={self.admission!r} needs partial hits off (hash_block_size equal to"
+          " the recurrent block size)"
+        )
 
   def _check_eviction_costs(self) -> None:
     """Validates the per-group FLOP-aware cost fields and stores them as float tuples."""

@@ -1,15 +1,31 @@
 """The policy registry: the names `CacheConfig` accepts, and where each policy's two twins live.
 
-A policy is one core file + its oracle twin + one line here:
+A policy is one core file `hybrid_cache/core/policies/<name>.py` + its oracle twin
+`hybrid_cache/oracle/policies/<name>.py` + one line here, in the table of its seam. Names are
+unique across seams (one file per name). Each seam's built-in default is vLLM 0.33's own rule
+and has no file.
 
-  eviction  `hybrid_cache/core/policies/<name>.py`   `priority(lay, config, state, blocks)`
-            `hybrid_cache/oracle/policies/<name>.py` `priority(config, blocks, policy_state)`
-            Both give, for every eviction candidate (a keyed free block that can still be hit),
-            an integer priority: lower is evicted first; ties go least recently freed first.
-            `lru` is vLLM's free queue itself (no re-ordering, no file).
+  eviction   core   `priority(lay, config, state, blocks) -> i32[NB]`
+             oracle `priority(config, blocks, order) -> list[int]`
+             For every eviction candidate (a keyed free block that can still be hit), an integer
+             priority: lower is evicted first; ties go least recently freed first.
+             Default `lru`: vLLM's free queue itself (no re-ordering).
+  placement  core   `keep(lay, config, r, g, pos, boundaries, default) -> bool[MB]`
+             oracle `keep(config, i, block_size, alignment, boundaries, default) -> bool`
+             Which state blocks of a recurrent group a request keeps (registers a key for): the
+             positions of its recurrent checkpoints. `default` is vLLM's mask (§2.4.7: dense,
+             or `retention_interval` plus the replay boundaries). Default `vllm`: that mask.
+  admission  core   `STATE_SIZE`, `admit(lay, config, table, g, keys, candidates)`
+                    -> (table, bool[MB])
+             oracle `Admission(config)` with `admit(gid, key) -> bool`
+             Whether a recurrent state block that placement keeps is admitted to the cache,
+             from the policy's own statistics across requests (`table`, the state's
+             `policy_state` i32[R, STATE_SIZE], R = recurrent groups; the oracle's object). The
+             candidates of one request are offered in block order. Default `all`: every block.
 
-`CacheConfig(eviction=name)` selects one; the simulator's `--policy` runs each registered
-eviction policy over the core's `lru` profile; the differential machines in
+`CacheConfig(eviction=..., placement=..., admission=...)` selects them; the simulator's
+`--policy` runs each registered eviction policy over the core's `lru` profile (and
+`--placement` / `--admission` pick the other seams); the differential machines in
 `tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This module
 imports nothing heavy (the config validates names without importing jax).
 """
@@ -28,6 +44,18 @@ EVICTION: dict[str, bool] = {
 }
 EVICTION_POLICIES = tuple(EVICTION)
 
+PLACEMENT_POLICIES = (
+  "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in
+  "junctions",  # Marconi's placement: states at the replay boundaries only (the README example)
+)
+
+ADMISSION_POLICIES = (
+  "all",  # vLLM 0.33: every kept state block is registered, built in
+  "second_sighting",  # Marconi-style admission: a state is kept once its prefix recurs
+)
+
+_DEFAULTS = {"eviction": "lru", "placement": "vllm", "admission": "all"}
+
 
 def reads_costs(eviction: str) -> bool:
   """Whether `eviction` reads `CacheConfig.eviction_*` cost fields."""
@@ -36,11 +64,24 @@ def reads_costs(eviction: str) -> bool:
 
 def core_eviction(name: str) -> ModuleType | None:
   """The jitted twin of eviction policy `name` (None for `lru`)."""
-  return None if name == "lru" else importlib.import_module(f"hybrid_cache.core.policies.{name}")
+  return core_policy("eviction", name)
 
 
 def oracle_eviction(name: str) -> ModuleType | None:
   """The plain-Python twin of eviction policy `name` (None for `lru`)."""
-  if name == "lru":
+  return oracle_policy("eviction", name)
+
+
+def core_policy(seam: str, name: str) -> ModuleType | None:
+  """The jitted twin of policy `name` of `seam` ("eviction", "placement", "admission"); None for
+  the seam's built-in default."""
+  if name == _DEFAULTS[seam]:
+    return None
+  return importlib.import_module(f"hybrid_cache.core.policies.{name}")
+
+
+def oracle_policy(seam: str, name: str) -> ModuleType | None:
+  """The plain-Python twin of policy `name` of `seam`; None for the seam's built-in default."""
+  if name == _DEFAULTS[seam]:
     return None
   return importlib.import_module(f"hybrid_cache.oracle.policies.{name}")

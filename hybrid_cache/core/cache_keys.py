@@ -1,7 +1,9 @@
 """Key registration after allocation (vLLM §1.7 `cache_blocks`, §2.3.4 / §2.4.7 retention).
 
 `cache_blocks` registers the hashes of a request's blocks optimistically up to the scheduler-block
-floor of its computed tokens, with the retention masks of the recurrent and window groups;
+floor of its computed tokens, with the retention masks of the recurrent and window groups; in a
+recurrent group the placement policy decides which state blocks are kept and the admission
+policy which of those are registered (seams of `hybrid_cache.policies`);
 `cache_partial_tail` registers the prompt-tail entry at floor(num_prompt / HBS) * HBS
 (`_cache_partial_tail_block`).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
@@ -48,6 +51,9 @@ def cache_blocks(
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
   all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
   rg = state.req_group[r]
+  placement = policies.core_policy("placement", config.placement)
+  admission = policies.core_policy("admission", config.admission)
+  table = state.policy_state
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     kind = groups.rules(spec)
@@ -60,10 +66,18 @@ def cache_blocks(
       promote = ~unkeyed & (state.block_aux[row, AUX_END] < (pos + 1) * bs)
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
-    sel = (pos >= nca) & (pos < upto) & (row > 0) & unkeyed & ok
-    sel &= kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
+    mask = kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
+    if g in lay.recurrent_groups and placement is not None:
+      mask = placement.keep(lay, config, r, g, pos, boundaries, mask)
+    offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
+    sel = offered & unkeyed
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
+    if g in lay.recurrent_groups and admission is not None:
+      mb = lay.max_blocks
+      gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
+      table, admitted = admission.admit(lay, config, table, g, gkeys, offered)
+      sel &= admitted
     all_ids.append(jnp.where(sel, row, 0))
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
@@ -91,6 +105,8 @@ def cache_blocks(
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
     counters = counters.at[C_REC_ADMITTED].add(n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
+  if admission is not None:
+    state = state.replace(policy_state=table)
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)
   return state

@@ -1,6 +1,6 @@
 """`CacheState`: the one pytree the jitted core reads and writes, and its static layout.
 
-Fields (14 leaves, each its own buffer so the state can be donated). Several are stacked
+Fields (15 leaves, each its own buffer so the state can be donated). Several are stacked
 arrays whose rows or columns are addressed by named constants; `CacheState` reads each of them
 through a named property (listed under its leaf, shape after the name). NB = `Layout.num_blocks`
 (the padded pool), BK = `Layout.buckets`, W = `WAYS`, R = `max_requests`, G = groups,
@@ -67,6 +67,11 @@ Scalars:
   `retention_interval` (`P_RETENTION`, `RETENTION_NONE` = None), `pin_min_drop_size`
   (`P_PIN_MIN_DROP`), `marconi_junction` (`P_JUNCTION`, 0/1), `free_all_tail` (`P_ALL_TAIL`,
   1 = `free_order="all_tail"`).
+* `policy_state` i32[R, S]: the admission policy's own statistics across requests
+  (`hybrid_cache.policies`, seam `admission`): R = recurrent groups, S = the policy's
+  `STATE_SIZE` (shape [0, 0] for the built-in `all`). Zero at `init_state`; only the policy's
+  `admit` writes it; `reset_prefix_cache` keeps it (statistics of the requests seen, not
+  cache content).
 
 The properties are plain slices (`leaf[..., COLUMN]`): reading one lowers exactly as the
 indexing it names. Sites that gather a dynamic row (`state.req_info[r, INFO_COMPUTED]`) index
@@ -95,6 +100,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.core.compile_cache import compile_key
@@ -144,7 +150,7 @@ RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
 
 @flax.struct.dataclass
 class CacheState:
-  """The whole cache core state: 14 leaves, and named read-only views of their rows and
+  """The whole cache core state: 15 leaves, and named read-only views of their rows and
   columns (module docstring: every field with its shape and meaning).
 
   The views are plain slices of the leaves (no copies inside jit; on a host copy from
@@ -165,6 +171,7 @@ class CacheState:
   counters: jax.Array
   req_partial: jax.Array
   params: jax.Array
+  policy_state: jax.Array
 
   # ---- queue_key rows, i32[NB] (BIG = not in that queue)
   @property
@@ -532,8 +539,17 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
     counters=counters,
     req_partial=np.zeros((r, g if lay.partial else 0), np.int32),
     params=runtime_params(config),
+    policy_state=np.zeros(policy_state_shape(config, lay), np.int32),
   )
   return jax.device_put(state)
+
+
+def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
+  """(R, S): the `policy_state` leaf's shape (module docstring)."""
+  policy = policies.core_policy("admission", config.admission)
+  if policy is None:
+    return (0, 0)
+  return (len(lay.recurrent_groups), policy.STATE_SIZE)
 
 
 def cdiv(a, b):

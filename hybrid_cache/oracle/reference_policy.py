@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hybrid_cache import hashing
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.hashing import NO_EXTRAS
@@ -113,6 +114,10 @@ class ReferencePolicy:
     self._pinned_free: list[int] = []  # oldest first
     self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
     self._evict = None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg)
+    # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule
+    self._placement = policies.oracle_policy("placement", cfg.placement)
+    admission = policies.oracle_policy("admission", cfg.admission)
+    self._admission = None if admission is None else admission.Admission(cfg)
     self._index: dict[tuple[int, int], list[int]] = {}
     # extra keys of a block besides its primary one (vLLM cached_block_hashes_by_block, §2.5)
     self._extra: dict[int, list[tuple[int, int]]] = {}
@@ -545,13 +550,16 @@ class ReferencePolicy:
         boundaries=boundaries,
       )
     if g.kind == "mamba":
-      return rules.mamba_cacheable(
+      keep = rules.mamba_cacheable(
         i,
         block_size=self._bs[gid],
         alignment_tokens=self._align,
         retention_interval=r,
         boundaries=boundaries,
       )
+      if self._placement is not None:
+        keep = self._placement.keep(self.config, i, self._bs[gid], self._align, boundaries, keep)
+      return keep
     return True
 
   def _cache_blocks(self, req: _Request, num_tokens: int) -> None:
@@ -584,10 +592,15 @@ class ReferencePolicy:
       b = row[i]
       if b == NULL or not self._cacheable(req, gid, i):
         continue
+      admitted = True
+      if self._admission is not None and self._groups[gid].kind == "mamba":
+        admitted = self._admission.admit(gid, hashes[i])  # every kept state is offered
       if self._key[b] is not None:
         if self._key_end[b] >= (i + 1) * bs:
           continue
         self._evict_key(b)  # partial -> full promotion drops every key of the block (§2.5)
+      if not admitted:
+        continue
       key = (hashes[i], gid)
       self._index.setdefault(key, []).append(b)
       self._key[b] = key

@@ -52,6 +52,8 @@ import sys
 import time
 
 from hybrid_cache import cli_util
+from hybrid_cache.policies import ADMISSION_POLICIES
+from hybrid_cache.policies import PLACEMENT_POLICIES
 from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_scan
@@ -289,10 +291,12 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
   layout = core.pop("page_layout", "model")
+  placement = core.pop("placement", "vllm")
+  admission = core.pop("admission", "all")
   if core:
     raise ValueError(
       "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
-      "page_layout, "
+      "page_layout/placement/admission, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -310,6 +314,8 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     token_budget=budget,
     hash_block_size=hbs,
     layout=layout,
+    placement=placement,
+    admission=admission,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -422,6 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--pinning", action="store_true", help="core policies: SWA/prefix pinned tier")
   p.add_argument(
+    "--placement",
+    choices=PLACEMENT_POLICIES,
+    default="vllm",
+    help="core policies: where recurrent states are kept (registered placement policy)",
+  )
+  p.add_argument(
+    "--admission",
+    choices=ADMISSION_POLICIES,
+    default="all",
+    help="core policies: which kept recurrent states are registered (registered policy)",
+  )
+  p.add_argument(
     "--token-budget",
     type=cli_util.int_arg(1),
     default=None,
@@ -494,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
+    for seam, default in (("placement", "vllm"), ("admission", "all")):
+      if getattr(args, seam) != default:
+        if parse_policy(args.policy).kind != "core":
+          raise ValueError(f"{seam} applies to core policies only, got {args.policy!r}")
+        core[seam] = getattr(args, seam)
     if args.page_layout != "model":
       if parse_policy(args.policy).kind != "core":
         raise ValueError(f"page_layout 'vllm' applies to core policies only, got {args.policy!r}")

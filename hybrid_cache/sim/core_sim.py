@@ -229,13 +229,16 @@ def build_config(
   token_budget: int | None = None,
   hash_block_size: int | None = None,
   layout: str = "model",
+  placement: str = "vllm",
+  admission: str = "all",
 ) -> tuple[CacheConfig, dict]:
   """The CacheConfig of a core policy for this trace and budget, and the sizing summary.
 
   `hash_block_size` (None = the block size): vLLM's hash block (`prefix_match_unit`); a divisor
   of `block_size` below it turns on vLLM's partial hits for `align` recurrent groups.
   `layout`: "model" (one group per kind) or "vllm" (vLLM's groups of equal layer counts; module
-  docstring).
+  docstring). `placement`, `admission`: registered policies of those seams
+  (`hybrid_cache.policies`), vLLM's own rules by default.
   """
   if policy not in CORE_POLICY_CONFIGS:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
@@ -286,6 +289,8 @@ def build_config(
     pinning=pinning,
     max_requests=1,
     hash_block_size=hash_block_size,
+    placement=placement,
+    admission=admission,
     **_eviction_costs(model, groups, block_size, p.eviction, layout),
   )
   sizing = {
@@ -297,6 +302,8 @@ def build_config(
     "marconi_junction": p.marconi_junction,
     "recurrent_mode": p.mode,
     "eviction": p.eviction,
+    "placement": placement,
+    "admission": admission,
     "pinning": pinning,
   }
   if layout != "model":

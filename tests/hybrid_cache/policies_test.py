@@ -146,11 +146,184 @@ def test_simulator_runs_every_registered_policy(tmp_path, name):
   _write_trace(trace)
   out = {}
   for policy in ("lru", name):
-    cmd = [sys.executable, "-m", "hybrid_cache.sim", "--trace", str(trace), "--format",
-           "mooncake", "--model", "marconi_7b", "--capacity-bytes", "3e9", "--policy", policy,
-           "--block-size", "512"]
+    cmd = [
+      sys.executable,
+      "-m",
+      "hybrid_cache.sim",
+      "--trace",
+      str(trace),
+      "--format",
+      "mooncake",
+      "--model",
+      "marconi_7b",
+      "--capacity-bytes",
+      "3e9",
+      "--policy",
+      policy,
+      "--block-size",
+      "512",
+    ]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     out[policy] = json.loads(res.stdout)
   assert out[name]["policy"] == name and out[name]["eviction"] == name
   assert 0 < out[name]["token_hit_rate"] <= out[name]["oracle_token_hit_rate"]
+
+
+# ---------------------------------------------------------------------------------------------
+# placement and admission seams
+
+SEAMS = {"placement": policies.PLACEMENT_POLICIES, "admission": policies.ADMISSION_POLICIES}
+_FA_MAMBA = dict(
+  groups=(GroupSpec("full"), GroupSpec("mamba")),
+  block_size=4,
+  num_blocks=40,
+  max_model_len=64,
+  max_requests=4,
+  max_num_batched_tokens=64,
+)
+
+
+@pytest.mark.parametrize(
+  "seam,name", [(seam, name) for seam, names in SEAMS.items() for name in names]
+)
+def test_every_registered_seam_policy_has_both_twins(seam, name):
+  core, oracle = policies.core_policy(seam, name), policies.oracle_policy(seam, name)
+  if name == SEAMS[seam][0]:  # the built-in vLLM rule
+    assert core is None and oracle is None
+  elif seam == "placement":
+    assert callable(core.keep) and callable(oracle.keep)
+  else:
+    assert core.STATE_SIZE > 0 and callable(core.admit) and callable(oracle.Admission)
+  CacheConfig(**_FA_MAMBA, **{seam: name})  # accepted by name
+
+
+@pytest.mark.parametrize("seam", SEAMS)
+def test_unknown_seam_policy_names_the_field(seam):
+  with pytest.raises(ValueError, match=f"{seam} must be one of .*got 'nope'"):
+    CacheConfig(**_FA_MAMBA, **{seam: "nope"})
+
+
+def test_admission_policy_needs_a_recurrent_group_and_no_partial_hits():
+  with pytest.raises(ValueError, match="admission='second_sighting' needs a mamba group"):
+    CacheConfig(groups=(GroupSpec("full"),), num_blocks=8, admission="second_sighting")
+  with pytest.raises(ValueError, match="admission='second_sighting' needs partial hits off"):
+    CacheConfig(
+      groups=(GroupSpec("full", block_size=16), GroupSpec("mamba", block_size=16)),
+      num_blocks=40,
+      hash_block_size=4,
+      admission="second_sighting",
+    )
+
+
+def _first_step_hits(m, prompts):
+  """Hit tokens of each prompt's first step, each request served alone and freed."""
+  hits = []
+  for k, tokens in enumerate(prompts):
+    m.add_request(f"r{k}", tokens)
+    res = m.schedule([ScheduleEntry(f"r{k}")])
+    hits.append(res.entries[0].hit.hit_tokens)
+    while m.request_view(f"r{k}").num_computed_tokens < len(tokens):
+      m.schedule([ScheduleEntry(f"r{k}")])
+    m.free(f"r{k}")
+  return hits
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_second_sighting_registers_a_state_when_its_prefix_recurs(backend):
+  """Four prompts share 20 tokens (5 blocks of 4) and differ in the 21st. Under vLLM's `all`
+  the first request's state at 20 is registered and the next three hit 20 tokens. Under
+  `second_sighting` the first request only marks it; the second finds the KV but no state (a
+  recurrent hit needs both: 0), recomputes and registers it; the third and fourth hit 20."""
+  prompts = [list(range(20)) + [100 + k] for k in range(4)]
+  got = {}
+  for admission in ("all", "second_sighting"):
+    m = make_manager(CacheConfig(**_FA_MAMBA, admission=admission), backend)
+    got[admission] = _first_step_hits(m, prompts)
+  assert got == {"all": [0, 20, 20, 20], "second_sighting": [0, 0, 20, 20]}
+
+
+def test_second_sighting_twins_agree_on_colliding_marks():
+  """The jitted `admit` against the oracle's `Admission` on key sequences whose low bits
+  collide (several candidates of one request on one mark, marks left by earlier requests)."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  from hybrid_cache.core.policies import second_sighting as core
+  from hybrid_cache.core.state import layout
+  from hybrid_cache.oracle.policies import second_sighting as oracle
+
+  config = CacheConfig(**_FA_MAMBA, admission="second_sighting")
+  lay = layout(config)
+  g = lay.recurrent_groups[0]
+  rng = np.random.default_rng(0)
+  table = jnp.zeros((len(lay.recurrent_groups), core.STATE_SIZE), jnp.int32)
+  ref = oracle.Admission(config)
+  mb = lay.max_blocks
+  for _ in range(12):
+    slots = rng.integers(0, 6, mb).astype(np.uint64)  # 6 marks: many collisions
+    high = rng.integers(0, 1 << 20, mb).astype(np.uint64) << np.uint64(core.TABLE_BITS)
+    lo = (slots | high).astype(np.uint32)
+    hi = rng.integers(0, 1 << 32, mb, dtype=np.uint64).astype(np.uint32)
+    offered = rng.random(mb) < 0.5
+    keys = jnp.asarray(np.stack([lo, hi], axis=1))
+    table, admitted = core.admit(lay, config, table, g, keys, jnp.asarray(offered))
+    want = [
+      ref.admit(g, int(lo[i]) | (int(hi[i]) << 32)) if offered[i] else None for i in range(mb)
+    ]
+    got = [bool(a) if o else None for a, o in zip(np.asarray(admitted), offered)]
+    assert got == want
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_junctions_placement_equals_retention_zero(backend):
+  """On a model without window groups, `junctions` keeps exactly what vLLM's mask keeps at
+  `retention_interval=0` (the prompt end and the junction), whatever the interval says."""
+  base = dict(_FA_MAMBA, max_num_batched_tokens=8)  # chunks of 8 leave states in between
+  prompts = [
+    list(range(26)),
+    list(range(14)) + [50, 51, 52, 53, 54, 55, 56],  # junction at 12 (block floor of 14)
+    list(range(14)) + [60, 61, 62, 63, 64, 65, 66, 67, 68],
+    list(range(9)) + [70, 71, 72],
+    list(range(26)) + [80, 81],
+    list(range(14)) + [50, 51, 52, 53, 54, 55, 56, 57, 58],
+  ]
+  runs = {}
+  for name, cfg in {
+    "retention 0": CacheConfig(**base, retention_interval=0),
+    "junctions": CacheConfig(**base, placement="junctions"),
+    "junctions, retention 8": CacheConfig(**base, placement="junctions", retention_interval=8),
+    "dense": CacheConfig(**base),
+  }.items():
+    runs[name] = _first_step_hits(make_manager(cfg, backend), prompts)
+  assert runs["junctions"] == runs["retention 0"] == runs["junctions, retention 8"]
+  assert runs["dense"] != runs["junctions"]  # the prompts do reach the states in between
+
+
+class SeamMachine(eviction_rules(prompts)):
+  """Drives the jitted core and the oracle under every registered placement and admission
+  policy (and the retention intervals they combine with); compares every result, the pool
+  counters, the free-queue order and the state invariants."""
+
+  @initialize(
+    ci=st.integers(0, len(CONFIGS) - 1),
+    placement=st.sampled_from(policies.PLACEMENT_POLICIES),
+    admission=st.sampled_from(policies.ADMISSION_POLICIES),
+    retention=st.sampled_from([None, 0, 8]),
+  )
+  def setup(self, ci, placement, admission, retention):
+    self.config = CacheConfig(
+      placement=placement,
+      admission=admission,
+      retention_interval=retention,
+      **CONFIGS[ci],
+      **_COMMON,
+    )
+    self.jax = make_manager(self.config, "jax")
+    self.ref = make_manager(self.config, "reference")
+
+
+TestSeamMachine = SeamMachine.TestCase
+TestSeamMachine.settings = settings(
+  max_examples=6, stateful_step_count=30, phases=_PHASES, deadline=None
+)
