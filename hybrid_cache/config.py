@@ -145,7 +145,7 @@ class CacheConfig:
       (vLLM 0.33) or "all_tail" (vLLM before #43447, the pre-fix order).
     eviction: a registered eviction policy (`hybrid_cache.policies`): "lru" (vLLM's free
       queue order), "flop_aware" (SPEC B2: Marconi's utility, `core/policies/flop_aware.py`;
-      alpha lives in the state, `eviction.set_alpha`) or another registered name.
+      alpha lives in the state, `core.policies.flop_aware.set_alpha`) or another registered name.
     placement: a registered placement policy (`policies.PLACEMENT_POLICIES`): which state
       blocks of a recurrent group a request keeps; "vllm" = vLLM's retention mask (§2.4.7).
     admission: a registered admission policy (`policies.ADMISSION_POLICIES`): whether a kept

@@ -3,7 +3,7 @@
 Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
 map request names to state slots, pad schedule batches to powers of two, pull each call's
 results once with `np.asarray`, and build the `types` records: the recurrent state slots of
-each scheduled chunk (computed by the core, `recurrent.state_slots`) and the recurrent
+each scheduled chunk (computed by the core, `recurrent_slots.state_slots`) and the recurrent
 state-copy plan (vLLM §5.2) derived from the returned block tables.
 
 Example::
@@ -23,13 +23,16 @@ import numpy as np
 
 from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core import eviction
 from hybrid_cache.core import outputs
 from hybrid_cache.core import scheduler
-from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.fresh_state import init_state
+from hybrid_cache.core.groups import recurrent_slots
+from hybrid_cache.core.layout import layout
+from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import init_state
-from hybrid_cache.core.state import layout
+from hybrid_cache.core.step import REASON_ALLOC
+from hybrid_cache.core.step import REASON_BUDGET
+from hybrid_cache.core.step import REASON_NONE
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats
@@ -39,12 +42,16 @@ from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
 from hybrid_cache.types import StepResult
 
-_REASONS = {0: None, 1: "allocate_slots_failed", 2: "no_token_budget"}
-_SLOT_ORDER = (  # `recurrent.state_slots` columns in `RecurrentSlots` order
-  recurrent.SLOT_READ,
-  recurrent.SLOT_WRITE,
-  recurrent.SLOT_FIRST_CHECKPOINT,
-  recurrent.SLOT_NUM_CHECKPOINTS,
+_REASONS = {  # the core's skip-reason codes (`step.REASON_*`) as `EntryResult.reason`
+  REASON_NONE: None,
+  REASON_ALLOC: "allocate_slots_failed",
+  REASON_BUDGET: "no_token_budget",
+}
+_SLOT_ORDER = (  # `recurrent_slots.state_slots` columns in `RecurrentSlots` order
+  recurrent_slots.SLOT_READ,
+  recurrent_slots.SLOT_WRITE,
+  recurrent_slots.SLOT_FIRST_CHECKPOINT,
+  recurrent_slots.SLOT_NUM_CHECKPOINTS,
 )
 
 
@@ -96,7 +103,7 @@ class JaxCacheManager:
     # (group, offset of its 4 state-slot columns in `EntryColumns.slots`) per recurrent group
     # per recurrent group: (group, columns of its read, write, first checkpoint, count)
     self._slot_cols = tuple(
-      (g, *(self._columns.slots.start + recurrent.SLOT_WIDTH * j + k for k in _SLOT_ORDER))
+      (g, *(self._columns.slots.start + recurrent_slots.SLOT_WIDTH * j + k for k in _SLOT_ORDER))
       for j, g in enumerate(self._lay.recurrent_groups)
     )
 
@@ -348,7 +355,7 @@ class JaxCacheManager:
     """FLOP-aware eviction weight alpha in [0, 100] (ValueError otherwise, or if not flop_aware)."""
     if self.config.eviction != "flop_aware":
       raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
-    self.state = eviction.set_alpha(self.state, alpha)
+    self.state = flop_aware.set_alpha(self.state, alpha)
 
   def request_view(self, req) -> RequestView:
     r = self._get(req)

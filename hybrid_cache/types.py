@@ -59,7 +59,7 @@ class RecurrentSlots(NamedTuple):
   (-1 = no state yet: start from zeros), writes the state after the chunk to block `write`
   and, in mode "all", the state after each full block of the chunk to `checkpoints` (in token
   order). Blocks are the group's pool ids, after the step's `StateCopy`s. The rule, per mode:
-  `hybrid_cache.core.groups.recurrent.state_slots` (vLLM §5.1-5.4). A NamedTuple (immutable,
+  `hybrid_cache.core.groups.recurrent_slots.state_slots` (vLLM §5.1-5.4). A NamedTuple (immutable,
   fields by name) rather than a frozen dataclass: the manager builds one per scheduled entry
   and recurrent group, and it is built in about half the time.
   """

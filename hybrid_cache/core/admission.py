@@ -15,9 +15,9 @@ import jax.numpy as jnp
 
 from hybrid_cache.core import groups
 from hybrid_cache.core.groups.demand import BlockDemand
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import cdiv
 
 

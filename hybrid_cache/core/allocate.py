@@ -22,6 +22,7 @@ from hybrid_cache.core import groups
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.groups.placement import Placement
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
@@ -32,7 +33,6 @@ from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import aux_columns
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import group_columns

@@ -12,7 +12,7 @@ simulator can drive it:
     ...serve req...
     new = tuner.observe(requests_seen=i + 1, evicted=any_eviction_so_far)
     if new is not None:
-      state = eviction.set_alpha(state, new)
+      state = flop_aware.set_alpha(state, new)
 
 `cost_fields(model, groups, block_size)` turns a sim cost model
 (`hybrid_cache.sim.cost_model.ModelConfig`, duck-typed) into `CacheConfig`'s eviction cost

@@ -17,6 +17,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import C_REC_ADMITTED
@@ -26,7 +27,6 @@ from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import floor_to
 
 

@@ -16,14 +16,14 @@ Two remedies, both here:
 
 * `compile_key(config)`: the canonical config the core compiles for. The fields that only
   enter as values (`DYNAMIC_FIELDS`) are read at run time from `CacheState.params`
-  (`state.runtime_params`) and replaced here by fixed placeholders; static shapes are
+  (`fresh_state.runtime_params`) and replaced here by fixed placeholders; static shapes are
   bucketed: `num_blocks` to the next power of two (the padding blocks are never free, never
-  allocated and excluded from every count, see `state.init_state`; the index bucket count and
-  the FLOP-aware re-keying window only depend on that power of two), `max_model_len` so that
-  the block-table width is a power of two (kept exact for eviction policies that read costs,
-  `policies.reads_costs`: flop_aware's efficiency table is normalised over the real width), and
-  the cost fields are dropped for the others (never read). Configs with equal keys share
-  compiled programs.
+  allocated and excluded from every count, see `fresh_state.init_state`; the index bucket
+  count and the FLOP-aware re-keying window only depend on that power of two),
+  `max_model_len` so that the block-table width is a power of two (kept exact for eviction
+  policies that read costs, `policies.reads_costs`: flop_aware's efficiency table is
+  normalised over the real width), and the cost fields are dropped for the others (never
+  read). Configs with equal keys share compiled programs.
 * `jitted(config, name, make)`: the jitted function `name` of `compile_key(config)`, made once
   by `make(key)` (a `jax.jit` of the implementation with the key bound, so each key has its
   own dispatch cache) and kept in a registry of at most `max_live_keys()` keys (least
@@ -47,7 +47,7 @@ from typing import Any
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 
-# Fields read from `CacheState.params` inside jit (see `state.runtime_params`), with the
+# Fields read from `CacheState.params` inside jit (see `fresh_state.runtime_params`), with the
 # placeholder value every compile key carries (valid for `CacheConfig` validation; never read
 # by the core: a read of the placeholder would be a bug).
 DYNAMIC_FIELDS = {

@@ -20,9 +20,9 @@ import numpy as np
 from hybrid_cache.core import block_index
 from hybrid_cache.core import groups
 from hybrid_cache.core import xla_cpu
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.partial import lookup_partial
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 
 
 def group_hashes(lay: Layout, hashes: jax.Array, num_tokens: jax.Array, g: int):

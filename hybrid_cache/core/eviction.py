@@ -43,9 +43,7 @@ from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import xla_cpu
-from hybrid_cache.core.eviction_costs import alpha_milli
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_ALPHA_MILLI
 from hybrid_cache.core.state import C_TAIL
 from hybrid_cache.core.state import Q_FREE
 from hybrid_cache.core.state import Q_PINNED
@@ -70,16 +68,6 @@ def state_window(lay, state):
   _, k, shift, _ = window(lay.num_blocks)
   w0 = state.num_real_blocks
   return w0, k, shift, w0 + w0 * k
-
-
-def set_alpha(state, alpha: float):
-  """The state with the FLOP-aware weight alpha (host call; pure, returns a new state)."""
-  return state.replace(counters=state.counters.at[C_ALPHA_MILLI].set(alpha_milli(alpha)))
-
-
-def get_alpha(state) -> float:
-  """The FLOP-aware weight alpha the state holds."""
-  return int(jax.device_get(state.alpha_milli)) / 1000.0
 
 
 def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:

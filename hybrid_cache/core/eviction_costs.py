@@ -33,7 +33,7 @@ ALPHA_MILLI_MAX = int(ALPHA_MAX * 1000)  # 1000 * NORM + ALPHA_MILLI_MAX * NORM 
 def alpha_milli(alpha: float) -> int:
   """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX].
 
-  Shared by the jitted core (`eviction.set_alpha`) and the plain-Python oracle
+  Shared by the jitted core (`policies.flop_aware.set_alpha`) and the plain-Python oracle
   (`oracle.eviction`), so both accept and round alpha the same way.
   """
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):

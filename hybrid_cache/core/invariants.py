@@ -8,8 +8,8 @@ index entry points at a block carrying that key (lanes, group and bucket); every
 indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
 `Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
 keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
-blocks past the real pool (`state.init_state`) are never free, held, keyed or in a table, and
-the runtime parameters (`CacheState.params`) are the config's.
+blocks past the real pool (`fresh_state.init_state`) are never free, held, keyed or in a
+table, and the runtime parameters (`CacheState.params`) are the config's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
+from hybrid_cache.core.fresh_state import runtime_params
+from hybrid_cache.core.layout import layout
 from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import IDX_BLOCK
@@ -28,8 +30,6 @@ from hybrid_cache.core.state import Q_PINNED
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import layout
-from hybrid_cache.core.state import runtime_params
 
 
 def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:

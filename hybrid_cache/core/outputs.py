@@ -1,7 +1,7 @@
 """Packing of step results and pool counters into one int32 array (one device -> host copy).
 
 `pack_step` lays out, per entry, the scalars `ENTRY_SCALARS`, the per-group vectors
-`ENTRY_VECTORS`, the recurrent groups' state slots (`recurrent.state_slots`), the block-table
+`ENTRY_VECTORS`, the recurrent groups' state slots (`recurrent_slots.state_slots`), the block-table
 row and (partial hits) the copy-on-write pairs, then the pool counters row; `unpack_step` is its
 inverse, used by `manager.JaxCacheManager`.
 """
@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import recurrent_slots
+from hybrid_cache.core.layout import Layout
+from hybrid_cache.core.layout import layout
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
-from hybrid_cache.core.state import layout
 
 
 def stats(lay: Layout, state: CacheState):
@@ -95,12 +95,15 @@ def unpack_lookup(packed, num_groups: int) -> dict:
 
 def entry_slots(lay: Layout, out) -> jax.Array:
   """i32[SLOT_WIDTH R]: per recurrent group (`lay.recurrent_groups` order) the
-  `recurrent.state_slots` of the entry's scheduled chunk [computed - scheduled, computed) in its
-  block-table row."""
+  `recurrent_slots.state_slots` of the entry's scheduled chunk [computed - scheduled, computed)
+  in its block-table row."""
   n = out["scheduled"]
   start = out["computed"] - n
   return jnp.concatenate(
-    [recurrent.state_slots(lay.groups[g], out["row"][g], start, n) for g in lay.recurrent_groups]
+    [
+      recurrent_slots.state_slots(lay.groups[g], out["row"][g], start, n)
+      for g in lay.recurrent_groups
+    ]
     or [jnp.zeros((0,), jnp.int32)]
   )
 
@@ -152,7 +155,7 @@ class EntryColumns:
   @property
   def slots(self) -> slice:
     start = len(ENTRY_SCALARS) + len(ENTRY_VECTORS) * self.num_groups
-    return slice(start, start + recurrent.SLOT_WIDTH * self.num_recurrent)
+    return slice(start, start + recurrent_slots.SLOT_WIDTH * self.num_recurrent)
 
   @property
   def row(self) -> slice:
@@ -177,7 +180,7 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   body, g, n = p[:-1], lay.num_groups, p.shape[0] - 1
   out = {k: body[:, cols.scalars.start + i] for i, k in enumerate(ENTRY_SCALARS)}
   out.update({k: body[:, cols.vector(k)] for k in ENTRY_VECTORS})
-  out["slots"] = body[:, cols.slots].reshape(n, cols.num_recurrent, 4)
+  out["slots"] = body[:, cols.slots].reshape(n, cols.num_recurrent, recurrent_slots.SLOT_WIDTH)
   out["row"] = body[:, cols.row].reshape(n, g, lay.max_blocks)
   if lay.partial:
     out["cows"] = body[:, cols.cows].reshape(n, g, 2)

@@ -17,8 +17,8 @@ import numpy as np
 
 from hybrid_cache.core import block_index
 from hybrid_cache.core import groups
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 
 
 def fine_probe(lay: Layout, state: CacheState, hashes: jax.Array, num_tokens: jax.Array):

@@ -20,13 +20,13 @@ import jax.numpy as jnp
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import INFO_COMPUTED
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_STATUS
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 
 
 def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:

@@ -28,6 +28,7 @@ from hybrid_cache.core import eviction
 from hybrid_cache.core import release as release_lib
 from hybrid_cache.core.allocate import release_cows
 from hybrid_cache.core.block_pool import free_counts
+from hybrid_cache.core.layout import layout
 from hybrid_cache.core.outputs import pack_entry
 from hybrid_cache.core.outputs import pack_lookup
 from hybrid_cache.core.outputs import pack_stats
@@ -43,7 +44,6 @@ from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import aux_columns
-from hybrid_cache.core.state import layout
 from hybrid_cache.core.state import queue_rows
 from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import Layout
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 

@@ -1,9 +1,11 @@
-"""`CacheState`: the one pytree the jitted core reads and writes, and its static layout.
+"""`CacheState`: the one pytree the jitted core reads and writes, its leaves' named rows and
+columns, and the row builders (static sizes: `layout.Layout`; a fresh state and its params
+leaf: `fresh_state.init_state`, `fresh_state.runtime_params`).
 
 Fields (15 leaves, each its own buffer so the state can be donated). Several are stacked
 arrays whose rows or columns are addressed by named constants; `CacheState` reads each of them
 through a named property (listed under its leaf, shape after the name). NB = `Layout.num_blocks`
-(the padded pool), BK = `Layout.buckets`, W = `WAYS`, R = `max_requests`, G = groups,
+(the padded pool), BK = `Layout.buckets`, W = `layout.WAYS`, R = `max_requests`, G = groups,
 MB = `Layout.max_blocks`, MH = `Layout.max_hashes`.
 
 Pool, per block:
@@ -91,22 +93,12 @@ tail insertions keys above; popping takes the smallest key (a doubly-linked list
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache import policies
-from hybrid_cache.config import CacheConfig
-from hybrid_cache.config import ResolvedGroup
-from hybrid_cache.core.compile_cache import compile_key
-
 BIG = np.int32(2**31 - 1)
-WAYS = 16
 
 # req_info columns
 INFO_STATUS, INFO_COMPUTED, INFO_TOKENS, INFO_PROMPT, INFO_SPB = range(5)
@@ -132,7 +124,7 @@ NUM_IDX = 2
 # lanes of a 64-bit hash (block_hash, index_hash, req_hashes): low, high 32 bits
 HASH_LO, HASH_HI = range(2)
 HASH_LANES = 2
-# params columns (`runtime_params`)
+# params columns (`fresh_state.runtime_params`)
 (
   P_NUM_BLOCKS,
   P_MAX_BATCHED,
@@ -371,185 +363,6 @@ def queue_rows(free, pinned) -> jax.Array:
 NO_KEY_AUX = np.zeros(NUM_AUX, np.int32)
 NO_KEY_AUX[[AUX_STEP, AUX_END]] = -1
 NO_KEY_AUX.flags.writeable = False
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecGroup:
-  """Groups with equal specs, looked up together (a hit needs the key in every member)."""
-
-  spec: ResolvedGroup
-  members: tuple[int, ...]
-  need: int  # `hit_need`: swa ceil((W-1)/B) without the EAGLE +1, else 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """Static sizes and per-group constants derived from a `CacheConfig`."""
-
-  num_blocks: int
-  num_groups: int
-  max_blocks: int
-  max_hashes: int
-  max_requests: int
-  buckets: int
-  groups: tuple[ResolvedGroup, ...]
-  hash_block_size: int
-  sbs: int
-  spec_groups: tuple[SpecGroup, ...]  # full attention first
-  align_bs: int  # block size of the first align-mode recurrent group, 0 if none
-  caching: bool  # prefix caching on (and no recurrent group in mode "none")
-  lookahead: int
-  num_spec_blocks: int
-  recurrent_groups: tuple[int, ...] = ()  # indices of recurrent (mamba) groups
-  # indices of the groups whose hit is the whole prefix (full attention, `KEEPS_PREFIX`)
-  prefix_groups: tuple[int, ...] = ()
-  # vLLM §2.5 fine-grained (partial) hits: hits align to `hit_align` (the hash block when
-  # `partial`, else the scheduler block); `fine_groups`: groups whose block is larger than the
-  # hash block (looked up at hash-block granularity, may carry a partial entry)
-  partial: bool = False
-  hit_align: int = 0
-  fine_groups: tuple[int, ...] = ()
-  # groups registering the prompt-tail partial entry at floor_to(num_prompt, HBS) (vLLM
-  # `_cache_partial_tail_block`): full attention with a block larger than the hash block (with
-  # or without partial hits), recurrent `align` ones with partial hits
-  tail_groups: tuple[int, ...] = ()
-  extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
-
-  @property
-  def spec_group_of(self) -> tuple[int, ...]:
-    """Per group, the index of its spec group in `spec_groups`."""
-    out = [0] * self.num_groups
-    for j, s in enumerate(self.spec_groups):
-      for g in s.members:
-        out[g] = j
-    return tuple(out)
-
-  @property
-  def block_sizes(self) -> tuple[int, ...]:
-    """Each group's block size, in group order."""
-    return tuple(g.block_size for g in self.groups)
-
-
-def layout(config: CacheConfig) -> Layout:
-  """The static layout of `config`'s compile key (`compile_cache.compile_key`): bucketed
-  shapes, so equal for configs that share compiled programs."""
-  return _layout(compile_key(config))
-
-
-@functools.lru_cache(maxsize=64)
-def _layout(config: CacheConfig) -> Layout:
-  # the per-kind rules (`groups.rules`); imported here: the group modules import this module
-  from hybrid_cache.core.groups import rules
-
-  caching = config.enable_prefix_caching and not any(
-    rules(g).disables_caching(g) for g in config.resolved_groups
-  )
-  groups = tuple(g if caching else rules(g).without_caching(g) for g in config.resolved_groups)
-  specs: dict[ResolvedGroup, list[int]] = {}
-  for i, g in enumerate(groups):
-    specs.setdefault(g, []).append(i)
-  sg = [SpecGroup(s, tuple(m), rules(s).hit_need(s)) for s, m in specs.items()]
-  sg.sort(key=lambda s: 0 if rules(s.spec).KEEPS_PREFIX else 1)
-  align = [g.block_size for g in groups if rules(g).is_align(g)]
-  partial = bool(caching and config.partial_hits)
-  hbs = config.resolved_hash_block_size
-  tail = tuple(
-    i
-    for i, g in enumerate(groups)
-    if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
-  )
-  cap = 4 * config.num_blocks
-  buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
-  return Layout(
-    num_blocks=config.num_blocks,
-    num_groups=config.num_groups,
-    max_blocks=config.max_blocks_per_request,
-    max_hashes=config.max_hash_blocks,
-    max_requests=config.max_requests,
-    buckets=buckets,
-    groups=groups,
-    hash_block_size=config.resolved_hash_block_size,
-    sbs=config.scheduler_block_size,
-    spec_groups=tuple(sg),
-    align_bs=align[0] if (align and caching) else 0,
-    caching=caching,
-    lookahead=config.num_speculative_blocks,  # EAGLE lookahead slots (vLLM: S tokens)
-    num_spec_blocks=config.num_speculative_blocks,
-    recurrent_groups=tuple(i for i, g in enumerate(groups) if rules(g).RECURRENT),
-    prefix_groups=tuple(i for i, g in enumerate(groups) if rules(g).KEEPS_PREFIX),
-    partial=partial,
-    hit_align=config.hit_alignment if caching else config.scheduler_block_size,
-    fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
-    tail_groups=tail,
-    # a prompt-tail entry goes on a block that may carry its own key already (without partial
-    # hits only full attention registers one)
-    extra_keys=partial or bool(tail),
-  )
-
-
-def runtime_params(config: CacheConfig) -> np.ndarray:
-  """i32[NUM_PARAMS]: the `params` leaf of `config` (`P_*` columns, module docstring)."""
-  p = np.zeros(NUM_PARAMS, np.int32)
-  r = config.retention_interval
-  p[P_NUM_BLOCKS] = config.num_blocks
-  p[P_MAX_BATCHED] = config.max_num_batched_tokens
-  p[P_MAX_MODEL_LEN] = config.max_model_len
-  p[P_WATERMARK] = config.watermark_blocks
-  p[P_FULL_FIT] = int(config.full_sequence_must_fit)
-  p[P_RETENTION] = RETENTION_NONE if r is None else r
-  p[P_PIN_MIN_DROP] = config.pin_min_drop_size
-  p[P_JUNCTION] = int(config.marconi_junction)
-  p[P_ALL_TAIL] = int(config.free_order == "all_tail")
-  return p
-
-
-def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
-  """A fresh state: every block but the null block 0 free, in id order; no keys, no requests.
-
-  The arrays have the shapes of `layout(config)` (padded pool, bucketed widths); the padding
-  blocks past `config.num_blocks` are never free. `bucketed=False`: the config's own shapes
-  (no padding; for unit tests of the pool and index primitives, which read sizes from the
-  arrays; the jitted entry points need the bucketed state). Built in NumPy and transferred
-  once (no per-shape programs to compile).
-  """
-  lay = layout(config) if bucketed else _layout(config)
-  nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
-  real = config.num_blocks
-  qk = np.full((NUM_QUEUES, nb), BIG, np.int32)
-  qk[Q_FREE, 1:real] = np.arange(1, real, dtype=np.int32)
-  counters = np.zeros(NUM_COUNTERS, np.int32)
-  counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
-  counters[C_TAIL] = real  # next tail key
-  counters[C_PIN] = 0
-  aux = np.tile(NO_KEY_AUX, (nb, 1))
-  rg = np.zeros((r, g, NUM_RG), np.int32)
-  rg[:, :, RG_LAST] = -1
-  state = CacheState(
-    ref_cnt=np.zeros((nb,), np.int32),
-    queue_key=qk,
-    block_group=np.full((nb,), -1, np.int32),
-    block_hash=np.zeros((nb, HASH_LANES), np.uint32),
-    block_aux=aux,
-    index_entry=np.full((lay.buckets, WAYS, NUM_IDX), -1, np.int32),
-    index_hash=np.zeros((lay.buckets, WAYS, HASH_LANES), np.uint32),
-    tables=np.zeros((r, g, lay.max_blocks), np.int32),
-    req_hashes=np.zeros((r, lay.max_hashes, HASH_LANES), np.uint32),
-    req_info=np.zeros((r, NUM_INFO), np.int32),
-    req_group=rg,
-    counters=counters,
-    req_partial=np.zeros((r, g if lay.partial else 0), np.int32),
-    params=runtime_params(config),
-    policy_state=np.zeros(policy_state_shape(config, lay), np.int32),
-  )
-  return jax.device_put(state)
-
-
-def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
-  """(R, S): the `policy_state` leaf's shape (module docstring)."""
-  policy = policies.core_policy("admission", config.admission)
-  if policy is None:
-    return (0, 0)
-  return (len(lay.recurrent_groups), policy.STATE_SIZE)
 
 
 def cdiv(a, b):

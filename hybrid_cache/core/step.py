@@ -20,6 +20,7 @@ from hybrid_cache.core import groups
 from hybrid_cache.core.allocate import allocate_slots
 from hybrid_cache.core.allocate import remove_skipped
 from hybrid_cache.core.block_pool import free_counts
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.split import split
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import INFO_COMPUTED
@@ -34,8 +35,11 @@ from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_RUNNING
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 
+# An entry's skip reason (its `reason` output, `outputs.ENTRY_SCALARS`; the manager maps the
+# codes to `EntryResult.reason`): none (scheduled, or a padding entry); `allocate_slots`
+# refused the chunk (free blocks, the full-sequence gate or the watermark); the chunk came out
+# empty (n == 0: no token budget left for it).
 REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
 
 
@@ -197,7 +201,9 @@ def schedule_entry(
   state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
   computed = state.req_info[r, INFO_COMPUTED]
   scheduled = jnp.where(ok, n, 0)
-  reason = jnp.where(attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, 0))
+  reason = jnp.where(
+    attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, REASON_NONE)
+  )
   out = dict(
     admission=is_new,
     hit=hit,

@@ -18,11 +18,11 @@ Each `Engine.step()`:
 
 Which recurrent state blocks a chunk reads, writes and checkpoints (vLLM §5.1-5.4) comes with
 the step result (`EntryResult.recurrent`, computed by the core's
-`hybrid_cache.core.groups.recurrent.state_slots`), and the copies to make before the forward
+`hybrid_cache.core.groups.recurrent_slots.state_slots`), and the copies to make before the forward
 pass with it (`StepResult.state_copies`); the engine holds no mode rule of its own. In mode
 "all" our kernels checkpoint every B tokens from a chunk's start (B = the recurrent groups'
 block size, which may differ from the attention groups' KV page, `engine_config`), so the
-engine caps prefill chunks to end on a block boundary (`recurrent.kernel_chunk_cap`).
+engine caps prefill chunks to end on a block boundary (`recurrent_slots.kernel_chunk_cap`).
 
 Speculative decoding (`Engine(drafter=...)` with `CacheConfig.num_speculative_tokens` = k):
 decoding requests run verify windows of their last token + up to k drafts through the
@@ -57,8 +57,8 @@ import numpy as np
 from flax import nnx
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core.groups import recurrent
-from hybrid_cache.core.state import layout
+from hybrid_cache.core.groups import recurrent_slots
+from hybrid_cache.core.layout import layout
 from hybrid_cache.engine import config as engine_config
 from hybrid_cache.engine import sharding as engine_sharding
 from hybrid_cache.engine import spec as engine_spec
@@ -346,7 +346,7 @@ class Engine:
       raise ValueError("mesh must be None with a drafter (speculative decoding runs on one device)")
     self.rgroups = self.model_config.recurrent_groups
     # the recurrent groups' spec as the core runs it (mode "none" when caching is off), for the
-    # engine's kernel rules (`recurrent.kernel_chunk_cap`, ...); None without recurrent layers
+    # engine's kernel rules (`recurrent_slots.kernel_chunk_cap`, ...); None without recurrent layers
     self._state_spec = layout(cache_config).groups[self.rgroups[0]] if self.rgroups else None
     # Cache group of each recurrent family's layers (copies of group g go to these families).
     self._family_group = {
@@ -480,7 +480,7 @@ class Engine:
   def _entries(self) -> list[ScheduleEntry]:
     """Running requests first, then waiting ones in queue order (up to max_num_seqs).
 
-    Where our kernels need it (`recurrent.kernel_chunk_cap`: mode "all", prefill chunks end on
+    Where our kernels need it (`recurrent_slots.kernel_chunk_cap`: mode "all", prefill chunks end on
     a recurrent block boundary), each entry gets a `max_tokens` computed against the budget
     left, assuming every earlier entry takes its maximum (the core may give less, never more,
     so ends stay aligned); a running request whose chunk cannot end on a boundary is skipped,
@@ -498,7 +498,7 @@ class Engine:
         if spec is not None:
           # a waiting request's chunk starts at its prefix hit, aligned to the scheduler block
           computed = 0 if waiting else r.num_computed
-          cap = recurrent.kernel_chunk_cap(spec, computed, r.num_tokens, budget)
+          cap = recurrent_slots.kernel_chunk_cap(spec, computed, r.num_tokens, budget)
         if cap is None:
           out.append(ScheduleEntry(rid))
           continue
@@ -555,7 +555,7 @@ class Engine:
           continue
       slots = e.recurrent or _NO_STATE
       if self._state_spec is not None:
-        recurrent.check_kernel_chunk(self._state_spec, start, n)
+        recurrent_slots.check_kernel_chunk(self._state_spec, start, n)
       seqs.append(
         runner.SeqStep(
           all_tokens[start : start + n],
@@ -667,7 +667,7 @@ class Engine:
     else:
       read = [s.read for s in slots]
     spec = self._state_spec
-    aligned = spec is not None and recurrent.copies_after_verify(spec) and off <= len(draft)
+    aligned = spec is not None and recurrent_slots.copies_after_verify(spec) and off <= len(draft)
     return engine_spec.Window(
       tokens=[tokens[c]] + draft,
       start=c,
@@ -761,7 +761,9 @@ class Engine:
     self.stats.kv_page_copies += len(kv)
     sbs = self.state_block_size
     spec = self._state_spec
-    ckpt_cols = pad_t // sbs if spec and recurrent.kernel_checkpoints(spec) and not decode else 0
+    ckpt_cols = (
+      pad_t // sbs if spec and recurrent_slots.kernel_checkpoints(spec) and not decode else 0
+    )
     inputs = runner.build_step_inputs(
       self.model_config,
       seqs,

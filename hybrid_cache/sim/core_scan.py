@@ -37,16 +37,16 @@ import numpy as np
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import compile_cache
-from hybrid_cache.core import eviction
 from hybrid_cache.core import outputs
 from hybrid_cache.core import release as release_lib
 from hybrid_cache.core import scheduler
 from hybrid_cache.core import state as state_lib
+from hybrid_cache.core.fresh_state import init_state
+from hybrid_cache.core.layout import layout
+from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import INFO_COMPUTED
 from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import init_state
-from hybrid_cache.core.state import layout
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_CHUNK = 1024
@@ -310,7 +310,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   runs: dict[float, tuple] = {}
 
   def replay(a: float, k: int) -> float:
-    st = eviction.set_alpha(init_state(config), a)
+    st = flop_aware.set_alpha(init_state(config), a)
     st, o = _replay_range(config, p, hashes, st, 0, k, chunk, None)
     runs[a] = (st, o)
     reused = np.concatenate(o)[:, 0] if o else np.zeros(0, np.int32)
@@ -342,7 +342,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   if 0.0 not in runs:
     replay(0.0, w)
   st0, o0 = runs[0.0]
-  st = eviction.set_alpha(st0, got)
+  st = flop_aware.set_alpha(st0, got)
   st, rest = _replay_range(config, p, hashes, st, w, n, chunk, None)
   if on_chunk is not None:
     on_chunk(n - 1, st)
@@ -367,7 +367,7 @@ def run_scan(
   fixed so one compile serves all chunks). `on_chunk(last_request_index, state)` runs after
   each chunk (chunk=1 gives a check after every request). ValueError if a request cannot make
   progress (capacity).
-  `alpha` (FLOP-aware eviction) is written into the initial state (`eviction.set_alpha`);
+  `alpha` (FLOP-aware eviction) is written into the initial state (`flop_aware.set_alpha`);
   "tuned" runs Marconi's online tuner instead (`_replay_tuned`; needs `tune_model`, the sim
   cost model that scores FLOPs saved, and the core's `hybrid_cache.core.alpha_tuning`).
   `details`, if given, receives the per-request output columns ("per_request") and the final
@@ -391,7 +391,7 @@ def run_scan(
   else:
     state = init_state(config)
     if alpha is not None:
-      state = eviction.set_alpha(state, alpha)
+      state = flop_aware.set_alpha(state, alpha)
     state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0

@@ -24,12 +24,13 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import eviction
 from hybrid_cache.core.eviction_costs import block_flops
 from hybrid_cache.core.eviction_costs import efficiency_table
+from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.invariants import check_invariants
+from hybrid_cache.core.layout import layout
+from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import init_state
-from hybrid_cache.core.state import layout
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.oracle.eviction import EvictionOrder
@@ -115,7 +116,7 @@ def _tiny_state():
 )
 def test_prepare_hand_computed_order(alpha, expected):
   lay = layout(TINY)
-  s = eviction.set_alpha(_tiny_state(), alpha)
+  s = flop_aware.set_alpha(_tiny_state(), alpha)
   out = eviction.prepare(lay, TINY, s)
   assert _jax_free_queue(out) == expected
   # a second prepare with nothing in between keeps the order (recency survived re-keying)
@@ -138,7 +139,7 @@ def test_dead_state_goes_right_after_key_less_blocks():
   s = _tiny_state()
   s = block_index.evict(s, jax.numpy.arange(8) == 4)
   assert np.asarray(eviction.dead_states(lay, s)).nonzero()[0].tolist() == [5]
-  out = eviction.prepare(lay, TINY, eviction.set_alpha(s, 1.0))
+  out = eviction.prepare(lay, TINY, flop_aware.set_alpha(s, 1.0))
   assert _jax_free_queue(out) == [1, 7, 4, 5, 2, 6, 3]
   assert _jax_free_queue(eviction.prepare(lay, TINY, s)) == [1, 2, 3, 7, 4, 5, 6]  # alpha 0
   fe = EvictionOrder(TINY, 1.0)
@@ -153,7 +154,7 @@ def test_dead_state_goes_right_after_key_less_blocks():
 
 def test_prepare_is_identity_for_lru():
   cfg = TINY.replace(eviction="lru")
-  s = eviction.set_alpha(_tiny_state(), 1.0)
+  s = flop_aware.set_alpha(_tiny_state(), 1.0)
   out = eviction.prepare(layout(cfg), cfg, s)
   for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(out)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -271,7 +272,7 @@ class FlopMachine(eviction_rules(prompts)):
     self._alpha(alpha)
 
   def _alpha(self, alpha):
-    self.jax.state = eviction.set_alpha(self.jax.state, alpha)
+    self.jax.state = flop_aware.set_alpha(self.jax.state, alpha)
     self.ref.set_eviction_alpha(alpha)
 
   @rule(alpha=st.sampled_from(ALPHAS))
@@ -316,10 +317,10 @@ def test_block_flops_hand_computed():
 
 def test_set_alpha_roundtrip_and_bad_values():
   s = init_state(TINY)
-  assert eviction.get_alpha(eviction.set_alpha(s, 1.25)) == 1.25
+  assert flop_aware.get_alpha(flop_aware.set_alpha(s, 1.25)) == 1.25
   for bad in (-0.1, 100.5, float("nan"), "1", True, None):
     with pytest.raises(ValueError, match="alpha"):
-      eviction.set_alpha(s, bad)
+      flop_aware.set_alpha(s, bad)
     with pytest.raises(ValueError, match="alpha"):
       EvictionOrder(TINY, bad)
 
@@ -431,5 +432,3 @@ def test_cost_fields_from_model():
   assert own["eviction_block_bytes"] == (160.0, 1000.0)
   cfg = CacheConfig(groups=groups, num_blocks=8, block_size=16, eviction="flop_aware", **f)
   assert cfg.eviction_flops_linear == (448.0, 192.0)
-
-

@@ -13,7 +13,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import partial
 from hybrid_cache.core import split
-from hybrid_cache.core.state import layout
+from hybrid_cache.core.layout import layout
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.types import ScheduleEntry

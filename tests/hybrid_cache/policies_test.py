@@ -249,8 +249,8 @@ def test_second_sighting_twins_agree_on_colliding_marks():
   import jax.numpy as jnp
   import numpy as np
 
+  from hybrid_cache.core.layout import layout
   from hybrid_cache.core.policies import second_sighting as core
-  from hybrid_cache.core.state import layout
   from hybrid_cache.oracle.policies import second_sighting as oracle
 
   config = CacheConfig(**_FA_MAMBA, admission="second_sighting")

@@ -32,7 +32,7 @@ Key registration (§1.7, §2.3.4, §2.4.7, §2.5):
   cond), tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc)   the prompt-tail entry
   (full attention and recurrent only: `tail_boundaries`)
 
-Layout (`state._layout`, derived once per config):
+Layout (`layout.derive_layout`, derived once per config):
 
   KEEPS_PREFIX, RECURRENT                            static properties of the kind
   hit_need(spec)                                     `SpecGroup.need`
@@ -45,7 +45,8 @@ Host-side cost model of FLOP-aware eviction (SPEC B2, NumPy):
   prefix_flops(spec, tokens, linear, quadratic), block_flops(spec, end, linear, quadratic),
   layer_costs(model, spec, block_size, share, lin_quad), MLP_PRIORITY
 
-plus each kind's own helpers (`find`, `retention_mask`).
+plus each kind's own helpers (`find`, `retention_mask`). The worker-side rules of recurrent
+groups (state slots, the engine's kernel chunk rule) are not dispatched: `recurrent_slots`.
 """
 
 from hybrid_cache.core.groups import full_attention

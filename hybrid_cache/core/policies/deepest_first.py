@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.eviction import FreeBlocks
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
 
 DEPTH_LIMIT = 1 << 30  # priorities live in [0, 2^30]
 

@@ -7,7 +7,8 @@ normalised efficiency q (FLOPs saved per byte of the block's group at its key's 
 `eviction_costs.efficiency_table`); a single candidate or all-equal values normalise to 2^14
 (Marconi's `_normalize`). Integer arithmetic only, so the oracle twin
 (`hybrid_cache.oracle.policies.flop_aware`) agrees exactly. alpha = 0 (`CacheState.alpha_milli`)
-leaves the queue alone: exactly LRU.
+leaves the queue alone: exactly LRU. alpha is the policy's runtime parameter, held in the state
+(`set_alpha` / `get_alpha`; tuned online by `alpha_tuning`).
 
 Known limitation: the utility is per block and blind to prefix chains; see
 `hybrid_cache.core.eviction`.
@@ -23,10 +24,24 @@ from hybrid_cache.core.eviction import NORM
 from hybrid_cache.core.eviction import FreeBlocks
 from hybrid_cache.core.eviction import scaled_ratio
 from hybrid_cache.core.eviction_costs import ALPHA_MILLI_MAX
+from hybrid_cache.core.eviction_costs import alpha_milli
 from hybrid_cache.core.eviction_costs import efficiency_table
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import C_ALPHA_MILLI
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import Layout
+
+
+def set_alpha(state: CacheState, alpha: float) -> CacheState:
+  """The state with the FLOP-aware weight alpha, stored in thousandths in
+  `CacheState.alpha_milli` (host call; pure, returns a new state). ValueError unless alpha is a
+  number in [0, 100] (`eviction_costs.alpha_milli`)."""
+  return state.replace(counters=state.counters.at[C_ALPHA_MILLI].set(alpha_milli(alpha)))
+
+
+def get_alpha(state: CacheState) -> float:
+  """The FLOP-aware weight alpha the state holds (host call)."""
+  return int(jax.device_get(state.alpha_milli)) / 1000.0
 
 
 def _alpha(state: CacheState) -> jax.Array:

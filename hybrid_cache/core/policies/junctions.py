@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core.state import Layout
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import floor_to
 
 

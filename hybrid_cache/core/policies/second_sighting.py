@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.core.state import Layout
+from hybrid_cache.core.layout import Layout
 
 TABLE_BITS = 12
 STATE_SIZE = 1 << TABLE_BITS  # marks per recurrent group

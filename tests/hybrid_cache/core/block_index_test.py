@@ -10,7 +10,7 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import block_index
-from hybrid_cache.core.state import init_state
+from hybrid_cache.core.fresh_state import init_state
 
 CFG = CacheConfig(
   groups=(GroupSpec("full"), GroupSpec("full")), block_size=4, num_blocks=32, max_model_len=64

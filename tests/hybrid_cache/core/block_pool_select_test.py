@@ -17,8 +17,8 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
+from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import init_state
 
 NB = 150  # not a multiple of the 64-wide prefix tile
 CFG = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=NB, max_model_len=64)

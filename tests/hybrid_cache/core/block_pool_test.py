@@ -8,8 +8,8 @@ import numpy as np
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import block_pool
+from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import init_state
 
 CFG = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=11, max_model_len=64)
 

@@ -11,11 +11,11 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
+from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.groups import full_attention
 from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.groups import sliding_window
-from hybrid_cache.core.state import init_state
-from hybrid_cache.core.state import layout
+from hybrid_cache.core.layout import layout
 
 
 def _mask(pattern: str) -> jnp.ndarray:

@@ -1,10 +1,10 @@
 """Recurrent state slots (vLLM §5.1-5.4) and the engine's mode-"all" chunk cap.
 
-`recurrent.state_slots` (jitted core) against its plain-Python twin
+`recurrent_slots.state_slots` (jitted core) against its plain-Python twin
 `oracle.rules.recurrent_state_slots` on random chunks; both backends' `EntryResult.recurrent`
 on served requests (the hypothesis machines of `differential_test.py` compare them on random
 schedules too); and the property the engine relies on in mode "all": chunks capped by
-`recurrent.kernel_chunk_cap` get every block boundary's state written into that boundary's
+`recurrent_slots.kernel_chunk_cap` get every block boundary's state written into that boundary's
 block, by a checkpoint or the chunk's final write.
 """
 
@@ -22,7 +22,7 @@ from hypothesis import settings
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.config import ResolvedGroup
-from hybrid_cache.core.groups import recurrent
+from hybrid_cache.core.groups import recurrent_slots
 from hybrid_cache.factory import make_manager
 from hybrid_cache.oracle import rules
 from hybrid_cache.types import ScheduleEntry
@@ -36,7 +36,7 @@ def _spec(mode: str, bs: int) -> ResolvedGroup:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _slots(spec, row, start, n):
-  return recurrent.state_slots(spec, row, start, n)
+  return recurrent_slots.state_slots(spec, row, start, n)
 
 
 def _decode(spec, row, start, n):
@@ -90,29 +90,29 @@ def test_kernel_chunk_cap_keeps_chunks_checkpointable(bs, num_tokens, data):
     st.one_of(st.integers(0, (num_tokens - 1) // bs).map(lambda k: k * bs), st.just(num_tokens - 1))
   )
   budget = data.draw(st.integers(1, 300))
-  cap = recurrent.kernel_chunk_cap(spec, computed, num_tokens, budget)
+  cap = recurrent_slots.kernel_chunk_cap(spec, computed, num_tokens, budget)
   assert cap <= min(budget, num_tokens - computed)
   if cap > 0:
     end = computed + cap
     assert end == num_tokens or end % bs == 0
-    recurrent.check_kernel_chunk(spec, computed, cap)  # never crosses from inside a block
+    recurrent_slots.check_kernel_chunk(spec, computed, cap)  # never crosses from inside a block
   else:
     # no boundary within the budget: only when the sequence end is out of reach too
     assert computed + budget < num_tokens
     assert (computed + budget) // bs * bs <= computed
   for mode in ("none", "align"):
-    assert recurrent.kernel_chunk_cap(_spec(mode, bs), computed, num_tokens, budget) is None
+    assert recurrent_slots.kernel_chunk_cap(_spec(mode, bs), computed, num_tokens, budget) is None
 
 
 def test_kernel_chunk_cap_example():
   spec = _spec("all", 4)
-  assert recurrent.kernel_chunk_cap(spec, 4, 27, 7) == 4
-  assert recurrent.kernel_chunk_cap(spec, 4, 27, 30) == 23
-  assert recurrent.kernel_chunk_cap(spec, 5, 27, 2) == -1
+  assert recurrent_slots.kernel_chunk_cap(spec, 4, 27, 7) == 4
+  assert recurrent_slots.kernel_chunk_cap(spec, 4, 27, 30) == 23
+  assert recurrent_slots.kernel_chunk_cap(spec, 5, 27, 2) == -1
   with pytest.raises(AssertionError, match="crosses a block boundary"):
-    recurrent.check_kernel_chunk(spec, 5, 4)
-  recurrent.check_kernel_chunk(spec, 5, 3)  # ends on the boundary
-  recurrent.check_kernel_chunk(_spec("align", 4), 5, 9)  # align chunks carry no checkpoints
+    recurrent_slots.check_kernel_chunk(spec, 5, 4)
+  recurrent_slots.check_kernel_chunk(spec, 5, 3)  # ends on the boundary
+  recurrent_slots.check_kernel_chunk(_spec("align", 4), 5, 9)  # align chunks carry no checkpoints
 
 
 def _config(mode: str, **kw) -> CacheConfig:
@@ -144,7 +144,7 @@ def test_served_requests_slots_agree_across_backends(mode):
         if v.num_computed_tokens >= v.num_tokens:
           m.append_tokens(name, [5])  # a decode step
           v = m.request_view(name)
-        cap = recurrent.kernel_chunk_cap(spec, v.num_computed_tokens, v.num_tokens, budget)
+        cap = recurrent_slots.kernel_chunk_cap(spec, v.num_computed_tokens, v.num_tokens, budget)
         if cap is not None and cap <= 0:
           continue
         e = m.schedule([ScheduleEntry(name, budget if cap is None else cap)]).entries[0]
@@ -175,12 +175,12 @@ def test_mode_all_writes_every_boundary_state(backend):
     v = m.request_view("a")
     if v.num_computed_tokens >= n_tok:
       break
-    cap = recurrent.kernel_chunk_cap(spec, v.num_computed_tokens, n_tok, budget)
+    cap = recurrent_slots.kernel_chunk_cap(spec, v.num_computed_tokens, n_tok, budget)
     if cap <= 0:
       continue
     e = m.schedule([ScheduleEntry("a", cap)]).entries[0]
     start, end = e.num_computed_tokens - e.scheduled_tokens, e.num_computed_tokens
-    recurrent.check_kernel_chunk(spec, start, e.scheduled_tokens)
+    recurrent_slots.check_kernel_chunk(spec, start, e.scheduled_tokens)
     row = m.request_view("a").block_ids[1]
     s = e.recurrent[0]
     assert s.group == 1 and s.read == last_write

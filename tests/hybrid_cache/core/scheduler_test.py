@@ -11,7 +11,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import split
 from hybrid_cache.core.groups import recurrent
 from hybrid_cache.core.groups import sliding_window
-from hybrid_cache.core.state import layout
+from hybrid_cache.core.layout import layout
 
 
 def _split(cfg, start, n, num_tokens, spb, num_prompt=None, max_chunk=None):
@@ -126,7 +126,7 @@ def test_swa_dense_caches_only_segment_tails_s09():
 
 def test_admission_counts_evictable_hits_s32():
   from hybrid_cache.core import admission
-  from hybrid_cache.core.state import init_state
+  from hybrid_cache.core.fresh_state import init_state
 
   cfg = CacheConfig(groups=(GroupSpec("swa", window=4),), block_size=2, num_blocks=16)
   cfg = cfg.replace(max_model_len=64)

@@ -10,7 +10,9 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.core import layout
 from hybrid_cache.core import state as st
+from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 
@@ -124,11 +126,11 @@ def test_row_builders_place_columns_by_their_constants():
 
 
 def test_fresh_state_widths_and_no_key_rows():
-  s = jax.device_get(st.init_state(CFG))
-  lay = st.layout(CFG)
+  s = jax.device_get(init_state(CFG))
+  lay = layout.layout(CFG)
   assert s.queue_key.shape == (st.NUM_QUEUES, lay.num_blocks)
   assert s.block_aux.shape == (lay.num_blocks, st.NUM_AUX)
-  assert s.index_entry.shape == (lay.buckets, st.WAYS, st.NUM_IDX)
+  assert s.index_entry.shape == (lay.buckets, layout.WAYS, st.NUM_IDX)
   assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
   assert s.req_group.shape == (lay.max_requests, lay.num_groups, st.NUM_RG)
   assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES

@@ -224,7 +224,7 @@ def test_scan_matches_protocol_with_swa_and_pinning():
 
 
 def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
-  from hybrid_cache.core import eviction
+  from hybrid_cache.core.policies import flop_aware
 
   pytest.importorskip("hybrid_cache.core.alpha_tuning")
   from hybrid_cache.sim.metrics import flops_saved
@@ -247,7 +247,7 @@ def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
   # path right after request W - 1 is freed)
   def switch(i, m):
     if i == w - 1:
-      m.state = eviction.set_alpha(m.state, a)
+      m.state = flop_aware.set_alpha(m.state, a)
 
   ref, _ = core_sim.run_core(tr, cfg, "jax", on_request=switch, alpha=0.0)
   assert tri == ref

@@ -1,0 +1,140 @@
+"""`Layout`: the static sizes and per-group constants the jitted core is traced with.
+
+Derived once per compile key (`compile_cache.compile_key`) from the config and the per-kind
+group rules (`groups.rules`: `hit_need`, `disables_caching` / `without_caching`, `is_align`,
+`caches_prompt_tail`, `KEEPS_PREFIX`, `RECURRENT`), so that the rest of the core reads fields
+(`Layout.spec_groups`, `align_bs`, `recurrent_groups`, ...) and compares no kind or mode.
+
+Padded shapes (`compile_cache`): `num_blocks` is the next power of two of the config's (the
+padding blocks: `state` module docstring), `max_blocks` / `max_hashes` are the widths of the
+bucketed `max_model_len`; the block index has `buckets` buckets of `WAYS` ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from hybrid_cache.config import CacheConfig
+from hybrid_cache.config import ResolvedGroup
+from hybrid_cache.core.compile_cache import compile_key
+
+WAYS = 16  # ways per block-index bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecGroup:
+  """Groups with equal specs, looked up together (a hit needs the key in every member)."""
+
+  spec: ResolvedGroup
+  members: tuple[int, ...]
+  need: int  # `hit_need`: swa ceil((W-1)/B) without the EAGLE +1, else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Static sizes and per-group constants derived from a `CacheConfig`."""
+
+  num_blocks: int
+  num_groups: int
+  max_blocks: int
+  max_hashes: int
+  max_requests: int
+  buckets: int
+  groups: tuple[ResolvedGroup, ...]
+  hash_block_size: int
+  sbs: int
+  spec_groups: tuple[SpecGroup, ...]  # full attention first
+  align_bs: int  # block size of the first align-mode recurrent group, 0 if none
+  caching: bool  # prefix caching on (and no recurrent group in mode "none")
+  lookahead: int
+  num_spec_blocks: int
+  recurrent_groups: tuple[int, ...] = ()  # indices of recurrent (mamba) groups
+  # indices of the groups whose hit is the whole prefix (full attention, `KEEPS_PREFIX`)
+  prefix_groups: tuple[int, ...] = ()
+  # vLLM §2.5 fine-grained (partial) hits: hits align to `hit_align` (the hash block when
+  # `partial`, else the scheduler block); `fine_groups`: groups whose block is larger than the
+  # hash block (looked up at hash-block granularity, may carry a partial entry)
+  partial: bool = False
+  hit_align: int = 0
+  fine_groups: tuple[int, ...] = ()
+  # groups registering the prompt-tail partial entry at floor_to(num_prompt, HBS) (vLLM
+  # `_cache_partial_tail_block`): full attention with a block larger than the hash block (with
+  # or without partial hits), recurrent `align` ones with partial hits
+  tail_groups: tuple[int, ...] = ()
+  extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
+
+  @property
+  def spec_group_of(self) -> tuple[int, ...]:
+    """Per group, the index of its spec group in `spec_groups`."""
+    out = [0] * self.num_groups
+    for j, s in enumerate(self.spec_groups):
+      for g in s.members:
+        out[g] = j
+    return tuple(out)
+
+  @property
+  def block_sizes(self) -> tuple[int, ...]:
+    """Each group's block size, in group order."""
+    return tuple(g.block_size for g in self.groups)
+
+
+def layout(config: CacheConfig) -> Layout:
+  """The static layout of `config`'s compile key (`compile_cache.compile_key`): bucketed
+  shapes, so equal for configs that share compiled programs."""
+  return derive_layout(compile_key(config))
+
+
+@functools.lru_cache(maxsize=64)
+def derive_layout(config: CacheConfig) -> Layout:
+  """The layout of `config` exactly as given (no compile key: the config's own, unbucketed
+  shapes unless `config` is a compile key); `layout` is the one the jitted core uses."""
+  # the per-kind rules (`groups.rules`); imported here: the group modules import `state`,
+  # which imports this module
+  from hybrid_cache.core.groups import rules
+
+  caching = config.enable_prefix_caching and not any(
+    rules(g).disables_caching(g) for g in config.resolved_groups
+  )
+  groups = tuple(g if caching else rules(g).without_caching(g) for g in config.resolved_groups)
+  specs: dict[ResolvedGroup, list[int]] = {}
+  for i, g in enumerate(groups):
+    specs.setdefault(g, []).append(i)
+  sg = [SpecGroup(s, tuple(m), rules(s).hit_need(s)) for s, m in specs.items()]
+  sg.sort(key=lambda s: 0 if rules(s.spec).KEEPS_PREFIX else 1)
+  align = [g.block_size for g in groups if rules(g).is_align(g)]
+  partial = bool(caching and config.partial_hits)
+  hbs = config.resolved_hash_block_size
+  tail = tuple(
+    i
+    for i, g in enumerate(groups)
+    if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
+  )
+  cap = 4 * config.num_blocks
+  buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
+  return Layout(
+    num_blocks=config.num_blocks,
+    num_groups=config.num_groups,
+    max_blocks=config.max_blocks_per_request,
+    max_hashes=config.max_hash_blocks,
+    max_requests=config.max_requests,
+    buckets=buckets,
+    groups=groups,
+    hash_block_size=config.resolved_hash_block_size,
+    sbs=config.scheduler_block_size,
+    spec_groups=tuple(sg),
+    align_bs=align[0] if (align and caching) else 0,
+    caching=caching,
+    lookahead=config.num_speculative_blocks,  # EAGLE lookahead slots (vLLM: S tokens)
+    num_spec_blocks=config.num_speculative_blocks,
+    recurrent_groups=tuple(i for i, g in enumerate(groups) if rules(g).RECURRENT),
+    prefix_groups=tuple(i for i, g in enumerate(groups) if rules(g).KEEPS_PREFIX),
+    partial=partial,
+    hit_align=config.hit_alignment if caching else config.scheduler_block_size,
+    fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
+    tail_groups=tail,
+    # a prompt-tail entry goes on a block that may carry its own key already (without partial
+    # hits only full attention registers one)
+    extra_keys=partial or bool(tail),
+  )
