@@ -105,7 +105,7 @@ def bench_batches(rounds: int) -> list[tuple[int, float, float, float, float]]:
 
 def _admit_and_preempt(config, state, slot):
   state, out = scheduler.admit_one(config, state, slot, jnp.int32(-1))
-  state = release.release(layout(config), config, state, slot, preempt=True)
+  state = release.release(layout(config), state, slot, preempt=True)
   return state, out["scheduled"]
 
 

@@ -5,17 +5,17 @@ A policy is one core file `hybrid_cache/core/policies/<name>.py` + its oracle tw
 unique across seams (one file per name). Each seam's built-in default is vLLM 0.33's own rule
 and has no file.
 
-  eviction   core   `priority(lay, config, state, blocks) -> i32[NB]`
+  eviction   core   `priority(lay, state, blocks) -> i32[NB]`
              oracle `priority(config, blocks, order) -> list[int]`
              For every eviction candidate (a keyed free block that can still be hit), an integer
              priority: lower is evicted first; ties go least recently freed first.
              Default `lru`: vLLM's free queue itself (no re-ordering).
-  placement  core   `keep(lay, config, r, g, pos, boundaries, default) -> bool[MB]`
+  placement  core   `keep(lay, r, g, pos, boundaries, default) -> bool[MB]`
              oracle `keep(config, i, block_size, alignment, boundaries, default) -> bool`
              Which state blocks of a recurrent group a request keeps (registers a key for): the
              positions of its recurrent checkpoints. `default` is vLLM's mask (§2.4.7: dense,
              or `retention_interval` plus the replay boundaries). Default `vllm`: that mask.
-  admission  core   `STATE_SIZE`, `admit(lay, config, table, g, keys, candidates)`
+  admission  core   `STATE_SIZE`, `admit(lay, table, g, keys, candidates)`
                     -> (table, bool[MB])
              oracle `Admission(config)` with `admit(gid, key) -> bool`
              Whether a recurrent state block that placement keeps is admitted to the cache,

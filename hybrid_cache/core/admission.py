@@ -23,7 +23,6 @@ from hybrid_cache.core.state import cdiv
 
 def blocks_needed(
   lay: Layout,
-  config,
   state: CacheState,
   r,
   is_new,

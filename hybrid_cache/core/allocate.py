@@ -15,7 +15,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
@@ -41,7 +40,7 @@ from hybrid_cache.core.state import group_columns
 # releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
 
 
-def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) -> CacheState:
+def remove_skipped(lay: Layout, state: CacheState, r, c) -> CacheState:
   """Frees blocks of request `r` no longer needed once `c` tokens are computed."""
   pos = jnp.arange(lay.max_blocks)
   for g, spec in enumerate(lay.groups):
@@ -54,7 +53,7 @@ def remove_skipped(lay: Layout, config: CacheConfig, state: CacheState, r, c) ->
     # blocks [j0 + 1, k) are dropped now; the ones up to j0 were already (null in the row)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
     drop = (pos > j0) & (pos < k)
-    state = kind.before_skipped_free(config, state, spec, row, drop, k, j0)
+    state = kind.before_skipped_free(lay, state, spec, row, drop, k, j0)
     ids = jnp.where(drop, row, 0)[::-1]
     state = block_pool.free_ordered(state, ids, jnp.zeros_like(ids))
     row = jnp.where(drop, 0, row)
@@ -85,7 +84,6 @@ class Allocation(NamedTuple):
 
 def allocate_slots(
   lay: Layout,
-  config: CacheConfig,
   state: CacheState,
   r,
   is_new,
@@ -210,7 +208,7 @@ def allocate_slots(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
-  state = cache_blocks(lay, config, state, r, start + n, ok, keys, info)
+  state = cache_blocks(lay, state, r, start + n, ok, keys, info)
   return Allocation(state, queued, cows)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache import policies
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
@@ -30,9 +29,7 @@ from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import floor_to
 
 
-def cache_blocks(
-  lay: Layout, config: CacheConfig, state: CacheState, r, computed, ok=True, keys=None, info=None
-):
+def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None, info=None):
   """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
 
   Nothing is written when `ok` (bool) is False. `keys` (optional): the request's
@@ -51,8 +48,8 @@ def cache_blocks(
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
   all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
   rg = state.req_group[r]
-  placement = policies.core_policy("placement", config.placement)
-  admission = policies.core_policy("admission", config.admission)
+  placement = policies.core_policy("placement", lay.config.placement)
+  admission = policies.core_policy("admission", lay.config.admission)
   table = state.policy_state
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
@@ -68,7 +65,7 @@ def cache_blocks(
       unkeyed = unkeyed | promote
     mask = kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
     if g in lay.recurrent_groups and placement is not None:
-      mask = placement.keep(lay, config, r, g, pos, boundaries, mask)
+      mask = placement.keep(lay, r, g, pos, boundaries, mask)
     offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
     sel = offered & unkeyed
     if keys is None:
@@ -76,7 +73,7 @@ def cache_blocks(
     if g in lay.recurrent_groups and admission is not None:
       mb = lay.max_blocks
       gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
-      table, admitted = admission.admit(lay, config, table, g, gkeys, offered)
+      table, admitted = admission.admit(lay, table, g, gkeys, offered)
       sel &= admitted
     all_ids.append(jnp.where(sel, row, 0))
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))

@@ -9,7 +9,7 @@ normal free queue in `prepare`, at the start of every scheduler step, so that th
 (smallest key first) follows it: free blocks without a key first, in their current order
 (scratch first); then dead recurrent states (`dead_states`: their KV prefix is gone, they can
 never be hit), least recently freed first; then the other keyed free blocks ("candidates") by
-increasing `policy.priority(lay, config, state, FreeBlocks)`, ties least recently freed first.
+increasing `policy.priority(lay, state, FreeBlocks)`, ties least recently freed first.
 A policy may define `active(state)`: when it is false the queue is left as it is (flop_aware:
 alpha = 0 is exactly LRU). The oracle twin (`hybrid_cache.oracle.eviction`) orders the
 reference's free list by the same rule, so both cores agree exactly.
@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache import policies
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.state import BIG
@@ -163,7 +162,7 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   return jnp.where(moved, new_key, qk0)
 
 
-def prepare(lay, config: CacheConfig, state):
+def prepare(lay, state):
   """Hook run at the start of every scheduler step, before any allocation.
 
   `lru`: the state unchanged. Any other policy (`policies.core_eviction`): lifts the tail
@@ -171,7 +170,7 @@ def prepare(lay, config: CacheConfig, state):
   default: always), re-keys the normal free queue by the policy's `priority` (module
   docstring). Pinned tier untouched.
   """
-  policy = policies.core_eviction(config.eviction)
+  policy = policies.core_eviction(lay.config.eviction)
   if policy is None:
     return state
   _, _, _, w_end = state_window(lay, state)
@@ -179,7 +178,7 @@ def prepare(lay, config: CacheConfig, state):
   state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(state.tail_key, w_end)))
 
   def rekey():
-    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, config, state, blocks))
+    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, state, blocks))
 
   active = getattr(policy, "active", None)
   if active is None:

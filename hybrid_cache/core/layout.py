@@ -34,8 +34,14 @@ class SpecGroup:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """Static sizes and per-group constants derived from a `CacheConfig`."""
+  """Static sizes and per-group constants derived from a `CacheConfig`, and that config.
 
+  The one static argument of the core's functions: `config` is the config the layout was
+  derived from (inside jit the compile key, `compile_cache.compile_key`), read as
+  `lay.config.pinning`, `lay.config.eviction`, ...; the other fields are derived from it.
+  """
+
+  config: CacheConfig
   num_blocks: int
   num_groups: int
   max_blocks: int
@@ -114,6 +120,7 @@ def derive_layout(config: CacheConfig) -> Layout:
   cap = 4 * config.num_blocks
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
+    config=config,
     num_blocks=config.num_blocks,
     num_groups=config.num_groups,
     max_blocks=config.max_blocks_per_request,

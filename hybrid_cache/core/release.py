@@ -2,7 +2,7 @@
 
 Pure and jittable; `scheduler.release_request` is the jitted entry point.
 
-Pinning on finish (SPEC B1, `config.pinning`): before a *finished* request's blocks are freed,
+Pinning on finish (SPEC B1, `lay.config.pinning`): before a *finished* request's blocks are freed,
 the blocks that keep its prefix hittable are flagged pinned, so they join the pinned tier
 instead of the normal free tail: every keyed full-attention block, the keyed blocks of each
 sliding-window group's last window (the `swa_need` positions ending at its deepest keyed
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
@@ -41,12 +40,12 @@ def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
   return block_pool.pin(state, jnp.concatenate(ids))
 
 
-def release(lay: Layout, config: CacheConfig, state: CacheState, slot, preempt: bool) -> CacheState:
+def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
   """Frees a request's blocks tail first (group by group); preempt keeps it waiting.
 
-  With `config.pinning`, a finishing (not preempted) request first pins its hittable prefix.
+  With `lay.config.pinning`, a finishing (not preempted) request first pins its hittable prefix.
   """
-  if config.pinning and not preempt:
+  if lay.config.pinning and not preempt:
     state = pin_finished(lay, state, slot)
   rows = state.tables[slot][:, ::-1]
   batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)

@@ -65,12 +65,12 @@ def schedule_step(
   lay = layout(config)
   state = block_pool.maybe_renormalise(state)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
-  state = eviction.prepare(lay, config, state)
+  state = eviction.prepare(lay, state)
 
   def body(carry, x):
     # each entry's outputs packed into one row inside the body: the scan stacks ONE array
     # (one in-place update per entry instead of one per output)
-    carry, out = schedule_entry(lay, config, carry, x, admit_only=admit_only)
+    carry, out = schedule_entry(lay, carry, x, admit_only=admit_only)
     return carry, pack_entry(lay, out)
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
@@ -135,10 +135,9 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   """One scheduler step with a single entry (no padding): the unit of a trace scan."""
   lay = layout(config)
   state = state.replace(counters=state.counters.at[C_STEP].add(1))
-  state = eviction.prepare(lay, config, state)
+  state = eviction.prepare(lay, state)
   carry, out = schedule_entry(
     lay,
-    config,
     StepCarry(state, state.max_batched_tokens, free_counts(state)),
     StepInput(slot, max_tokens, jnp.bool_(True)),
   )
@@ -152,7 +151,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
 def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
   """Jitted `release` plus the pool counters after it."""
   lay = layout(config)
-  state = release_lib.release(lay, config, state, slot, preempt)
+  state = release_lib.release(lay, state, slot, preempt)
   return state, pack_stats(lay, stats(lay, state))
 
 

@@ -13,7 +13,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import admission
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
@@ -116,7 +115,6 @@ class StepCarry(NamedTuple):
 
 def schedule_entry(
   lay: Layout,
-  config: CacheConfig,
   carry,
   x,
   admit_only: bool = False,
@@ -165,7 +163,7 @@ def schedule_entry(
   c = info[INFO_COMPUTED]
 
   def release_skipped(state_and_queued):
-    s = remove_skipped(lay, config, state_and_queued[0], r, c)
+    s = remove_skipped(lay, state_and_queued[0], r, c)
     return s, free_counts(s)
 
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
@@ -173,14 +171,14 @@ def schedule_entry(
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   count, impossible = admission.blocks_needed(
-    lay, config, state, r, is_new, hit, hit_ids, need_tokens, main
+    lay, state, r, is_new, hit, hit_ids, need_tokens, main
   )
   free = queued[Q_FREE] + queued[Q_PINNED]  # = block_pool.num_free(state)
   ok = attempt & ~impossible & (count <= free)
   full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
   full_need = jnp.minimum(num_tokens, state.max_model_len)
   fcount, _ = admission.blocks_needed(
-    lay, config, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
+    lay, state, r, is_new, hit, hit_ids, full_need, full_main, swa_cap=True
   )
   others = (state.req_status == STATUS_RUNNING) & (jnp.arange(lay.max_requests) != r)
   watermark = jnp.where(jnp.any(others), state.watermark_blocks, 0)
@@ -194,7 +192,7 @@ def schedule_entry(
   bss = jnp.asarray(lay.block_sizes)
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
-  alloc = allocate_slots(lay, config, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
+  alloc = allocate_slots(lay, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
   state, queued = alloc.state, alloc.queued
   inf = state.req_info[r]
   done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)

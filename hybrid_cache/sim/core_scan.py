@@ -236,7 +236,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
     held = jnp.int32(0)
     for g in mamba:
       held = held + jnp.sum(state.tables[slot, g] > 0).astype(jnp.int32)
-    state = release_lib.release(lay, config, state, slot, False)
+    state = release_lib.release(lay, state, slot, False)
     adm = _counter(state, i_adm) - adm0
     ev = _counter(state, i_ev) - ev0
     return state, jnp.stack([hit, failed.astype(jnp.int32), steps, held, adm, ev])

@@ -117,10 +117,10 @@ def _tiny_state():
 def test_prepare_hand_computed_order(alpha, expected):
   lay = layout(TINY)
   s = flop_aware.set_alpha(_tiny_state(), alpha)
-  out = eviction.prepare(lay, TINY, s)
+  out = eviction.prepare(lay, s)
   assert _jax_free_queue(out) == expected
   # a second prepare with nothing in between keeps the order (recency survived re-keying)
-  again = eviction.prepare(lay, TINY, out)
+  again = eviction.prepare(lay, out)
   assert _jax_free_queue(again) == expected
   qk = np.asarray(again.queue_key[0])
   assert len(set(qk[qk < BIG].tolist())) == 7  # keys stay unique (no index here: no invariants)
@@ -139,9 +139,9 @@ def test_dead_state_goes_right_after_key_less_blocks():
   s = _tiny_state()
   s = block_index.evict(s, jax.numpy.arange(8) == 4)
   assert np.asarray(eviction.dead_states(lay, s)).nonzero()[0].tolist() == [5]
-  out = eviction.prepare(lay, TINY, flop_aware.set_alpha(s, 1.0))
+  out = eviction.prepare(lay, flop_aware.set_alpha(s, 1.0))
   assert _jax_free_queue(out) == [1, 7, 4, 5, 2, 6, 3]
-  assert _jax_free_queue(eviction.prepare(lay, TINY, s)) == [1, 2, 3, 7, 4, 5, 6]  # alpha 0
+  assert _jax_free_queue(eviction.prepare(lay, s)) == [1, 2, 3, 7, 4, 5, 6]  # alpha 0
   fe = EvictionOrder(TINY, 1.0)
   groups = [None, None, 0, 1, None, 1, 0, None]
   ends = [-1, -1, 16, 16, 4, 4, 8, -1]
@@ -155,7 +155,7 @@ def test_dead_state_goes_right_after_key_less_blocks():
 def test_prepare_is_identity_for_lru():
   cfg = TINY.replace(eviction="lru")
   s = flop_aware.set_alpha(_tiny_state(), 1.0)
-  out = eviction.prepare(layout(cfg), cfg, s)
+  out = eviction.prepare(layout(cfg), s)
   for a, b in zip(jax.tree.leaves(s), jax.tree.leaves(out)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

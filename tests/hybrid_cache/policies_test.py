@@ -267,7 +267,7 @@ def test_second_sighting_twins_agree_on_colliding_marks():
     hi = rng.integers(0, 1 << 32, mb, dtype=np.uint64).astype(np.uint32)
     offered = rng.random(mb) < 0.5
     keys = jnp.asarray(np.stack([lo, hi], axis=1))
-    table, admitted = core.admit(lay, config, table, g, keys, jnp.asarray(offered))
+    table, admitted = core.admit(lay, table, g, keys, jnp.asarray(offered))
     want = [
       ref.admit(g, int(lo[i]) | (int(hi[i]) << 32)) if offered[i] else None for i in range(mb)
     ]

@@ -21,7 +21,7 @@ Admission and allocation (§2.1-§2.5):
   place_blocks(spec, p)                              where fresh blocks go (`Placement`)
   skipped_blocks(spec, tokens)                       leading blocks no longer needed
   frees_skipped(spec)                                whether a running request releases blocks
-  before_skipped_free(config, state, spec, row, drop, k, j0)   pins among the dropped (swa)
+  before_skipped_free(lay, state, spec, row, drop, k, j0)      pins among the dropped (swa)
   after_skipped_free(state, spec, r, g, row, c)      releases beyond the skipped (align state)
   finish_pin_mask(spec, keyed, pos)                  blocks a finished request pins (SPEC B1)
 

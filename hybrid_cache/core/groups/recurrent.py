@@ -86,7 +86,7 @@ def frees_skipped(spec) -> bool:
   return spec.mode != "none"
 
 
-def before_skipped_free(config, state, spec, row, drop, k, j0):
+def before_skipped_free(lay, state, spec, row, drop, k, j0):
   """Nothing is pinned when states are superseded."""
   return state
 

@@ -102,11 +102,11 @@ def frees_skipped(spec) -> bool:
   return True
 
 
-def before_skipped_free(config, state, spec, row, drop, k, j0):
-  """Pins the window's blocks among the dropped ones (SPEC B1, `config.pinning`): the last
+def before_skipped_free(lay, state, spec, row, drop, k, j0):
+  """Pins the window's blocks among the dropped ones (SPEC B1, `lay.config.pinning`): the last
   `window_blocks` before position k, unless fewer than `pin_min_drop_size` blocks drop (a decode
   tail drops one block at a time; its blocks carry unique hashes)."""
-  if not config.pinning:
+  if not lay.config.pinning:
     return state
   pos = jnp.arange(row.shape[0])
   big_enough = (k - 1 - j0) >= state.pin_min_drop_size

@@ -12,7 +12,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.eviction import FreeBlocks
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import CacheState
@@ -20,6 +19,6 @@ from hybrid_cache.core.state import CacheState
 DEPTH_LIMIT = 1 << 30  # priorities live in [0, 2^30]
 
 
-def priority(lay: Layout, config: CacheConfig, state: CacheState, blocks: FreeBlocks) -> jax.Array:
+def priority(lay: Layout, state: CacheState, blocks: FreeBlocks) -> jax.Array:
   """i32[NB]: 2^30 - the key's token end (lower is evicted first: the deepest goes first)."""
   return DEPTH_LIMIT - jnp.clip(blocks.token_end, 0, DEPTH_LIMIT)

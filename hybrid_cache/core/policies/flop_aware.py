@@ -19,7 +19,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.eviction import NORM
 from hybrid_cache.core.eviction import FreeBlocks
 from hybrid_cache.core.eviction import scaled_ratio
@@ -53,10 +52,10 @@ def active(state: CacheState) -> jax.Array:
   return _alpha(state) > 0
 
 
-def priority(lay: Layout, config: CacheConfig, state: CacheState, blocks: FreeBlocks) -> jax.Array:
+def priority(lay: Layout, state: CacheState, blocks: FreeBlocks) -> jax.Array:
   """i32[NB]: `1000 * rn + alpha_milli * en` per candidate (module docstring)."""
   alive, n, r = blocks.candidate, blocks.num_candidates, blocks.recency
-  table = jnp.asarray(efficiency_table(config))
+  table = jnp.asarray(efficiency_table(lay.config))
   bs = jnp.asarray([g.block_size for g in lay.groups], jnp.int32)
   g_safe = jnp.clip(blocks.group, 0, lay.num_groups - 1)
   col = jnp.clip(blocks.token_end // bs[g_safe], 0, table.shape[1] - 1)

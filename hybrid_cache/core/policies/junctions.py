@@ -15,12 +15,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import floor_to
 
 
-def keep(lay: Layout, config: CacheConfig, r, g: int, pos, boundaries, default) -> jax.Array:
+def keep(lay: Layout, r, g: int, pos, boundaries, default) -> jax.Array:
   """bool[MB]: state block i is kept iff it ends at a boundary b > 0 floored to the hit
   alignment: i == floor(b / align) * align / B - 1 (`boundaries`: the prompt's last position
   and the junction, traced i32; `default`, vLLM's mask, is not read)."""

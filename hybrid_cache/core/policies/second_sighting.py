@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.layout import Layout
 
 TABLE_BITS = 12
 STATE_SIZE = 1 << TABLE_BITS  # marks per recurrent group
 
 
-def admit(lay: Layout, config: CacheConfig, table, g: int, keys, candidates):
+def admit(lay: Layout, table, g: int, keys, candidates):
   """(table', bool[MB]): which candidates are admitted, and the marks after this request.
 
   `table` i32[R, STATE_SIZE] (R = `lay.recurrent_groups`); `keys` u32[MB, 2] group g's block

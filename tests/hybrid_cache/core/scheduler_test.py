@@ -134,14 +134,14 @@ def test_admission_counts_evictable_hits_s32():
   state = init_state(cfg)  # every block free (ref 0)
   hit_ids = jnp.zeros((1, lay.max_blocks), jnp.int32).at[0, 0].set(5)
   count, impossible = admission.blocks_needed(
-    lay, cfg, state, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
+    lay, state, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
     jnp.int32(4),
   )  # fmt: skip
   # one fresh block + the ref-0 hit block leaving the free queue
   assert (int(count), bool(impossible)) == (2, False)
   held = state.replace(ref_cnt=state.ref_cnt.at[5].set(1))
   count, _ = admission.blocks_needed(
-    lay, cfg, held, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
+    lay, held, jnp.int32(0), jnp.bool_(True), jnp.int32(2), hit_ids, jnp.int32(4),
     jnp.int32(4),
   )  # fmt: skip
   assert int(count) == 1
