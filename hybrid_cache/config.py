@@ -24,6 +24,7 @@ from typing import Any
 from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import EVICTION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
+from hybrid_cache.policies import RETENTION_POLICIES
 
 GROUP_KINDS = ("full", "swa", "mamba")
 _KIND_ALIASES = {
@@ -152,6 +153,9 @@ class CacheConfig:
       recurrent state is registered, from the policy's statistics across requests; "all" =
       vLLM (every kept state). Another policy needs prefix caching, a recurrent group and no
       partial hits (`partial_hits`).
+    retention: a registered retention policy (`policies.RETENTION_POLICIES`): with `pinning`,
+      which blocks a finishing request pins; "prefix" = SPEC B1. Another policy needs
+      `pinning` and a mamba group.
     eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
       of the layers the group stands for (linear part: projections, MLP share, recurrence).
     eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
@@ -183,6 +187,7 @@ class CacheConfig:
   eviction: str = "lru"
   placement: str = "vllm"
   admission: str = "all"
+  retention: str = "prefix"
   max_requests: int = 64
   eviction_flops_linear: tuple[float, ...] = ()
   eviction_flops_quadratic: tuple[float, ...] = ()
@@ -210,13 +215,11 @@ class CacheConfig:
       raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
     self._check_eviction_costs()
     if self.placement not in PLACEMENT_POLICIES:
-      raise ValueError(
-        f"placement must be one of {PLACEMENT_POLICIES}, got {self.placement!r}"
-      )
+      raise ValueError(f"placement must be one of {PLACEMENT_POLICIES}, got {self.placement!r}")
+    if self.retention not in RETENTION_POLICIES:
+      raise ValueError(f"retention must be one of {RETENTION_POLICIES}, got {self.retention!r}")
     if self.admission not in ADMISSION_POLICIES:
-      raise ValueError(
-        f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}"
-      )
+      raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
     sizes = [g.block_size or self.block_size for g in self.groups]
     hbs = self.hash_block_size
     if hbs is None:
@@ -241,11 +244,13 @@ class CacheConfig:
         )
       if not any(g.kind in ("swa", "mamba") for g in self.groups):
         raise ValueError("retention_interval needs at least one swa or mamba group")
+    if self.retention != "prefix" and not (
+      self.pinning and any(g.kind == "mamba" for g in self.groups)
+    ):
+      raise ValueError(f"retention={self.retention!r} needs pinning=True and a mamba group")
     if self.admission != "all":
       if not any(g.kind == "mamba" and g.mode != "none" for g in self.groups):
-        raise ValueError(
-          f"admission={self.admission!r} needs a mamba group in mode align or all"
-        )
+        raise ValueError(f"admission={self.admission!r} needs a mamba group in mode align or all")
       if self.partial_hits:
         raise ValueError(
           f"admission={self.admission!r} needs partial hits off (hash_block_size equal to"

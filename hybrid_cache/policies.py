@@ -22,9 +22,15 @@ and has no file.
              from the policy's own statistics across requests (`table`, the state's
              `policy_state` i32[R, STATE_SIZE], R = recurrent groups; the oracle's object). The
              candidates of one request are offered in block order. Default `all`: every block.
+  retention  core   `pin(lay, state, slot, keyed, default) -> list[bool[MB]]`
+             oracle `pin(config, groups, keyed, default, num_prompt, alignment)`
+                    -> list[list[int]]
+             With `pinning` on, which held blocks a finishing request pins (SPEC B1's pinned
+             tier), per group. `default` is SPEC B1's rule (`finish_pin_mask` of each kind).
+             Default `prefix`: that rule.
 
-`CacheConfig(eviction=..., placement=..., admission=...)` selects them; the simulator's
-`--policy` runs each registered eviction policy over the core's `lru` profile (and
+`CacheConfig(eviction=..., placement=..., admission=..., retention=...)` selects them; the
+simulator's `--policy` runs each registered eviction policy over the core's `lru` profile (and
 `--placement` / `--admission` pick the other seams); the differential machines in
 `tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This module
 imports nothing heavy (the config validates names without importing jax).
@@ -54,7 +60,12 @@ ADMISSION_POLICIES = (
   "second_sighting",  # Marconi-style admission: a state is kept once its prefix recurs
 )
 
-_DEFAULTS = {"eviction": "lru", "placement": "vllm", "admission": "all"}
+RETENTION_POLICIES = (
+  "prefix",  # SPEC B1: every keyed FA block, the last SWA window, the deepest state, built in
+  "state_chain",  # only what a hybrid hit can use: the KV up to the deepest kept state
+)
+
+_DEFAULTS = {"eviction": "lru", "placement": "vllm", "admission": "all", "retention": "prefix"}
 
 
 def reads_costs(eviction: str) -> bool:
@@ -73,7 +84,8 @@ def oracle_eviction(name: str) -> ModuleType | None:
 
 
 def core_policy(seam: str, name: str) -> ModuleType | None:
-  """The jitted twin of policy `name` of `seam` ("eviction", "placement", "admission"); None for
+  """The jitted twin of policy `name` of `seam` ("eviction", "placement", "admission",
+  "retention"); None for
   the seam's built-in default."""
   if name == _DEFAULTS[seam]:
     return None

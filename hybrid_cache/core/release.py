@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from hybrid_cache import policies
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
@@ -29,14 +30,16 @@ from hybrid_cache.core.state import CacheState
 
 
 def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
-  """Flags the held blocks that keep request `slot`'s prefix hittable (see module doc)."""
+  """Flags the held blocks that keep request `slot`'s prefix hittable (see module doc), or
+  those the retention policy picks (`hybrid_cache.policies`, seam `retention`)."""
   pos = jnp.arange(lay.max_blocks)
-  ids = []
-  for g, spec in enumerate(lay.groups):
-    row = state.tables[slot, g]
-    keyed = (row > 0) & (state.block_group[row] >= 0)
-    sel = groups.rules(spec).finish_pin_mask(spec, keyed, pos)
-    ids.append(jnp.where(sel, row, 0))
+  rows = [state.tables[slot, g] for g in range(lay.num_groups)]
+  keyed = [(row > 0) & (state.block_group[row] >= 0) for row in rows]
+  sel = [groups.rules(spec).finish_pin_mask(spec, k, pos) for spec, k in zip(lay.groups, keyed)]
+  policy = policies.core_policy("retention", lay.config.retention)
+  if policy is not None:
+    sel = policy.pin(lay, state, slot, keyed, sel)
+  ids = [jnp.where(s, row, 0) for s, row in zip(sel, rows)]
   return block_pool.pin(state, jnp.concatenate(ids))
 
 

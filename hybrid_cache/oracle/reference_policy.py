@@ -118,6 +118,7 @@ class ReferencePolicy:
     self._placement = policies.oracle_policy("placement", cfg.placement)
     admission = policies.oracle_policy("admission", cfg.admission)
     self._admission = None if admission is None else admission.Admission(cfg)
+    self._retention = policies.oracle_policy("retention", cfg.retention)
     self._index: dict[tuple[int, int], list[int]] = {}
     # extra keys of a block besides its primary one (vLLM cached_block_hashes_by_block, §2.5)
     self._extra: dict[int, list[tuple[int, int]]] = {}
@@ -890,12 +891,19 @@ class ReferencePolicy:
     return self._reqs[req]
 
   def _pin_finished(self, r: _Request) -> None:
-    """Flags the blocks that keep a finishing request's prefix hittable (SPEC B1)."""
+    """Flags the blocks that keep a finishing request's prefix hittable (SPEC B1), or those the
+    retention policy picks (`hybrid_cache.policies`, seam `retention`)."""
+    keyed, sel, kinds = [], [], []
     for gid, row in enumerate(r.rows):
       g = self._groups[gid]
-      keyed = [i for i, b in enumerate(row) if b != NULL and self._key[b] is not None]
+      keyed.append([i for i, b in enumerate(row) if b != NULL and self._key[b] is not None])
       need = rules.swa_need(g.window, self._bs[gid], g.eagle) if g.kind == "swa" else 1
-      for i in rules.finish_pin_indices(g.kind, keyed, need):
+      sel.append(rules.finish_pin_indices(g.kind, keyed[-1], need))
+      kinds.append((g.kind, self._bs[gid], need))
+    if self._retention is not None:
+      sel = self._retention.pin(self.config, kinds, keyed, sel, r.num_prompt_tokens, self._align)
+    for row, idx in zip(r.rows, sel):
+      for i in idx:
         self._pinned[row[i]] = True
 
   def _release(self, r: _Request, finished: bool) -> None:

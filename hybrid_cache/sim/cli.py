@@ -54,6 +54,7 @@ import time
 from hybrid_cache import cli_util
 from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
+from hybrid_cache.policies import RETENTION_POLICIES
 from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_scan
@@ -293,10 +294,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   layout = core.pop("page_layout", "model")
   placement = core.pop("placement", "vllm")
   admission = core.pop("admission", "all")
+  retention_policy = core.pop("retention_policy", "prefix")
   if core:
     raise ValueError(
       "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
-      "page_layout/placement/admission, "
+      "page_layout/placement/admission/retention_policy, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -316,6 +318,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     layout=layout,
     placement=placement,
     admission=admission,
+    retention_policy=retention_policy,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -440,6 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     help="core policies: which kept recurrent states are registered (registered policy)",
   )
   p.add_argument(
+    "--retention-policy",
+    choices=RETENTION_POLICIES,
+    default="prefix",
+    help="core policies with --pinning: what a finished request pins (registered policy)",
+  )
+  p.add_argument(
     "--token-budget",
     type=cli_util.int_arg(1),
     default=None,
@@ -512,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
-    for seam, default in (("placement", "vllm"), ("admission", "all")):
+    seams = (("placement", "vllm"), ("admission", "all"), ("retention_policy", "prefix"))
+    for seam, default in seams:
       if getattr(args, seam) != default:
         if parse_policy(args.policy).kind != "core":
           raise ValueError(f"{seam} applies to core policies only, got {args.policy!r}")

@@ -231,6 +231,7 @@ def build_config(
   layout: str = "model",
   placement: str = "vllm",
   admission: str = "all",
+  retention_policy: str = "prefix",
 ) -> tuple[CacheConfig, dict]:
   """The CacheConfig of a core policy for this trace and budget, and the sizing summary.
 
@@ -238,7 +239,8 @@ def build_config(
   of `block_size` below it turns on vLLM's partial hits for `align` recurrent groups.
   `layout`: "model" (one group per kind) or "vllm" (vLLM's groups of equal layer counts; module
   docstring). `placement`, `admission`: registered policies of those seams
-  (`hybrid_cache.policies`), vLLM's own rules by default.
+  (`hybrid_cache.policies`), vLLM's own rules by default; `retention_policy`: the
+  registered retention policy (what a finished request pins with `pinning`).
   """
   if policy not in CORE_POLICY_CONFIGS:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
@@ -291,6 +293,7 @@ def build_config(
     hash_block_size=hash_block_size,
     placement=placement,
     admission=admission,
+    retention=retention_policy,
     **_eviction_costs(model, groups, block_size, p.eviction, layout),
   )
   sizing = {
@@ -304,6 +307,7 @@ def build_config(
     "eviction": p.eviction,
     "placement": placement,
     "admission": admission,
+    "retention_policy": retention_policy,
     "pinning": pinning,
   }
   if layout != "model":

@@ -173,7 +173,11 @@ def test_simulator_runs_every_registered_policy(tmp_path, name):
 # ---------------------------------------------------------------------------------------------
 # placement and admission seams
 
-SEAMS = {"placement": policies.PLACEMENT_POLICIES, "admission": policies.ADMISSION_POLICIES}
+SEAMS = {
+  "placement": policies.PLACEMENT_POLICIES,
+  "admission": policies.ADMISSION_POLICIES,
+  "retention": policies.RETENTION_POLICIES,
+}
 _FA_MAMBA = dict(
   groups=(GroupSpec("full"), GroupSpec("mamba")),
   block_size=4,
@@ -193,9 +197,11 @@ def test_every_registered_seam_policy_has_both_twins(seam, name):
     assert core is None and oracle is None
   elif seam == "placement":
     assert callable(core.keep) and callable(oracle.keep)
-  else:
+  elif seam == "admission":
     assert core.STATE_SIZE > 0 and callable(core.admit) and callable(oracle.Admission)
-  CacheConfig(**_FA_MAMBA, **{seam: name})  # accepted by name
+  else:
+    assert callable(core.pin) and callable(oracle.pin)
+  CacheConfig(**_FA_MAMBA, pinning=True, **{seam: name})  # accepted by name
 
 
 @pytest.mark.parametrize("seam", SEAMS)
@@ -214,6 +220,34 @@ def test_admission_policy_needs_a_recurrent_group_and_no_partial_hits():
       hash_block_size=4,
       admission="second_sighting",
     )
+
+
+def test_retention_policy_needs_pinning():
+  with pytest.raises(ValueError, match="retention='state_chain' needs pinning=True"):
+    CacheConfig(**_FA_MAMBA, retention="state_chain")
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_state_chain_pins_no_kv_past_the_deepest_state(backend):
+  """Block 4, states at the replay boundaries only (`retention_interval=0`). A 22-token prompt
+  keeps its state at 20 (block 4, freed keyed once decoding moves on); decoding to 33 tokens
+  keys full-attention blocks 5-7 but no state past 20, and the request ends holding only its
+  unkeyed running state. On finish SPEC B1 (`prefix`) pins the 8 keyed FA blocks (no keyed
+  state is held); `state_chain` only the FA blocks up to token 20 (0-4): 5."""
+  pinned = {}
+  for retention in ("prefix", "state_chain"):
+    cfg = CacheConfig(**_FA_MAMBA, pinning=True, retention_interval=0, retention=retention)
+    m = make_manager(cfg, backend)
+    m.add_request("a", list(range(22)))
+    while m.request_view("a").num_computed_tokens < 22:
+      m.schedule([ScheduleEntry("a")])
+    for t in range(11):  # decode: one token appended and computed per step
+      m.append_tokens("a", [500 + t])
+      m.schedule([ScheduleEntry("a")])
+    assert m.request_view("a").num_computed_tokens == 33
+    m.free("a")
+    pinned[retention] = m.pool_stats().num_pinned_blocks
+  assert pinned == {"prefix": 8, "state_chain": 5}
 
 
 def _first_step_hits(m, prompts):
@@ -301,8 +335,8 @@ def test_junctions_placement_equals_retention_zero(backend):
 
 
 class SeamMachine(eviction_rules(prompts)):
-  """Drives the jitted core and the oracle under every registered placement and admission
-  policy (and the retention intervals they combine with); compares every result, the pool
+  """Drives the jitted core and the oracle under every registered placement, admission and
+  retention policy (and the retention intervals they combine with); compares every result, the pool
   counters, the free-queue order and the state invariants."""
 
   @initialize(
@@ -310,11 +344,15 @@ class SeamMachine(eviction_rules(prompts)):
     placement=st.sampled_from(policies.PLACEMENT_POLICIES),
     admission=st.sampled_from(policies.ADMISSION_POLICIES),
     retention=st.sampled_from([None, 0, 8]),
+    keep=st.sampled_from(policies.RETENTION_POLICIES),
   )
-  def setup(self, ci, placement, admission, retention):
+  def setup(self, ci, placement, admission, retention, keep):
+    if keep != "prefix" and not CONFIGS[ci].get("pinning"):
+      keep = "prefix"  # a retention policy acts on the pinned tier only
     self.config = CacheConfig(
       placement=placement,
       admission=admission,
+      retention=keep,
       retention_interval=retention,
       **CONFIGS[ci],
       **_COMMON,
@@ -325,5 +363,5 @@ class SeamMachine(eviction_rules(prompts)):
 
 TestSeamMachine = SeamMachine.TestCase
 TestSeamMachine.settings = settings(
-  max_examples=6, stateful_step_count=30, phases=_PHASES, deadline=None
+  max_examples=8, stateful_step_count=30, phases=_PHASES, deadline=None
 )
