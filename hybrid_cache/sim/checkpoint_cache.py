@@ -239,6 +239,43 @@ class CacheSizes:
 
 
 _CKPT, _BRANCH = 1, 2  # bits of UnitCache._flag
+# `UnitCache._compact` runs when the heap holds more than 2 x its valid entries + this: stale
+# entries (a checkpoint re-pushed or evicted) of high priority are rarely popped and piled up to
+# ~40x the live checkpoints (Mooncake, adaptive, 5e10: 3,000 entries for 77 checkpoints), which
+# made every pop and push pay for them
+_COMPACT_MIN = 256
+# `_marks_above` gathers the last `_WINDOW` nodes of a path first: the nearest mark is usually
+# close and a whole Mooncake path is up to ~1,400 units (a gather of its length per call)
+_WINDOW = 64
+
+
+def _marks_above(flag: np.ndarray, nodes: np.ndarray, ckpt: bool = True) -> tuple[int, int]:
+  """(the depth of the deepest node of `nodes` holding a checkpoint, the depth of the deepest
+  one holding a checkpoint or being a branch); 0 = none.
+
+  `nodes` is a prefix of a root path (nodes[k] at depth k + 1) and `flag` a cache's flag row.
+  ckpt False: the first value is not computed (returned as 0).
+  """
+  n = len(nodes)
+  lo = n - _WINDOW if n > _WINDOW else 0
+  f = flag[nodes[lo:]]
+  mk = f.nonzero()[0]
+  if len(mk):
+    top = lo + int(mk[-1]) + 1
+    if not ckpt:
+      return 0, top
+    ck = (f & _CKPT).nonzero()[0]
+    if len(ck):
+      return lo + int(ck[-1]) + 1, top
+  if lo == 0:
+    return 0, (lo + int(mk[-1]) + 1 if len(mk) else 0)
+  f = flag[nodes]  # the window held no (checkpoint) mark: the whole path
+  mk = f.nonzero()[0]
+  top = int(mk[-1]) + 1 if len(mk) else 0
+  if not ckpt:
+    return 0, top
+  ck = (f & _CKPT).nonzero()[0]
+  return (int(ck[-1]) + 1 if len(ck) else 0), top
 
 
 class FlopsTable:
@@ -301,6 +338,25 @@ class CacheBank:
       setattr(self, name, new)
     for k, c in enumerate(self.caches):
       c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
+
+  def insert_fresh(self, pa: np.ndarray, old: int, deepest: int) -> None:
+    """Writes, in every row, the chain of units pa[old:deepest] that request r created (so
+    no cache holds them) and every cache's `finish` of r adds: present, one present child
+    each but the last. The sequential replay calls it after r's lookup and before any cache
+    serves r, then passes `fresh=(old, deepest)` to each `finish`, which writes the rest of
+    its chain (the units it did not hold among pa[:old]).
+
+    Exact: no cache reads the state of units created by r before its `finish` of r inserts
+    them (evictions only walk the root paths of held checkpoints). A new chain's ids are
+    consecutive (`SeenTrie.walk`), so this is one strided slice per array for all K rows
+    instead of two index scatters per cache (the chain averages ~175 units on the Mooncake
+    trace).
+    """
+    lo, n = int(pa[old]), deepest - old
+    if n < 1 or int(pa[deepest - 1]) != lo + n - 1:
+      raise ValueError(f"pa[{old}:{deepest}] must be a new chain of consecutive node ids")
+    self.present[:, lo : lo + n] = True
+    self.nchild[:, lo : lo + n - 1] = 1
 
   def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int, int]]:
     """`lookup` of every cache of the bank, in the order they were added (rows)."""
@@ -406,6 +462,7 @@ class UnitCache:
     self.pages = 0
     self.nckpt = 0
     self.heap: list = []
+    self._compact_at = _COMPACT_MIN  # heap length that triggers `_compact`
     self.clock = 0.0
     self.seq = 0
     self.eff_sum, self.eff_n = 0.0, 0
@@ -458,40 +515,49 @@ class UnitCache:
     inserted or hit now (else it keeps its last stamp: only its unit's shape changed).
     `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
     hangs from) are found from n's ancestors unless the caller knows them."""
-    ver = self.ver[n] = self.ver.get(n, 0) + 1
+    vers = self.ver
+    ver = vers[n] = vers.get(n, 0) + 1
     seq = self.seq = self.seq + 1
     if touch:
       stamp = self.stamp[n] = self.clock
     else:
       stamp = self.stamp[n]
+    heap = self.heap
     if self.alpha is None:
-      heapq.heappush(self.heap, (stamp + 1.0, seq, n, ver))
-      return
-    if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
       w = 1.0
     else:
-      w = self._flops_term(n, prev, a)
-    if self.frequency:
-      w *= 1 + self.hits[n]
-    prior = self.prior
-    if prior == "reach":
-      w *= self.trie.reach_prior(self.kind[n])
-    elif prior == "hits":
-      kind = self.kind[n]
-      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
-    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
+      if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
+        w = 1.0
+      else:
+        w = self._flops_term(n, prev, a)
+      if self.frequency:
+        w *= 1 + self.hits[n]
+      prior = self.prior
+      if prior == "reach":
+        w *= self.trie.reach_prior(self.kind[n])
+      elif prior == "hits":
+        kind = self.kind[n]
+        w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
+    heapq.heappush(heap, (stamp + w, seq, n, ver))
+    if len(heap) > self._compact_at:
+      self._compact()
+
+  def _compact(self) -> None:
+    """Drops the heap's stale entries in place (those `_evict_one` would skip: the node was
+    re-pushed since, or holds no checkpoint). Exact: entries are totally ordered by
+    (priority, seq), so the valid ones pop in the same order from any heap holding them."""
+    heap, vers, flag = self.heap, self.ver, self._flag
+    heap[:] = [e for e in heap if vers[e[2]] == e[3] and flag[e[2]] & _CKPT]
+    heapq.heapify(heap)
+    self._compact_at = 2 * len(heap) + _COMPACT_MIN
 
   def _flops_term(self, n: int, prev: int, a: int) -> float:
     """(eff / eff_ref) ** alpha of checkpoint n, eff_ref updated (see the module doc)."""
     dn = self.trie.depth[n]
     leaf = not self._nchild[n]
     if prev < 0 or (leaf and a < 0):
-      f = self._flag[self.trie.ancestors(n)]
-      ck = (f & _CKPT).nonzero()[0]
-      prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
-      if leaf:  # the nearest checkpoint or branch above n
-        st = f[prev:].nonzero()[0]
-        a = prev + int(st[-1]) + 1 if len(st) else prev
+      # the previous checkpoint (0: root) and (leaf) the nearest checkpoint or branch above n
+      prev, a = _marks_above(self._flag, self.trie.ancestors(n))
     sizes = self.sizes
     nbytes = sizes.ckpt_bytes  # interior: evicting it frees its state only
     if leaf:  # + the KV back to the previous checkpoint or branch point
@@ -507,13 +573,15 @@ class UnitCache:
     rel = eff / ref if ref > 0 else 1.0
     return rel**self.alpha if rel > 0 else 0.0
 
-  def _evict_one(self) -> bool:
-    """Evicts the lowest-priority unpinned unit; False when none is left."""
+  def _evict_one(self, pins: list[tuple[list[int], int]] | None = None) -> bool:
+    """Evicts the lowest-priority unpinned unit; False when none is left. `pins`: the
+    values of `_pins` (read here when None)."""
     held = []
     ok = False
     flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
     depth = self.trie.depth
-    pins = list(self._pins.values())
+    if pins is None:
+      pins = list(self._pins.values())
     zero_state = self.sizes.ckpt_bytes == 0
     while heap:
       prio, _, n, v = heapq.heappop(heap)
@@ -554,8 +622,7 @@ class UnitCache:
     s0 = trie.home[n]
     line = trie.flat[s0 : s0 + dn]  # n's root path: its ancestors, then n
     anc = line[:-1]
-    st = flag[anc].nonzero()[0]
-    a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
+    a = _marks_above(flag, anc, ckpt=False)[1]  # depth of the node the chain hangs from (0: root)
     for pp, pd in self._pins.values():  # a pinned ancestor deeper than a stops it too
       # the nodes pinned by (pp, pd) are pp[:pd]; n's ancestors agree with pp on a prefix
       k = min(pd, len(anc))
@@ -591,8 +658,11 @@ class UnitCache:
   def fit(self, limit: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
     page, state = self.sizes.kv_page_bytes, self.sizes.ckpt_bytes
+    if self.pages * page + self.nckpt * state <= limit:
+      return True
+    pins = list(self._pins.values())  # evictions never change the pins
     while self.pages * page + self.nckpt * state > limit:
-      if not self._evict_one():
+      if not self._evict_one(pins):
         return False
     return True
 
@@ -605,10 +675,12 @@ class UnitCache:
     n_comp: int,
     place,
     found: tuple[int, int, int, int, int] | None = None,
+    fresh: tuple[int, int] | None = None,
   ) -> int:
-    """Replays request r alone (`admit` then `finish`); returns its hit in tokens."""
+    """Replays request r alone (`admit` then `finish`, `fresh` passed on); returns its hit
+    in tokens."""
     h = self.admit(r, path, cap, n_comp, found, bound=False)
-    self.finish(r, place)
+    self.finish(r, place, fresh)
     return h
 
   def _work(self, n_comp: int, hit_tokens: int) -> int:
@@ -675,11 +747,13 @@ class UnitCache:
     self.running[r] = (path, pa, d, work, b)
     return hit_tokens
 
-  def finish(self, r: int, place) -> int:
+  def finish(self, r: int, place, fresh: tuple[int, int] | None = None) -> int:
     """Inserts admitted request r's placements and releases it; returns the checkpoints added.
 
     `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
-    with their kind: a list of (depth, kind).
+    with their kind: a list of (depth, kind). `fresh` = (old, deepest): the units of r's path
+    at depths old + 1..deepest were created by r and are already written as this call adds
+    them (`CacheBank.insert_fresh`); deepest must be this call's deepest placement.
     """
     path, pa, d, work, b = self.running.pop(r)
     self.reserved -= work
@@ -713,8 +787,16 @@ class UnitCache:
           elif c == 1:
             flag[p] |= _BRANCH
           nchild[p] = c + 1
-        self._present[sub[j:]] = True
-        nchild[sub[j : deepest - 1]] = 1
+        if fresh is None:
+          self._present[sub[j:]] = True
+          nchild[sub[j : deepest - 1]] = 1
+        else:  # units old + 1..deepest are written (fresh[1] == deepest > old >= j)
+          o = fresh[0]
+          if fresh[1] != deepest or j > o:
+            raise ValueError(f"fresh={fresh} does not match the chain {j}..{deepest}")
+          if j < o:
+            self._present[sub[j:o]] = True
+            nchild[sub[j:o]] = 1
         self.pages += self._chain_pages(j, deepest)
     new = []
     for q, kind in places:

@@ -177,6 +177,16 @@ def candidates(
   return sorted((q, kk * _LEN_CLASSES + cls) for q, kk in out.items())
 
 
+def _deepest_placement(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]) -> int:
+  """The deepest depth `_placer(rule, k, n_path, cands)(d)` returns for every hit d below it
+  (0: none): each rule's points deeper than the hit are a hit-independent set cut at the hit."""
+  if rule == "ckpt_dense":
+    return n_path
+  if rule == "ckpt_sparse":
+    return (n_path // k) * k
+  return max((q for q, _ in cands), default=0)
+
+
 def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
   """place(hit_depth) -> [(depth, kind)] deeper than the hit (see the module doc)."""
 
@@ -314,19 +324,24 @@ def sweep_checkpoint(
   u = rep.unit
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
-    path, seen, cap, place = rep.prepare(req)
+    path, seen, cap, place, deepest = rep.prepare(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
-    found = bank.lookup(trie.path_array(path), cap, trie.last_old)
+    pa, old = trie.path_array(path), trie.last_old
+    found = bank.lookup(pa, cap, old)
+    fresh = None
+    if deepest > old:  # every cache adds r's new units up to `deepest`: one write for all
+      bank.insert_fresh(pa, old, deepest)
+      fresh = (old, deepest)
     for pt in points:
       live = pt.live
       before = live.admitted_ckpts
-      h = live.serve(r, path, cap, n_comp, place, found[live.row])
+      h = live.serve(r, path, cap, n_comp, place, found[live.row], fresh)
       pt.triples.append((int(h > 0), n_in, h))
       pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
       score = pt.score
       for i, sh in enumerate(pt.shadows):
-        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row])
+        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh)
         score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
       if tuned:
         lab = weightings[pt.current][0]
@@ -356,6 +371,7 @@ class _Replay:
       raise ValueError("capacities must hold at least one capacity, got none")
     sizes0 = CacheSizes.of(model, capacities[0], unit, block_size)
     self.rule, self.k, self.length_classes, self.unit = rule, k, lc, sizes0.unit
+    self.recurrent = sizes0.recurrent
     trie = self.trie = SeenTrie(sizes0.unit)
     self.stats = DivergenceStats()
     self.tuned = tuned = rule == "adaptive" and alpha is None
@@ -382,7 +398,8 @@ class _Replay:
 
   def prepare(self, req):
     """The trie walk, candidate points and placement rule of a request (before its lookup):
-    (path, seen, hit cap in units, place)."""
+    (path, seen, hit cap in units, place, the deepest depth every cache's `finish` inserts up
+    to: attention-only models place every unit, others `_deepest_placement`)."""
     trie, u, rule = self.trie, self.unit, self.rule
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
@@ -393,7 +410,9 @@ class _Replay:
       for q, kind in cands:
         trie.register(path[q - 1], kind)
     self.bank.grow(len(trie))
-    return path, seen, cap, _placer(rule, self.k, len(path), cands)
+    n = len(path)
+    deepest = _deepest_placement(rule, self.k, n, cands) if self.recurrent else n
+    return path, seen, cap, _placer(rule, self.k, n, cands), deepest
 
 
 def _run_concurrent(
@@ -442,7 +461,7 @@ def _run_concurrent(
     n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
     if not live.can_admit(n_comp):
       return None
-    path, seen, cap, place = rep.prepare(req)
+    path, seen, cap, place, _ = rep.prepare(req)
     placers[r] = place
     found = bank.lookup(trie.path_array(path), cap, trie.last_old)
     hits[r] = live.admit(r, path, cap, n_comp, found[live.row])
