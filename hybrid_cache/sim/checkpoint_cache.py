@@ -279,6 +279,20 @@ def _marks_above(flag: np.ndarray, nodes: np.ndarray, ckpt: bool = True) -> tupl
   return (int(ck[-1]) + 1 if len(ck) else 0), top
 
 
+def _last_mark(flag: np.ndarray, nodes: np.ndarray) -> int:
+  """`_marks_above(flag, nodes, ckpt=False)[1]`: the depth of the deepest checkpoint or
+  branch among `nodes` (0: none)."""
+  n = len(nodes)
+  lo = n - _WINDOW if n > _WINDOW else 0
+  mk = flag[nodes[lo:]].nonzero()[0]
+  if len(mk):
+    return lo + mk.item(-1) + 1
+  if lo == 0:
+    return 0
+  mk = flag[nodes[:lo]].nonzero()[0]  # the window held no mark: the rest of the path
+  return mk.item(-1) + 1 if len(mk) else 0
+
+
 class FlopsTable:
   """`int(model.prefill_flops(d * unit))` for d = 0, 1, ..., extended on demand; one table is
   shared by every cache of a replay (`flops_table`)."""
@@ -574,7 +588,7 @@ class UnitCache:
   def _flops_term(self, n: int, prev: int, a: int) -> float:
     """(eff / eff_ref) ** alpha of checkpoint n, eff_ref updated (see the module doc)."""
     dn = self.trie.depth[n]
-    leaf = not self._nchild[n]
+    leaf = not self._nchild.item(n)
     if prev < 0 or (leaf and a < 0):
       # the previous checkpoint (0: root) and (leaf) the nearest checkpoint or branch above n
       prev, a = _marks_above(self._flag, self.trie.ancestors(n))
@@ -605,7 +619,7 @@ class UnitCache:
     zero_state = self.sizes.ckpt_bytes == 0
     while heap:
       prio, _, n, v = heapq.heappop(heap)
-      if ver[n] != v or not flag[n] & _CKPT:  # stale: re-pushed or evicted since
+      if ver[n] != v or not flag.item(n) & _CKPT:  # stale: re-pushed or evicted since
         continue
       if pins:
         dn = depth[n]
@@ -617,7 +631,7 @@ class UnitCache:
         if dn:
           held.append(n)
           continue
-      if zero_state and nchild[n]:
+      if zero_state and nchild.item(n):
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
       self._drop(n)
@@ -631,48 +645,48 @@ class UnitCache:
     """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
     a checkpoint, a branch (>= 2 children) or pinned."""
     flag, nchild = self._flag, self._nchild
-    flag[n] &= _BRANCH
+    flag[n] = flag.item(n) & _BRANCH  # scalars through .item: Python ints, no NumPy scalars
     self.nckpt -= 1
     self.evicted_ckpts += 1
     self.ver[n] += 1
-    if nchild[n]:
+    if nchild.item(n):
       return
     trie = self.trie
     dn = trie.depth[n]
     s0 = trie.home[n]
-    line = trie.flat[s0 : s0 + dn]  # n's root path: its ancestors, then n
-    anc = line[:-1]
-    a = _marks_above(flag, anc, ckpt=False)[1]  # depth of the node the chain hangs from (0: root)
+    flat = trie.flat  # n's root path is flat[s0 : s0 + dn]: its ancestors, then n
+    a = _last_mark(flag, flat[s0 : s0 + dn - 1])  # depth of the node the chain hangs from
     for pp, pd in self._pins.values():  # a pinned ancestor deeper than a stops it too
       # the nodes pinned by (pp, pd) are pp[:pd]; n's ancestors agree with pp on a prefix
-      k = min(pd, len(anc))
-      if a < k and anc[a] == pp[a]:
-        lo, hi = a, k  # anc[lo] == pp[lo]; anc[hi] != pp[hi] or hi == k
-        if anc[k - 1] == pp[k - 1]:
+      k = min(pd, dn - 1)
+      if a < k and flat.item(s0 + a) == pp[a]:
+        lo, hi = a, k  # ancestor lo == pp[lo]; ancestor hi != pp[hi] or hi == k
+        if flat.item(s0 + k - 1) == pp[k - 1]:
           lo = k - 1
         while hi - lo > 1:
           mid = (lo + hi) // 2
-          if anc[mid] == pp[mid]:
+          if flat.item(s0 + mid) == pp[mid]:
             lo = mid
           else:
             hi = mid
         a = lo + 1
-    chain = line[a:]  # the dropped nodes, n included
+    chain = flat[s0 + a : s0 + dn]  # the dropped nodes, n included
     self._present[chain] = False
     nchild[chain] = 0
     self.pages -= self._chain_pages(a, dn)
-    if a < self._absent and chain[0] == self._cur_pa[a]:
+    if a < self._absent and flat.item(s0 + a) == self._cur_pa.item(a):
       self._absent = a  # the chain left the last admitted path from depth a + 1 on
     if a == 0:
       self.root_children -= 1
       return
-    p = int(anc[a - 1])
-    c = nchild[p] = nchild[p] - 1
+    p = flat.item(s0 + a - 1)
+    c = nchild.item(p) - 1
+    nchild[p] = c
     if c == 1:
-      flag[p] &= _CKPT
+      flag[p] = flag.item(p) & _CKPT
     elif c == 0:
       self.pages += self._leaf_bonus(a)
-      if flag[p] & _CKPT:
+      if flag.item(p) & _CKPT:
         self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
   def fit(self, limit: int) -> bool:
@@ -842,13 +856,13 @@ class UnitCache:
           self.root_children += 1
         else:
           p = path[j - 1]
-          c = nchild[p]
+          c = nchild.item(p)
           if c == 0:
             self.pages -= self._leaf_bonus(j)
-            if flag[p] & _CKPT:
+            if flag.item(p) & _CKPT:
               refresh.append(j)  # no longer a leaf: its unit is now its state alone
           elif c == 1:
-            flag[p] |= _BRANCH
+            flag[p] = flag.item(p) | _BRANCH
           nchild[p] = c + 1
         if fresh is None:
           self._present[sub[j:]] = True
@@ -865,9 +879,10 @@ class UnitCache:
     kinds, hits, placed = self.kind, self.hits, self.kind_placed
     for q, kind in places:
       n = path[q - 1]
-      if flag[n] & _CKPT:
+      fn = flag.item(n)
+      if fn & _CKPT:
         continue
-      flag[n] |= _CKPT
+      flag[n] = fn | _CKPT
       kinds[n] = kind
       hits[n] = 0
       placed[kind] = placed.get(kind, 0.0) + 1.0

@@ -65,6 +65,7 @@ from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.checkpoint_cache import flops_table
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 
@@ -188,14 +189,24 @@ def _deepest_placement(rule: str, k: int, n_path: int, cands: list[tuple[int, in
 
 
 def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
-  """place(hit_depth) -> [(depth, kind)] deeper than the hit (see the module doc)."""
+  """place(hit_depth) -> [(depth, kind)] deeper than the hit, ascending (see the module doc).
+
+  The lists are memoised by hit depth and shared by every cache that asks with the same
+  depth (the K caches of a sweep mostly hit at the same few depths): callers must not
+  modify them."""
+  memo: dict[int, list[tuple[int, int]]] = {}
 
   def place(d: int) -> list[tuple[int, int]]:
-    if rule == "ckpt_dense":
-      return [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
-    if rule == "ckpt_sparse":
-      return [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
-    return [(q, kind) for q, kind in cands if q > d]
+    got = memo.get(d)
+    if got is None:
+      if rule == "ckpt_dense":
+        got = [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
+      elif rule == "ckpt_sparse":
+        got = [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
+      else:
+        got = [(q, kind) for q, kind in cands if q > d]
+      memo[d] = got
+    return got
 
   return place
 
@@ -322,6 +333,7 @@ def sweep_checkpoint(
   tuned, weightings = rep.tuned, rep.weightings
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   u = rep.unit
+  fl = flops_table(model, u).values  # extended by each serve to the request's depth
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
     path, seen, cap, place, deepest = rep.prepare(req)
@@ -342,7 +354,7 @@ def sweep_checkpoint(
       score = pt.score
       for i, sh in enumerate(pt.shadows):
         hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh)
-        score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
+        score[i] = score[i] * decay + (fl[hs // u] if hs else 0)  # = sh.flops(hs // u)
       if tuned:
         lab = weightings[pt.current][0]
         pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
