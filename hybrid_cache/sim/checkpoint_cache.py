@@ -68,7 +68,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
-import mmap
 
 import numpy as np
 
@@ -320,24 +319,6 @@ def flops_table(model: ModelConfig, unit: int) -> FlopsTable:
   return t
 
 
-def _zeros(shape: tuple[int, int], dtype) -> np.ndarray:
-  """np.zeros(shape, dtype) in plain anonymous memory (4 KiB pages, zero-filled when first
-  touched).
-
-  NumPy advises the kernel to back large arrays with transparent huge pages; where THP defrag
-  is "madvise" (as on the 2-core box of BENCHMARKS.md), each first touch of a 2 MiB page may
-  compact memory first. The bank's arrays are first touched a request at a time (the new
-  units' columns of every row), and a 16-point sweep touches ~1.3 GB of them: first touches
-  cost 1.49 s with NumPy's allocation vs 0.36 s with this one (`CacheBank.insert_fresh`,
-  first 6,000 Mooncake requests, 96 rows, 2026-11-25).
-  """
-  dtype = np.dtype(dtype)
-  n = int(shape[0]) * int(shape[1])
-  if n == 0:
-    return np.zeros(shape, dtype)
-  return np.frombuffer(mmap.mmap(-1, n * dtype.itemsize), dtype, count=n).reshape(shape)
-
-
 class CacheBank:
   """The per-node state of K caches over one trie as [K, nodes] arrays (a batch axis).
 
@@ -366,7 +347,7 @@ class CacheBank:
   def _resize(self, rows: int, cols: int) -> None:
     for name in ("present", "flag", "nchild"):
       old = getattr(self, name)
-      new = _zeros((rows, cols), old.dtype)
+      new = np.zeros((rows, cols), old.dtype)
       new[: old.shape[0], : old.shape[1]] = old
       setattr(self, name, new)
     for k, c in enumerate(self.caches):
