@@ -420,7 +420,7 @@ class UnitCache:
   Per-node state is two numpy arrays indexed by trie node id, grown with the trie: `_present`
   (bool) and `_nchild` (int32: present children), and `_flag` (uint8 bits: _CKPT = holds a
   checkpoint, _BRANCH = >= 2 present children), so the nearest checkpoint or branch above a node
-  is one gather over its ancestors. What only checkpoints carry (`ver`, `hits`, `kind`, `stamp`)
+  is one gather over its ancestors. What only checkpoints carry (`entry`, `hits`, `kind`, `stamp`)
   lives in dicts keyed by node. The pinned nodes are `path[:d]` of each running request with a
   hit of d units (`_pins`: r -> (path, d); one entry at most in the sequential replay), not a
   per-node field: a node of depth k is pinned iff some entry has d >= k and path[k - 1] == it.
@@ -463,7 +463,10 @@ class UnitCache:
     self._absent = 0  # first absent unit of the last admitted path (drops lower it)
     self._cur = -1  # the last admitted request while nothing else changed the cache since
     self._cur_pa = self._nchild[:0]  # its path (int64 array)
-    self.ver: dict[int, int] = {}
+    # per held checkpoint n (entries are deleted when it is evicted, so the dicts stay as
+    # small as the cache: keeping evicted nodes' entries made a 16-point sweep's 96 caches
+    # hold ~5M of them, and every lookup a cache miss)
+    self.entry: dict[int, int] = {}  # seq of n's valid heap entry (older entries are stale)
     self.hits: dict[int, int] = {}
     self.kind: dict[int, int] = {}
     self.stamp: dict[int, float] = {}  # the clock when checkpoint n was last inserted or hit
@@ -530,9 +533,8 @@ class UnitCache:
     inserted or hit now (else it keeps its last stamp: only its unit's shape changed).
     `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
     hangs from) are found from n's ancestors unless the caller knows them."""
-    vers = self.ver
-    ver = vers[n] = vers.get(n, 0) + 1
     seq = self.seq = self.seq + 1
+    self.entry[n] = seq
     if touch:
       stamp = self.stamp[n] = self.clock
     else:
@@ -553,7 +555,7 @@ class UnitCache:
       elif prior == "hits":
         kind = self.kind[n]
         w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
-    heapq.heappush(heap, (stamp + w, seq, n, ver))
+    heapq.heappush(heap, (stamp + w, seq, n))
     if len(heap) > self._compact_at:
       self._compact()
 
@@ -561,8 +563,8 @@ class UnitCache:
     """Drops the heap's stale entries in place (those `_evict_one` would skip: the node was
     re-pushed since, or holds no checkpoint). Exact: entries are totally ordered by
     (priority, seq), so the valid ones pop in the same order from any heap holding them."""
-    heap, vers, flag = self.heap, self.ver, self._flag
-    heap[:] = [e for e in heap if vers[e[2]] == e[3] and flag[e[2]] & _CKPT]
+    heap, entry = self.heap, self.entry
+    heap[:] = [e for e in heap if entry.get(e[2]) == e[1]]
     heapq.heapify(heap)
     self._compact_at = 2 * len(heap) + _COMPACT_MIN
 
@@ -593,14 +595,14 @@ class UnitCache:
     values of `_pins` (read here when None)."""
     held = []
     ok = False
-    flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
+    entry, nchild, heap = self.entry, self._nchild, self.heap
     depth = self.trie.depth
     if pins is None:
       pins = list(self._pins.values())
     zero_state = self.sizes.ckpt_bytes == 0
     while heap:
-      prio, _, n, v = heapq.heappop(heap)
-      if ver[n] != v or not flag.item(n) & _CKPT:  # stale: re-pushed or evicted since
+      prio, seq, n = heapq.heappop(heap)
+      if entry.get(n) != seq:  # stale: re-pushed or evicted since (held <=> in `entry`)
         continue
       if pins:
         dn = depth[n]
@@ -629,7 +631,7 @@ class UnitCache:
     flag[n] = flag.item(n) & _BRANCH  # scalars through .item: Python ints, no NumPy scalars
     self.nckpt -= 1
     self.evicted_ckpts += 1
-    self.ver[n] += 1
+    del self.entry[n], self.hits[n], self.kind[n], self.stamp[n]
     if nchild.item(n):
       return
     trie = self.trie
