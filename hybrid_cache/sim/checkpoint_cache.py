@@ -60,7 +60,11 @@ paths are shared by every cache of a replay; the caches' per-node state is one r
 `CacheBank`'s [K, nodes] arrays, so a sweep over capacities finds all K caches' hits with one
 gather per request (`lookup`); a chain of KV units is added or dropped by one scatter, its pages
 telescoped (`UnitCache._chain_pages`), and the nearest checkpoint or branch above a node is one
-gather over its ancestors (`SeenTrie.ancestors`).
+gather over its ancestors (`SeenTrie.ancestors`, the last 64 first: `_marks_above`). In the
+sequential replay the units a request creates are written once for all K rows
+(`CacheBank.insert_fresh`), `UnitCache.serve` is admit + finish in one call, the GreedyDual heap
+is compacted when stale entries pile up and per-checkpoint dicts hold only held checkpoints
+(BENCHMARKS.md, "Capacity sweep under `adaptive`", for what each bought).
 """
 
 from __future__ import annotations

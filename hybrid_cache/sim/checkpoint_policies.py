@@ -34,8 +34,10 @@ shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
 Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the trie walk,
-hashes and candidate points are capacity-independent and done once per request; each capacity
-keeps its own caches, rows of one `CacheBank`); every point equals its own `run_checkpoint`.
+hashes and candidate points are capacity-independent and done once per request, and so is the
+write of the units the request creates, which every cache inserts: `CacheBank.insert_fresh`;
+each capacity keeps its own caches, rows of one `CacheBank`); every point equals its own
+`run_checkpoint`.
 
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
