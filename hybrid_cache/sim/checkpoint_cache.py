@@ -60,7 +60,11 @@ paths are shared by every cache of a replay; the caches' per-node state is one r
 `CacheBank`'s [K, nodes] arrays, so a sweep over capacities finds all K caches' hits with one
 gather per request (`lookup`); a chain of KV units is added or dropped by one scatter, its pages
 telescoped (`UnitCache._chain_pages`), and the nearest checkpoint or branch above a node is one
-gather over its ancestors (`SeenTrie.ancestors`).
+gather over its ancestors (`SeenTrie.ancestors`, the last 64 first: `_marks_above`). In the
+sequential replay the units a request creates are written once for all K rows
+(`CacheBank.insert_fresh`), `UnitCache.serve` is admit + finish in one call, the GreedyDual heap
+is compacted when stale entries pile up and per-checkpoint dicts hold only held checkpoints
+(BENCHMARKS.md, "Capacity sweep under `adaptive`", for what each bought).
 """
 
 from __future__ import annotations
@@ -239,6 +243,57 @@ class CacheSizes:
 
 
 _CKPT, _BRANCH = 1, 2  # bits of UnitCache._flag
+# `UnitCache._compact` runs when the heap holds more than 2 x its valid entries + this: stale
+# entries (a checkpoint re-pushed or evicted) of high priority are rarely popped and piled up to
+# ~40x the live checkpoints (Mooncake, adaptive, 5e10: 3,000 entries for 77 checkpoints), which
+# made every pop and push pay for them
+_COMPACT_MIN = 256
+# `_marks_above` gathers the last `_WINDOW` nodes of a path first: the nearest mark is usually
+# close and a whole Mooncake path is up to ~1,400 units (a gather of its length per call)
+_WINDOW = 64
+
+
+def _marks_above(flag: np.ndarray, nodes: np.ndarray, ckpt: bool = True) -> tuple[int, int]:
+  """(the depth of the deepest node of `nodes` holding a checkpoint, the depth of the deepest
+  one holding a checkpoint or being a branch); 0 = none.
+
+  `nodes` is a prefix of a root path (nodes[k] at depth k + 1) and `flag` a cache's flag row.
+  ckpt False: the first value is not computed (returned as 0).
+  """
+  n = len(nodes)
+  lo = n - _WINDOW if n > _WINDOW else 0
+  f = flag[nodes[lo:]]
+  mk = f.nonzero()[0]
+  if len(mk):
+    top = lo + int(mk[-1]) + 1
+    if not ckpt:
+      return 0, top
+    ck = (f & _CKPT).nonzero()[0]
+    if len(ck):
+      return lo + int(ck[-1]) + 1, top
+  if lo == 0:
+    return 0, (lo + int(mk[-1]) + 1 if len(mk) else 0)
+  f = flag[nodes]  # the window held no (checkpoint) mark: the whole path
+  mk = f.nonzero()[0]
+  top = int(mk[-1]) + 1 if len(mk) else 0
+  if not ckpt:
+    return 0, top
+  ck = (f & _CKPT).nonzero()[0]
+  return (int(ck[-1]) + 1 if len(ck) else 0), top
+
+
+def _last_mark(flag: np.ndarray, nodes: np.ndarray) -> int:
+  """`_marks_above(flag, nodes, ckpt=False)[1]`: the depth of the deepest checkpoint or
+  branch among `nodes` (0: none)."""
+  n = len(nodes)
+  lo = n - _WINDOW if n > _WINDOW else 0
+  mk = flag[nodes[lo:]].nonzero()[0]
+  if len(mk):
+    return lo + mk.item(-1) + 1
+  if lo == 0:
+    return 0
+  mk = flag[nodes[:lo]].nonzero()[0]  # the window held no mark: the rest of the path
+  return mk.item(-1) + 1 if len(mk) else 0
 
 
 class FlopsTable:
@@ -302,6 +357,25 @@ class CacheBank:
     for k, c in enumerate(self.caches):
       c._present, c._flag, c._nchild = self.present[k], self.flag[k], self.nchild[k]
 
+  def insert_fresh(self, pa: np.ndarray, old: int, deepest: int) -> None:
+    """Writes, in every row, the chain of units pa[old:deepest] that request r created (so
+    no cache holds them) and every cache's `finish` of r adds: present, one present child
+    each but the last. The sequential replay calls it after r's lookup and before any cache
+    serves r, then passes `fresh=(old, deepest)` to each `finish`, which writes the rest of
+    its chain (the units it did not hold among pa[:old]).
+
+    Exact: no cache reads the state of units created by r before its `finish` of r inserts
+    them (evictions only walk the root paths of held checkpoints). A new chain's ids are
+    consecutive (`SeenTrie.walk`), so this is one strided slice per array for all K rows
+    instead of two index scatters per cache (the chain averages ~175 units on the Mooncake
+    trace).
+    """
+    lo, n = int(pa[old]), deepest - old
+    if n < 1 or int(pa[deepest - 1]) != lo + n - 1:
+      raise ValueError(f"pa[{old}:{deepest}] must be a new chain of consecutive node ids")
+    self.present[:, lo : lo + n] = True
+    self.nchild[:, lo : lo + n - 1] = 1
+
   def lookup(self, pa: np.ndarray, cap: int, old: int) -> list[tuple[int, int, int, int, int]]:
     """`lookup` of every cache of the bank, in the order they were added (rows)."""
     return list(zip(*lookup(self.present, self.flag, pa, cap, old), strict=True))
@@ -350,7 +424,7 @@ class UnitCache:
   Per-node state is two numpy arrays indexed by trie node id, grown with the trie: `_present`
   (bool) and `_nchild` (int32: present children), and `_flag` (uint8 bits: _CKPT = holds a
   checkpoint, _BRANCH = >= 2 present children), so the nearest checkpoint or branch above a node
-  is one gather over its ancestors. What only checkpoints carry (`ver`, `hits`, `kind`, `stamp`)
+  is one gather over its ancestors. What only checkpoints carry (`entry`, `hits`, `kind`, `stamp`)
   lives in dicts keyed by node. The pinned nodes are `path[:d]` of each running request with a
   hit of d units (`_pins`: r -> (path, d); one entry at most in the sequential replay), not a
   per-node field: a node of depth k is pinned iff some entry has d >= k and path[k - 1] == it.
@@ -393,7 +467,10 @@ class UnitCache:
     self._absent = 0  # first absent unit of the last admitted path (drops lower it)
     self._cur = -1  # the last admitted request while nothing else changed the cache since
     self._cur_pa = self._nchild[:0]  # its path (int64 array)
-    self.ver: dict[int, int] = {}
+    # per held checkpoint n (entries are deleted when it is evicted, so the dicts stay as
+    # small as the cache: keeping evicted nodes' entries made a 16-point sweep's 96 caches
+    # hold ~5M of them, and every lookup a cache miss)
+    self.entry: dict[int, int] = {}  # seq of n's valid heap entry (older entries are stale)
     self.hits: dict[int, int] = {}
     self.kind: dict[int, int] = {}
     self.stamp: dict[int, float] = {}  # the clock when checkpoint n was last inserted or hit
@@ -406,6 +483,7 @@ class UnitCache:
     self.pages = 0
     self.nckpt = 0
     self.heap: list = []
+    self._compact_at = _COMPACT_MIN  # heap length that triggers `_compact`
     self.clock = 0.0
     self.seq = 0
     self.eff_sum, self.eff_n = 0.0, 0
@@ -417,6 +495,7 @@ class UnitCache:
     self.retuned = retuned
     fl = self._flops.extend(1)
     self._flat_weight = alpha == 0 and not retuned and fl[1] > fl[0]
+    self._recurrent = sizes.recurrent
 
   # ---- per-node views (copies, for checks) ----
   @property
@@ -458,40 +537,48 @@ class UnitCache:
     inserted or hit now (else it keeps its last stamp: only its unit's shape changed).
     `prev` (the depth of the previous checkpoint above n) and `a` (leaf: the depth its chain
     hangs from) are found from n's ancestors unless the caller knows them."""
-    ver = self.ver[n] = self.ver.get(n, 0) + 1
     seq = self.seq = self.seq + 1
+    self.entry[n] = seq
     if touch:
       stamp = self.stamp[n] = self.clock
     else:
       stamp = self.stamp[n]
+    heap = self.heap
     if self.alpha is None:
-      heapq.heappush(self.heap, (stamp + 1.0, seq, n, ver))
-      return
-    if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
       w = 1.0
     else:
-      w = self._flops_term(n, prev, a)
-    if self.frequency:
-      w *= 1 + self.hits[n]
-    prior = self.prior
-    if prior == "reach":
-      w *= self.trie.reach_prior(self.kind[n])
-    elif prior == "hits":
-      kind = self.kind[n]
-      w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
-    heapq.heappush(self.heap, (stamp + w, seq, n, ver))
+      if self._flat_weight:  # fixed alpha 0: the FLOPs term is 1 (see __init__)
+        w = 1.0
+      else:
+        w = self._flops_term(n, prev, a)
+      if self.frequency:
+        w *= 1 + self.hits[n]
+      prior = self.prior
+      if prior == "reach":
+        w *= self.trie.reach_prior(self.kind[n])
+      elif prior == "hits":
+        kind = self.kind[n]
+        w *= (self.kind_hit.get(kind, 0.0) + 1.0) / (self.kind_placed.get(kind, 0.0) + 2.0)
+    heapq.heappush(heap, (stamp + w, seq, n))
+    if len(heap) > self._compact_at:
+      self._compact()
+
+  def _compact(self) -> None:
+    """Drops the heap's stale entries in place (those `_evict_one` would skip: the node was
+    re-pushed since, or holds no checkpoint). Exact: entries are totally ordered by
+    (priority, seq), so the valid ones pop in the same order from any heap holding them."""
+    heap, entry = self.heap, self.entry
+    heap[:] = [e for e in heap if entry.get(e[2]) == e[1]]
+    heapq.heapify(heap)
+    self._compact_at = 2 * len(heap) + _COMPACT_MIN
 
   def _flops_term(self, n: int, prev: int, a: int) -> float:
     """(eff / eff_ref) ** alpha of checkpoint n, eff_ref updated (see the module doc)."""
     dn = self.trie.depth[n]
-    leaf = not self._nchild[n]
+    leaf = not self._nchild.item(n)
     if prev < 0 or (leaf and a < 0):
-      f = self._flag[self.trie.ancestors(n)]
-      ck = (f & _CKPT).nonzero()[0]
-      prev = int(ck[-1]) + 1 if len(ck) else 0  # depth of the previous checkpoint (0: root)
-      if leaf:  # the nearest checkpoint or branch above n
-        st = f[prev:].nonzero()[0]
-        a = prev + int(st[-1]) + 1 if len(st) else prev
+      # the previous checkpoint (0: root) and (leaf) the nearest checkpoint or branch above n
+      prev, a = _marks_above(self._flag, self.trie.ancestors(n))
     sizes = self.sizes
     nbytes = sizes.ckpt_bytes  # interior: evicting it frees its state only
     if leaf:  # + the KV back to the previous checkpoint or branch point
@@ -507,17 +594,19 @@ class UnitCache:
     rel = eff / ref if ref > 0 else 1.0
     return rel**self.alpha if rel > 0 else 0.0
 
-  def _evict_one(self) -> bool:
-    """Evicts the lowest-priority unpinned unit; False when none is left."""
+  def _evict_one(self, pins: list[tuple[list[int], int]] | None = None) -> bool:
+    """Evicts the lowest-priority unpinned unit; False when none is left. `pins`: the
+    values of `_pins` (read here when None)."""
     held = []
     ok = False
-    flag, ver, nchild, heap = self._flag, self.ver, self._nchild, self.heap
+    entry, nchild, heap = self.entry, self._nchild, self.heap
     depth = self.trie.depth
-    pins = list(self._pins.values())
+    if pins is None:
+      pins = list(self._pins.values())
     zero_state = self.sizes.ckpt_bytes == 0
     while heap:
-      prio, _, n, v = heapq.heappop(heap)
-      if not flag[n] & _CKPT or ver[n] != v:
+      prio, seq, n = heapq.heappop(heap)
+      if entry.get(n) != seq:  # stale: re-pushed or evicted since (held <=> in `entry`)
         continue
       if pins:
         dn = depth[n]
@@ -529,7 +618,7 @@ class UnitCache:
         if dn:
           held.append(n)
           continue
-      if zero_state and nchild[n]:
+      if zero_state and nchild.item(n):
         continue  # a zero-byte interior hit point frees nothing (re-pushed once a leaf)
       self.clock = max(self.clock, prio)
       self._drop(n)
@@ -543,56 +632,58 @@ class UnitCache:
     """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
     a checkpoint, a branch (>= 2 children) or pinned."""
     flag, nchild = self._flag, self._nchild
-    flag[n] &= _BRANCH
+    flag[n] = flag.item(n) & _BRANCH  # scalars through .item: Python ints, no NumPy scalars
     self.nckpt -= 1
     self.evicted_ckpts += 1
-    self.ver[n] += 1
-    if nchild[n]:
+    del self.entry[n], self.hits[n], self.kind[n], self.stamp[n]
+    if nchild.item(n):
       return
     trie = self.trie
     dn = trie.depth[n]
     s0 = trie.home[n]
-    line = trie.flat[s0 : s0 + dn]  # n's root path: its ancestors, then n
-    anc = line[:-1]
-    st = flag[anc].nonzero()[0]
-    a = int(st[-1]) + 1 if len(st) else 0  # depth of the node the chain hangs from (0: root)
+    flat = trie.flat  # n's root path is flat[s0 : s0 + dn]: its ancestors, then n
+    a = _last_mark(flag, flat[s0 : s0 + dn - 1])  # depth of the node the chain hangs from
     for pp, pd in self._pins.values():  # a pinned ancestor deeper than a stops it too
       # the nodes pinned by (pp, pd) are pp[:pd]; n's ancestors agree with pp on a prefix
-      k = min(pd, len(anc))
-      if a < k and anc[a] == pp[a]:
-        lo, hi = a, k  # anc[lo] == pp[lo]; anc[hi] != pp[hi] or hi == k
-        if anc[k - 1] == pp[k - 1]:
+      k = min(pd, dn - 1)
+      if a < k and flat.item(s0 + a) == pp[a]:
+        lo, hi = a, k  # ancestor lo == pp[lo]; ancestor hi != pp[hi] or hi == k
+        if flat.item(s0 + k - 1) == pp[k - 1]:
           lo = k - 1
         while hi - lo > 1:
           mid = (lo + hi) // 2
-          if anc[mid] == pp[mid]:
+          if flat.item(s0 + mid) == pp[mid]:
             lo = mid
           else:
             hi = mid
         a = lo + 1
-    chain = line[a:]  # the dropped nodes, n included
+    chain = flat[s0 + a : s0 + dn]  # the dropped nodes, n included
     self._present[chain] = False
     nchild[chain] = 0
     self.pages -= self._chain_pages(a, dn)
-    if a < self._absent and chain[0] == self._cur_pa[a]:
+    if a < self._absent and flat.item(s0 + a) == self._cur_pa.item(a):
       self._absent = a  # the chain left the last admitted path from depth a + 1 on
     if a == 0:
       self.root_children -= 1
       return
-    p = int(anc[a - 1])
-    c = nchild[p] = nchild[p] - 1
+    p = flat.item(s0 + a - 1)
+    c = nchild.item(p) - 1
+    nchild[p] = c
     if c == 1:
-      flag[p] &= _CKPT
+      flag[p] = flag.item(p) & _CKPT
     elif c == 0:
       self.pages += self._leaf_bonus(a)
-      if flag[p] & _CKPT:
+      if flag.item(p) & _CKPT:
         self._push(p, touch=False)  # became a leaf: its unit now includes its chain
 
   def fit(self, limit: int) -> bool:
     """Evicts until `used` <= limit; False if the pinned items alone exceed it."""
     page, state = self.sizes.kv_page_bytes, self.sizes.ckpt_bytes
+    if self.pages * page + self.nckpt * state <= limit:
+      return True
+    pins = list(self._pins.values())  # evictions never change the pins
     while self.pages * page + self.nckpt * state > limit:
-      if not self._evict_one():
+      if not self._evict_one(pins):
         return False
     return True
 
@@ -605,11 +696,34 @@ class UnitCache:
     n_comp: int,
     place,
     found: tuple[int, int, int, int, int] | None = None,
+    fresh: tuple[int, int] | None = None,
   ) -> int:
-    """Replays request r alone (`admit` then `finish`); returns its hit in tokens."""
-    h = self.admit(r, path, cap, n_comp, found, bound=False)
-    self.finish(r, place)
-    return h
+    """Replays request r alone; returns its hit in tokens.
+
+    Same decisions as `admit(r, ..., bound=False)` then `finish(r, place, fresh)` (the two
+    share `_take_hit` and `_insert`), in one call without the running-request bookkeeping,
+    which nothing reads between the two when nothing else runs: the sequential replay calls
+    this K times per request, and what it skips was ~10% of a call (Mooncake sweep, 2026-11-25).
+    """
+    pa = self._path_and_flops(path)
+    if found is None:
+      found = self._lookup_one(path, pa, cap)
+    d, _ = self._take_hit(r, path, pa, found)
+    s = self.sizes
+    bs, page, state = s.block_size, s.kv_page_bytes, s.ckpt_bytes
+    room = s.capacity - self.reserved  # nothing else is admitted during this call
+    npages = -(-n_comp // bs)
+    work = (npages - (d * s.unit) // bs) * page + state  # `_work` (state = 0: attention only)
+    if self.pages * page + self.nckpt * state > room - work and not self.fit(room - work):
+      self._pins.pop(r, None)  # the hit path does not fit beside the working set: recompute
+      d = 0
+      self.fit(room - npages * page - state)
+    self._cur = -1
+    self._insert(path, pa, d, place, fresh)
+    self._pins.pop(r, None)
+    if self.pages * page + self.nckpt * state > room:
+      self.fit(room)
+    return d * s.unit
 
   def _work(self, n_comp: int, hit_tokens: int) -> int:
     """A working set: the KV pages after the hit's last whole page, + one running state."""
@@ -622,6 +736,34 @@ class UnitCache:
     `n_comp` tokens fits beside the running ones whatever its hit."""
     need = self.reserved + self.pinned_bound + self._work(n_comp, 0)
     return not self.running or need <= self.sizes.capacity
+
+  def _path_and_flops(self, path: list[int]) -> np.ndarray:
+    """The path's array; the FLOPs table extended to its depth (pushes read it)."""
+    if len(self._flops.values) <= len(path):
+      self._flops.extend(len(path))
+    return self.trie.path_array(path)
+
+  def _lookup_one(self, path: list[int], pa: np.ndarray, cap: int):
+    """This cache's row of `lookup` (when the caller did not look up the whole bank)."""
+    self._grow()
+    old = self.trie.existed(path)
+    return tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
+
+  def _take_hit(self, r: int, path: list[int], pa: np.ndarray, found) -> tuple[int, int]:
+    """Applies r's lookup row `found` (see `admit`): pins the hit path and re-weights the
+    checkpoint serving it; returns (the hit depth d in units, the serving checkpoint's depth)."""
+    f, last, prev, top, self._absent = found
+    self._cur, self._cur_pa = r, pa
+    d = last if self._recurrent else f
+    if d:
+      self._pins[r] = (path, d)
+    if last:  # the hit is served by the deepest checkpoint; shallower ones are not used
+      n = path[last - 1]
+      self.hits[n] += 1
+      kind = self.kind[n]
+      self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
+      self._push(n, prev=prev, a=top)
+    return d, last
 
   def admit(
     self,
@@ -640,24 +782,11 @@ class UnitCache:
     `bound`: add the hit path's bound to `pinned_bound` (read by `can_admit` only; `serve`
     finishes at once and skips it).
     """
-    pa = self.trie.path_array(path)
-    self._flops.extend(len(path))
+    pa = self._path_and_flops(path)
     if found is None:
-      self._grow()
-      old = self.trie.existed(path)
-      found = tuple(x[0] for x in lookup(self._present[None], self._flag[None], pa, cap, old))
-    f, last, prev, top, self._absent = found
-    self._cur, self._cur_pa = r, pa
+      found = self._lookup_one(path, pa, cap)
+    d, last = self._take_hit(r, path, pa, found)
     s = self.sizes
-    d = last if s.recurrent else f
-    if d:
-      self._pins[r] = (path, d)
-    if last:  # the hit is served by the deepest checkpoint; shallower ones are not used
-      n = path[last - 1]
-      self.hits[n] += 1
-      kind = self.kind[n]
-      self.kind_hit[kind] = self.kind_hit.get(kind, 0.0) + 1.0
-      self._push(n, prev=prev, a=top)
     hit_tokens = d * s.unit
     work = self._work(n_comp, hit_tokens)
     if not self.fit(s.capacity - self.reserved - work):
@@ -675,11 +804,13 @@ class UnitCache:
     self.running[r] = (path, pa, d, work, b)
     return hit_tokens
 
-  def finish(self, r: int, place) -> int:
+  def finish(self, r: int, place, fresh: tuple[int, int] | None = None) -> int:
     """Inserts admitted request r's placements and releases it; returns the checkpoints added.
 
     `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
-    with their kind: a list of (depth, kind).
+    with their kind: a list of (depth, kind). `fresh` = (old, deepest): the units of r's path
+    at depths old + 1..deepest were created by r and are already written as this call adds
+    them (`CacheBank.insert_fresh`); deepest must be this call's deepest placement.
     """
     path, pa, d, work, b = self.running.pop(r)
     self.reserved -= work
@@ -689,12 +820,19 @@ class UnitCache:
       self._absent = len(pa) if pres.all() else int(pres.argmin())
       self._cur_pa = pa
     self._cur = -1
-    s = self.sizes
-    if s.recurrent:
+    added = self._insert(path, pa, d, place, fresh)
+    self._pins.pop(r, None)
+    self.fit(self.sizes.capacity - self.reserved)
+    return added
+
+  def _insert(self, path: list[int], pa: np.ndarray, d: int, place, fresh) -> int:
+    """`finish`'s insertion of a request with hit depth d (see `finish`): its KV chain up to
+    the deepest placement and its new checkpoints, pushed; returns how many were added."""
+    if self._recurrent:
       places = place(d)
     else:  # attention only: every unit is a zero-byte hit point
       places = [(k + 1, 0) for k in range(d, len(path))]
-    deepest = max((q for q, _ in places), default=0)
+    deepest = max([q for q, _ in places]) if places else 0
     refresh: list[int] = []
     flag, nchild = self._flag, self._nchild
     if deepest:
@@ -705,29 +843,39 @@ class UnitCache:
           self.root_children += 1
         else:
           p = path[j - 1]
-          c = nchild[p]
+          c = nchild.item(p)
           if c == 0:
             self.pages -= self._leaf_bonus(j)
-            if flag[p] & _CKPT:
+            if flag.item(p) & _CKPT:
               refresh.append(j)  # no longer a leaf: its unit is now its state alone
           elif c == 1:
-            flag[p] |= _BRANCH
+            flag[p] = flag.item(p) | _BRANCH
           nchild[p] = c + 1
-        self._present[sub[j:]] = True
-        nchild[sub[j : deepest - 1]] = 1
+        if fresh is None:
+          self._present[sub[j:]] = True
+          nchild[sub[j : deepest - 1]] = 1
+        else:  # units old + 1..deepest are written (fresh[1] == deepest > old >= j)
+          o = fresh[0]
+          if fresh[1] != deepest or j > o:
+            raise ValueError(f"fresh={fresh} does not match the chain {j}..{deepest}")
+          if j < o:
+            self._present[sub[j:o]] = True
+            nchild[sub[j:o]] = 1
         self.pages += self._chain_pages(j, deepest)
     new = []
+    kinds, hits, placed = self.kind, self.hits, self.kind_placed
     for q, kind in places:
       n = path[q - 1]
-      if flag[n] & _CKPT:
+      fn = flag.item(n)
+      if fn & _CKPT:
         continue
-      flag[n] |= _CKPT
-      self.nckpt += 1
-      self.admitted_ckpts += 1
-      self.kind[n] = kind
-      self.hits[n] = 0
-      self.kind_placed[kind] = self.kind_placed.get(kind, 0.0) + 1.0
+      flag[n] = fn | _CKPT
+      kinds[n] = kind
+      hits[n] = 0
+      placed[kind] = placed.get(kind, 0.0) + 1.0
       new.append(q)
+    self.nckpt += len(new)
+    self.admitted_ckpts += len(new)
     if self._flat_weight:
       for q in [q for q in refresh if q not in new] + new:
         self._push(path[q - 1], q in new)
@@ -742,8 +890,6 @@ class UnitCache:
         prev = cks[i - 1] + 1 if i else 0
         i = bisect.bisect_left(marks, q - 1)
         self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
-    self._pins.pop(r, None)
-    self.fit(s.capacity - self.reserved)
     return len(new)
 
 

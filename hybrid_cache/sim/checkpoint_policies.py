@@ -34,8 +34,10 @@ shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
 Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the trie walk,
-hashes and candidate points are capacity-independent and done once per request; each capacity
-keeps its own caches, rows of one `CacheBank`); every point equals its own `run_checkpoint`.
+hashes and candidate points are capacity-independent and done once per request, and so is the
+write of the units the request creates, which every cache inserts: `CacheBank.insert_fresh`;
+each capacity keeps its own caches, rows of one `CacheBank`); every point equals its own
+`run_checkpoint`.
 
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
@@ -65,6 +67,7 @@ from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.checkpoint_cache import flops_table
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 
@@ -177,15 +180,35 @@ def candidates(
   return sorted((q, kk * _LEN_CLASSES + cls) for q, kk in out.items())
 
 
+def _deepest_placement(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]) -> int:
+  """The deepest depth `_placer(rule, k, n_path, cands)(d)` returns for every hit d below it
+  (0: none): each rule's points deeper than the hit are a hit-independent set cut at the hit."""
+  if rule == "ckpt_dense":
+    return n_path
+  if rule == "ckpt_sparse":
+    return (n_path // k) * k
+  return max((q for q, _ in cands), default=0)
+
+
 def _placer(rule: str, k: int, n_path: int, cands: list[tuple[int, int]]):
-  """place(hit_depth) -> [(depth, kind)] deeper than the hit (see the module doc)."""
+  """place(hit_depth) -> [(depth, kind)] deeper than the hit, ascending (see the module doc).
+
+  The lists are memoised by hit depth and shared by every cache that asks with the same
+  depth (the K caches of a sweep mostly hit at the same few depths): callers must not
+  modify them."""
+  memo: dict[int, list[tuple[int, int]]] = {}
 
   def place(d: int) -> list[tuple[int, int]]:
-    if rule == "ckpt_dense":
-      return [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
-    if rule == "ckpt_sparse":
-      return [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
-    return [(q, kind) for q, kind in cands if q > d]
+    got = memo.get(d)
+    if got is None:
+      if rule == "ckpt_dense":
+        got = [(q, KIND_GRID) for q in range(d + 1, n_path + 1)]
+      elif rule == "ckpt_sparse":
+        got = [(q, KIND_GRID) for q in range((d // k + 1) * k, n_path + 1, k)]
+      else:
+        got = [(q, kind) for q, kind in cands if q > d]
+      memo[d] = got
+    return got
 
   return place
 
@@ -312,22 +335,28 @@ def sweep_checkpoint(
   tuned, weightings = rep.tuned, rep.weightings
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   u = rep.unit
+  fl = flops_table(model, u).values  # extended by each serve to the request's depth
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
-    path, seen, cap, place = rep.prepare(req)
+    path, seen, cap, place, deepest = rep.prepare(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
-    found = bank.lookup(trie.path_array(path), cap, trie.last_old)
+    pa, old = trie.path_array(path), trie.last_old
+    found = bank.lookup(pa, cap, old)
+    fresh = None
+    if deepest > old:  # every cache adds r's new units up to `deepest`: one write for all
+      bank.insert_fresh(pa, old, deepest)
+      fresh = (old, deepest)
     for pt in points:
       live = pt.live
       before = live.admitted_ckpts
-      h = live.serve(r, path, cap, n_comp, place, found[live.row])
+      h = live.serve(r, path, cap, n_comp, place, found[live.row], fresh)
       pt.triples.append((int(h > 0), n_in, h))
       pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
       score = pt.score
       for i, sh in enumerate(pt.shadows):
-        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row])
-        score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
+        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh)
+        score[i] = score[i] * decay + (fl[hs // u] if hs else 0)  # = sh.flops(hs // u)
       if tuned:
         lab = weightings[pt.current][0]
         pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
@@ -356,6 +385,7 @@ class _Replay:
       raise ValueError("capacities must hold at least one capacity, got none")
     sizes0 = CacheSizes.of(model, capacities[0], unit, block_size)
     self.rule, self.k, self.length_classes, self.unit = rule, k, lc, sizes0.unit
+    self.recurrent = sizes0.recurrent
     trie = self.trie = SeenTrie(sizes0.unit)
     self.stats = DivergenceStats()
     self.tuned = tuned = rule == "adaptive" and alpha is None
@@ -382,7 +412,8 @@ class _Replay:
 
   def prepare(self, req):
     """The trie walk, candidate points and placement rule of a request (before its lookup):
-    (path, seen, hit cap in units, place)."""
+    (path, seen, hit cap in units, place, the deepest depth every cache's `finish` inserts up
+    to: attention-only models place every unit, others `_deepest_placement`)."""
     trie, u, rule = self.trie, self.unit, self.rule
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
@@ -393,7 +424,9 @@ class _Replay:
       for q, kind in cands:
         trie.register(path[q - 1], kind)
     self.bank.grow(len(trie))
-    return path, seen, cap, _placer(rule, self.k, len(path), cands)
+    n = len(path)
+    deepest = _deepest_placement(rule, self.k, n, cands) if self.recurrent else n
+    return path, seen, cap, _placer(rule, self.k, n, cands), deepest
 
 
 def _run_concurrent(
@@ -442,7 +475,7 @@ def _run_concurrent(
     n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
     if not live.can_admit(n_comp):
       return None
-    path, seen, cap, place = rep.prepare(req)
+    path, seen, cap, place, _ = rep.prepare(req)
     placers[r] = place
     found = bank.lookup(trie.path_array(path), cap, trie.last_old)
     hits[r] = live.admit(r, path, cap, n_comp, found[live.row])
