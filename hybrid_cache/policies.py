@@ -47,7 +47,6 @@ EVICTION: dict[str, bool] = {
   "lru": False,  # vLLM 0.33's free queue (built in: no re-ordering)
   "flop_aware": True,  # Marconi's FLOPs-per-byte utility with recency (SPEC B2)
   "deepest_first": False,  # the README's worked example: deepest prefix position first
-  "chain_value": False,  # Marconi-style: KV span back to the previous state x (1 + hits)
 }
 EVICTION_POLICIES = tuple(EVICTION)
 

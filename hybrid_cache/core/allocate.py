@@ -22,16 +22,12 @@ from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_HITS
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_SEQ
 from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import NO_KEY_AUX
-from hybrid_cache.core.state import RG_CHAIN
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
@@ -121,12 +117,6 @@ def allocate_slots(
   # touch scatters into queue_key in place only if XLA sees the gather above ordered before
   touched = xla_cpu.ordered_after(touched, n_norm)
   state = block_pool.touch(state, touched)
-  # each touched hit block counts one hit on its key (`CacheState.key_hits`)
-  state = state.replace(
-    block_aux=state.block_aux.at[jnp.where(touched > 0, touched, lay.num_blocks), AUX_HITS].add(
-      1, mode="drop"
-    )
-  )
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]
   # per-group values collected in Python lists and stacked once (one small array op instead
@@ -180,9 +170,7 @@ def allocate_slots(
     len_l.append(length)
     last_l.append(last)
   rows = jnp.stack(row_l)
-  # a new request's latest kept state is its hit (0 = none); `cache_keys` moves it on
-  chain = jnp.where(is_new, hit, rg[:, RG_CHAIN])
-  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l), chain)
+  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l))
   # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
   offsets = [jnp.int32(0)]
   for g in range(1, lay.num_groups):
@@ -254,23 +242,17 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   sdx = jnp.where(keyed, src, nb)
   aux_src = state.block_aux[src]
   step = state.clock
-  # the key's token end, hits and chain start go with it
-  aux_new = aux_columns(
-    jnp.full_like(src, step),
-    jnp.zeros_like(src),
-    aux_src[:, AUX_END],
-    aux_src[:, AUX_HITS],
-    aux_src[:, AUX_CHAIN],
-  )
-  key_cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END])
   state = state.replace(
     index_entry=ent,
     block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),
     block_hash=state.block_hash.at[dst].set(h, mode="drop"),
     block_aux=state.block_aux.at[dst]
     .set(aux_new, mode="drop")
-    .at[sdx[:, None], key_cols[None, :]]
-    .set(jnp.asarray(NO_KEY_AUX)[key_cols], mode="drop"),
+    .at[sdx, AUX_STEP]
+    .set(-1, mode="drop")
+    .at[sdx, AUX_END]
+    .set(-1, mode="drop"),
     counters=c.at[C_SEQ].add(jnp.sum(keyed).astype(jnp.int32)),
     req_partial=state.req_partial.at[r].set(jnp.where(cow_own, 0, state.req_partial[r])),
   )

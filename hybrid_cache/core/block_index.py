@@ -14,10 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_HITS
-from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_OVERFLOW
@@ -27,14 +24,11 @@ from hybrid_cache.core.state import HASH_LO
 from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import IDX_SEQ
 from hybrid_cache.core.state import NO_KEY_AUX
-from hybrid_cache.core.state import NUM_AUX
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.xla_cpu import materialise
 from hybrid_cache.core.xla_cpu import prefix_count
 from hybrid_cache.core.xla_cpu import row_count
 
-# the `block_aux` columns that describe a key (all but the pinned flag)
-_KEY_COLS = np.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], np.int32)
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
@@ -238,10 +232,10 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   return state.replace(
     index_entry=ent,
     block_group=jnp.where(mask, -1, state.block_group),
-    # every column but the pinned flag takes its no-key value
-    block_aux=jnp.where(
-      mask[:, None] & (jnp.arange(NUM_AUX) != AUX_PINNED), jnp.asarray(NO_KEY_AUX), state.block_aux
-    ),
+    block_aux=state.block_aux.at[:, AUX_STEP]
+    .set(jnp.where(mask, -1, state.key_step))
+    .at[:, AUX_END]
+    .set(jnp.where(mask, -1, state.key_end)),
   )
 
 
@@ -294,8 +288,9 @@ def evict_ids(
     block_aux=(
       state.block_aux.at[idx].set(jnp.asarray(NO_KEY_AUX), mode="drop")
       if clear_pinned
-      else state.block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
-        jnp.asarray(NO_KEY_AUX[_KEY_COLS]), mode="drop"
-      )
+      else state.block_aux.at[idx, AUX_STEP]
+      .set(-1, mode="drop")
+      .at[idx, AUX_END]
+      .set(-1, mode="drop")
     ),
   )

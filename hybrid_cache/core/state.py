@@ -23,11 +23,6 @@ Pool, per block:
     registered, -1 = no key (the same-step rule, vLLM §2.4.6).
   - `pinned` i32[NB] (`AUX_PINNED`): 1 = pinned (goes to the pinned tier when freed).
   - `key_end` i32[NB] (`AUX_END`): tokens of the prefix the key covers, -1 = no key.
-  - `key_hits` i32[NB] (`AUX_HITS`): admitted allocations that hit the block since its key was
-    registered (0 then and without a key; moved with the key by a copy-on-write).
-  - `chain_start` i32[NB] (`AUX_CHAIN`): where the key's KV span starts, -1 = no key. Recurrent:
-    the registering request's `RG_CHAIN` (its previous kept state's end: `key_end - chain_start`
-    tokens of KV back to it); else the block's first token (table position * block size).
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
 * `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*`:
@@ -49,8 +44,6 @@ Requests, per slot:
   - `group_len` i32[R, G] (`RG_LEN`): blocks in the group's table row.
   - `group_ncached` i32[R, G] (`RG_NCACHED`): blocks of the row offered to the index so far.
   - `group_last` i32[R, G] (`RG_LAST`): align mode's previous running-state position, -1 = none.
-  - `group_chain` i32[R, G] (`RG_CHAIN`): token end of the request's latest kept state (its hit
-    at admission, then each state block it registers), 0 = none; read for recurrent groups.
 * `req_partial` i32[R, G] (i32[R, 0] without partial hits, vLLM §2.5): 1 + the table position
   of a recurrent partial entry the request registered on its running state block (0 = none);
   its next allocation moves the key to a fresh copy-on-write block.
@@ -111,17 +104,17 @@ BIG = np.int32(2**31 - 1)
 INFO_STATUS, INFO_COMPUTED, INFO_TOKENS, INFO_PROMPT, INFO_SPB = range(5)
 NUM_INFO = 5
 STATUS_EMPTY, STATUS_WAITING, STATUS_RUNNING = 0, 1, 2
-# req_group columns: table blocks, blocks offered, align's previous state, latest kept state end
-RG_LEN, RG_NCACHED, RG_LAST, RG_CHAIN = range(4)
-NUM_RG = 4
+# req_group columns: blocks in the table, blocks offered to the index, align's previous state.
+RG_LEN, RG_NCACHED, RG_LAST = range(3)
+NUM_RG = 3
 # counters
 C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW, C_REC_ADMITTED, C_REC_EVICTED, C_ALPHA_MILLI = (
   range(9)
 )
 NUM_COUNTERS = 16
-# block_aux columns: registration step, pinned flag, key's token end, hits, chain start
-AUX_STEP, AUX_PINNED, AUX_END, AUX_HITS, AUX_CHAIN = range(5)
-NUM_AUX = 5
+# block_aux columns: registration step, pinned flag, token end of the key
+AUX_STEP, AUX_PINNED, AUX_END = range(3)
+NUM_AUX = 3
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
@@ -199,16 +192,6 @@ class CacheState:
     """i32[NB]: tokens of the prefix each block's key covers, -1 = no key."""
     return self.block_aux[:, AUX_END]
 
-  @property
-  def key_hits(self) -> jax.Array:
-    """i32[NB]: prefix-cache hits on each block since its key was registered (0: no key)."""
-    return self.block_aux[:, AUX_HITS]
-
-  @property
-  def chain_start(self) -> jax.Array:
-    """i32[NB]: token where each key's chain span starts (module docstring), -1 = no key."""
-    return self.block_aux[:, AUX_CHAIN]
-
   # ---- index_entry columns, i32[BK, W]
   @property
   def index_block(self) -> jax.Array:
@@ -261,11 +244,6 @@ class CacheState:
   def group_last(self) -> jax.Array:
     """i32[R, G]: align mode's previous running-state position in the row, -1 = none."""
     return self.req_group[..., RG_LAST]
-
-  @property
-  def group_chain(self) -> jax.Array:
-    """i32[R, G]: token end of each request's latest kept state per group, 0 = none."""
-    return self.req_group[..., RG_CHAIN]
 
   # ---- counters, i32 scalars
   @property
@@ -366,18 +344,14 @@ def _by_position(columns: dict[int, jax.Array], axis: int) -> jax.Array:
   return jnp.stack([columns[i] for i in range(len(columns))], axis=axis)
 
 
-def aux_columns(step, pinned, end, hits=None, chain=None) -> jax.Array:
-  """i32[..., NUM_AUX]: `block_aux` rows from their columns (each i32[...], `AUX_*` order;
-  no `hits` / `chain`: their no-key values 0 / -1)."""
-  hits, chain = (jnp.full_like(end, v) if a is None else a for a, v in ((hits, 0), (chain, -1)))
-  cols = {AUX_STEP: step, AUX_PINNED: pinned, AUX_END: end, AUX_HITS: hits, AUX_CHAIN: chain}
-  return _by_position(cols, axis=1)
+def aux_columns(step, pinned, end) -> jax.Array:
+  """i32[..., NUM_AUX]: `block_aux` rows from their columns (each i32[...], `AUX_*` order)."""
+  return _by_position({AUX_STEP: step, AUX_PINNED: pinned, AUX_END: end}, axis=1)
 
 
-def group_columns(length, ncached, last, chain=None) -> jax.Array:
-  """i32[G, NUM_RG]: a `req_group` row from its columns (each i32[G], `RG_*`; no `chain`: 0)."""
-  chain = jnp.zeros_like(length) if chain is None else chain
-  return _by_position({RG_LEN: length, RG_NCACHED: ncached, RG_LAST: last, RG_CHAIN: chain}, 1)
+def group_columns(length, ncached, last) -> jax.Array:
+  """i32[G, NUM_RG]: a request's `req_group` row from its columns (each i32[G], `RG_*`)."""
+  return _by_position({RG_LEN: length, RG_NCACHED: ncached, RG_LAST: last}, axis=1)
 
 
 def queue_rows(free, pinned) -> jax.Array:
@@ -387,7 +361,7 @@ def queue_rows(free, pinned) -> jax.Array:
 
 # an unkeyed, unpinned block's `block_aux` row
 NO_KEY_AUX = np.zeros(NUM_AUX, np.int32)
-NO_KEY_AUX[[AUX_STEP, AUX_END, AUX_CHAIN]] = -1
+NO_KEY_AUX[[AUX_STEP, AUX_END]] = -1
 NO_KEY_AUX.flags.writeable = False
 
 

@@ -72,9 +72,6 @@ class _Request:
   boundary: int = 0
   # §2.5: group -> (row index, source block) of a pending copy-on-write (vLLM _partial_hit_reqs)
   partial: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
-  # group -> token end of the latest kept state (hit at admission, then each registered state;
-  # the core's `RG_CHAIN`), the chain start of the next state it registers
-  chain: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class ReferencePolicy:
@@ -116,10 +113,6 @@ class ReferencePolicy:
     self._free: list[int] = list(range(1, n))
     self._pinned_free: list[int] = []  # oldest first
     self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
-    # per block: hits since its key was registered, its key's chain start (-1 = no key); the
-    # core's `CacheState.key_hits` / `chain_start`, read by eviction policies
-    self._hits = [0] * n
-    self._chain = [-1] * n
     self._evict = None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg)
     # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule
     self._placement = policies.oracle_policy("placement", cfg.placement)
@@ -186,20 +179,15 @@ class ReferencePolicy:
       self._unindex(k, b)
     self._key[b] = None
     self._key_end[b] = -1
-    self._hits[b] = 0
-    self._chain[b] = -1
     return removed
 
-  def _insert_key(self, b: int, key: tuple[int, int], end: int, chain: int) -> None:
-    """vLLM `_insert_block_hash`: a key becomes b's primary key (token end `end`, chain start
-    `chain`, no hits yet), or an extra one if b has one."""
+  def _insert_key(self, b: int, key: tuple[int, int], end: int) -> None:
+    """vLLM `_insert_block_hash`: a key becomes b's primary key, or an extra one if b has one."""
     if self._key[b] == key or b in self._index.get(key, ()):
       return
     if self._key[b] is None:
       self._key[b] = key
       self._key_end[b] = end
-      self._hits[b] = 0
-      self._chain[b] = chain
     else:
       self._extra.setdefault(b, []).append(key)
     self._index.setdefault(key, []).append(b)
@@ -461,11 +449,7 @@ class ReferencePolicy:
       skip = self._skipped_tokens(gid, total_computed) // self._bs[gid]
       kept = hits[skip:]
       self._touch(kept)
-      for b in kept:  # each touched hit block counts one hit on its key
-        if b != NULL:
-          self._hits[b] += 1
       req.rows[gid] = [NULL] * skip + list(kept)
-      req.chain[gid] = hit_tokens  # the latest kept state: the hit (0 = none)
     req.num_cached = [len(r) for r in req.rows]
     if not self._partial:
       return
@@ -509,11 +493,9 @@ class ReferencePolicy:
         return [cow] + row[before:]
       # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
       assert row[idx] == src
-      end, hits, chain = self._key_end[src], self._hits[src], self._chain[src]
+      end = self._key_end[src]
       for key in self._evict_key(src):
-        self._insert_key(cow, key, end, chain)
-      if self._key[cow] is not None:  # the key's hits go with it
-        self._hits[cow] = hits
+        self._insert_key(cow, key, end)
       self._cow.append((gid, req.name, src, cow))
       self._ref[src] += 1
       if self._key[cow] is not None:
@@ -607,7 +589,6 @@ class ReferencePolicy:
     """Keys the group's blocks [num_cached, full) (null / masked ones skipped)."""
     row, bs = req.rows[gid], self._bs[gid]
     hashes = self._group_hashes(req.fine_hashes, bs)
-    state = self._groups[gid].kind == "mamba"
     for i in range(req.num_cached[gid], min(full, len(row))):
       b = row[i]
       if b == NULL or not self._cacheable(req, gid, i):
@@ -625,11 +606,6 @@ class ReferencePolicy:
       self._index.setdefault(key, []).append(b)
       self._key[b] = key
       self._key_end[b] = (i + 1) * bs
-      self._hits[b] = 0
-      # chain start: a state's previous kept state (then this one), else the block's start
-      self._chain[b] = req.chain.get(gid, 0) if state else i * bs
-      if state:
-        req.chain[gid] = (i + 1) * bs
       self._cached_this_step.add(key)
     req.num_cached[gid] = full
 
@@ -659,8 +635,7 @@ class ReferencePolicy:
     if self._key[row[j]] is not None and self._key_end[row[j]] == t:
       return  # already keyed at t (a hit or an earlier step)
     b = row[j]
-    self._cache_partial_block(req, b, t, gid, req.chain.get(gid, 0))
-    req.chain[gid] = max(req.chain.get(gid, 0), t)  # the tail state is the latest kept one
+    self._cache_partial_block(req, b, t, gid)
     self._cached_this_step.add(self._partial_key(req, t, gid))
     if t % bs:  # a sub-block entry: the next allocation moves it to a copy (copy-on-write)
       req.partial[gid] = (j, b)
@@ -677,7 +652,7 @@ class ReferencePolicy:
     if bs == self._hbs or t == 0 or t > n or t % bs == 0 or t // bs >= len(row):
       return
     if row[t // bs] != NULL:
-      self._cache_partial_block(req, row[t // bs], t, gid, t // bs * bs)
+      self._cache_partial_block(req, row[t // bs], t, gid)
 
   def _tail_boundary(self, req: _Request, gid: int) -> int:
     """The prompt-tail boundary of group `gid` (vLLM `_cache_partial_tail_block`).
@@ -695,14 +670,13 @@ class ReferencePolicy:
     """The key of the prefix of `t` tokens (a hash-block multiple) in group `gid`."""
     return (int(hashing.as_u64(req.fine_hashes[t // self._hbs - 1])), gid)
 
-  def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int, chain: int) -> None:
-    """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b); `chain`:
-    the key's chain start if it becomes b's primary key."""
+  def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int) -> None:
+    """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b)."""
     key = self._partial_key(req, t, gid)
     already = self._key[b] == key or b in self._index.get(key, ())
     if not already and self._key[b] is not None and self._key_end[b] < t:
       self._evict_key(b)
-    self._insert_key(b, key, t, chain)
+    self._insert_key(b, key, t)
 
   def _allocate_slots(
     self, req: _Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
@@ -886,9 +860,7 @@ class ReferencePolicy:
     if self._evict is not None:  # a registered eviction policy re-orders the free list
       groups = [None if k is None else k[1] for k in self._key]
       dead = eviction.dead_states(self.config, self._key, self._key_end, self._index)
-      self._free = self._evict.reorder(
-        self._free, groups, self._key_end, dead, self._hits, self._chain
-      )
+      self._free = self._evict.reorder(self._free, groups, self._key_end, dead)
     self._cached_this_step.clear()
     budget = self.config.max_num_batched_tokens
     out, copies = [], []
@@ -945,7 +917,6 @@ class ReferencePolicy:
     r.last_state.clear()
     r.state_col.clear()
     r.partial.clear()
-    r.chain.clear()
 
   def free(self, req: str) -> None:
     r = self._get(req)
@@ -966,8 +937,6 @@ class ReferencePolicy:
     self._index.clear()
     self._extra.clear()
     self._key = [None] * self.config.num_blocks
-    self._hits = [0] * self.config.num_blocks
-    self._chain = [-1] * self.config.num_blocks
     self._pinned = [False] * self.config.num_blocks
     self._cached_this_step.clear()
     return True
@@ -1036,14 +1005,6 @@ class ReferencePolicy:
     """Drops the keys of these blocks (vLLM's `KVCacheManager.evict_blocks`); test helper."""
     for b in block_ids:
       self._evict_key(b)
-
-  def chain_features(self) -> dict[int, tuple[int, int, int, int]]:
-    """Test only: keyed block -> (group, token end, hits, chain start) of its primary key."""
-    return {
-      b: (key[1], self._key_end[b], self._hits[b], self._chain[b])
-      for b, key in enumerate(self._key)
-      if key is not None
-    }
 
   def ref_count(self, block: int) -> int:
     """Test only: the block's reference count."""

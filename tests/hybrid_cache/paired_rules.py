@@ -81,23 +81,11 @@ def free_queue(m) -> list[int]:
   return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
 
 
-def chain_features(m) -> dict[int, tuple[int, int, int, int]]:
-  """Keyed block -> (group, token end, hits, chain start) of its key, on either backend (what
-  an eviction policy's `FreeBlocks` reads besides the recency)."""
-  if hasattr(m, "chain_features"):
-    return m.chain_features()
-  s = jax.device_get(m.state)
-  cols = [np.asarray(a) for a in (s.block_group, s.key_end, s.key_hits, s.chain_start)]
-  ids = np.nonzero(cols[0] >= 0)[0]
-  return {int(b): tuple(int(c[b]) for c in cols) for b in ids}
-
-
 def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
   """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
   until computed, then freed unless kept: how keyed blocks reach the free queue between
-  steps), `finish`, and an invariant comparing the pool counters, the free-queue order, the
-  keyed blocks' chain features (`chain_features`) and the jitted state's invariants
-  (`self.config` is set by the subclass's `@initialize`)."""
+  steps), `finish`, and an invariant comparing the pool counters, the free-queue order and the
+  jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
 
   class EvictionRules(paired_rules(prompts)):
     @precondition(lambda self: self._active())
@@ -126,7 +114,6 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
         return
       assert self.jax.pool_stats() == self.ref.pool_stats()
       assert free_queue(self.jax) == free_queue(self.ref)
-      assert chain_features(self.jax) == chain_features(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules

@@ -32,8 +32,6 @@ VIEWS = {
   "key_step": ("block_aux", (slice(None), st.AUX_STEP)),
   "pinned": ("block_aux", (slice(None), st.AUX_PINNED)),
   "key_end": ("block_aux", (slice(None), st.AUX_END)),
-  "key_hits": ("block_aux", (slice(None), st.AUX_HITS)),
-  "chain_start": ("block_aux", (slice(None), st.AUX_CHAIN)),
   "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
   "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
   "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
@@ -44,7 +42,6 @@ VIEWS = {
   "group_len": ("req_group", (Ellipsis, st.RG_LEN)),
   "group_ncached": ("req_group", (Ellipsis, st.RG_NCACHED)),
   "group_last": ("req_group", (Ellipsis, st.RG_LAST)),
-  "group_chain": ("req_group", (Ellipsis, st.RG_CHAIN)),
   "head_key": ("counters", (st.C_HEAD,)),
   "tail_key": ("counters", (st.C_TAIL,)),
   "pin_key": ("counters", (st.C_PIN,)),
@@ -126,16 +123,6 @@ def test_row_builders_place_columns_by_their_constants():
   np.testing.assert_array_equal(qk[st.Q_PINNED], pinned)
   assert st.NO_KEY_AUX[st.AUX_STEP] == -1 and st.NO_KEY_AUX[st.AUX_END] == -1
   assert st.NO_KEY_AUX[st.AUX_PINNED] == 0
-  # the key's hits and chain start: given, or their no-key values (0, -1)
-  np.testing.assert_array_equal(aux[:, st.AUX_HITS], 0)
-  np.testing.assert_array_equal(aux[:, st.AUX_CHAIN], -1)
-  aux = np.asarray(st.aux_columns(step, pinned, end, step + 30, step + 40))
-  np.testing.assert_array_equal(aux[:, st.AUX_HITS], step + 30)
-  np.testing.assert_array_equal(aux[:, st.AUX_CHAIN], step + 40)
-  np.testing.assert_array_equal(rg[:, st.RG_CHAIN], 0)
-  rg = np.asarray(st.group_columns(step, pinned, end, step + 50))
-  np.testing.assert_array_equal(rg[:, st.RG_CHAIN], step + 50)
-  assert st.NO_KEY_AUX[st.AUX_HITS] == 0 and st.NO_KEY_AUX[st.AUX_CHAIN] == -1
 
 
 def test_fresh_state_widths_and_no_key_rows():
