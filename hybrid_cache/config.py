@@ -211,15 +211,15 @@ class CacheConfig:
     _check_int("max_requests", self.max_requests, minimum=1)
     if self.free_order not in FREE_ORDERS:
       raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {self.free_order!r}")
-    if self.eviction not in EVICTION_POLICIES:
-      raise ValueError(f"eviction must be one of {EVICTION_POLICIES}, got {self.eviction!r}")
+    for seam, names in (
+      ("eviction", EVICTION_POLICIES),
+      ("placement", PLACEMENT_POLICIES),
+      ("admission", ADMISSION_POLICIES),
+      ("retention", RETENTION_POLICIES),
+    ):
+      if getattr(self, seam) not in names:
+        raise ValueError(f"{seam} must be one of {names}, got {getattr(self, seam)!r}")
     self._check_eviction_costs()
-    if self.placement not in PLACEMENT_POLICIES:
-      raise ValueError(f"placement must be one of {PLACEMENT_POLICIES}, got {self.placement!r}")
-    if self.retention not in RETENTION_POLICIES:
-      raise ValueError(f"retention must be one of {RETENTION_POLICIES}, got {self.retention!r}")
-    if self.admission not in ADMISSION_POLICIES:
-      raise ValueError(f"admission must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
     sizes = [g.block_size or self.block_size for g in self.groups]
     hbs = self.hash_block_size
     if hbs is None:

@@ -31,9 +31,9 @@ and has no file.
 
 `CacheConfig(eviction=..., placement=..., admission=..., retention=...)` selects them; the
 simulator's `--policy` runs each registered eviction policy over the core's `lru` profile (and
-`--placement` / `--admission` pick the other seams); the differential machines in
-`tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This module
-imports nothing heavy (the config validates names without importing jax).
+`--placement` / `--admission` / `--retention-policy` pick the other seams); the differential
+machines in `tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This
+module imports nothing heavy (the config validates names without importing jax).
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ def oracle_eviction(name: str) -> ModuleType | None:
 
 def core_policy(seam: str, name: str) -> ModuleType | None:
   """The jitted twin of policy `name` of `seam` ("eviction", "placement", "admission",
-  "retention"); None for
-  the seam's built-in default."""
+  "retention"); None for the seam's built-in default."""
   if name == _DEFAULTS[seam]:
     return None
   return importlib.import_module(f"hybrid_cache.core.policies.{name}")
