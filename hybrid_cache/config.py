@@ -127,7 +127,14 @@ class CacheConfig:
 
   Attributes:
     groups: the KV-cache groups, in model order.
-    num_blocks: physical blocks in the shared pool, including the null block 0.
+    num_blocks: physical blocks in the shared pool, including the null block 0 (with
+      `state_slots`, the KV page pool only).
+    state_slots: 0 = one shared pool (vLLM); > 0 = a second pool of this many recurrent-state
+      slots, ids [num_blocks, num_blocks + state_slots), from which the mamba groups draw
+      every block (running state, kept states, copy-on-write copies) while the attention groups
+      draw from the page pool [1, num_blocks): a state is then not padded to a KV page. One
+      byte budget splits into the two with `hybrid_cache.pools.split_byte_budget`. Each pool
+      keeps vLLM's free-queue order among its own blocks; the watermark counts pages only.
     block_size: default tokens per block for groups that do not set their own.
     hash_block_size: hashing granularity; None = gcd of the group block sizes.
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
@@ -170,6 +177,7 @@ class CacheConfig:
 
   groups: tuple[GroupSpec, ...]
   num_blocks: int
+  state_slots: int = 0
   block_size: int = 16
   hash_block_size: int | None = None
   retention_interval: int | None = None
@@ -202,6 +210,9 @@ class CacheConfig:
       if not isinstance(g, GroupSpec):
         raise ValueError(f"groups[] entries must be GroupSpec, got {g!r}")
     _check_int("num_blocks", self.num_blocks, minimum=2)
+    _check_int("state_slots", self.state_slots, minimum=0)
+    if self.state_slots and not any(g.kind == "mamba" for g in self.groups):
+      raise ValueError(f"state_slots={self.state_slots} needs a mamba group (0 = one pool)")
     _check_int("block_size", self.block_size, minimum=1)
     _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
     _check_int("max_model_len", self.max_model_len, minimum=1)
@@ -341,6 +352,11 @@ class CacheConfig:
     return self.num_blocks - 1
 
   @property
+  def pool_size(self) -> int:
+    """Block ids the core hands out lie in [1, pool_size): the pages, then the state slots."""
+    return self.num_blocks + self.state_slots
+
+  @property
   def num_speculative_blocks(self) -> int:
     return self.num_speculative_tokens if self.use_eagle else 0
 
@@ -412,6 +428,7 @@ class CacheConfig:
     return {
       "block_size": self.block_size,
       "num_blocks": self.num_blocks,
+      **({"state_slots": self.state_slots} if self.state_slots else {}),
       "groups": [
         {"type": g.kind, "block_size": g.block_size, "window": g.window}
         | ({"mode": g.mode} if g.kind == "mamba" else {})

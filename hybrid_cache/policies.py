@@ -9,7 +9,9 @@ and has no file.
              oracle `priority(config, blocks, order) -> list[int]`
              For every eviction candidate (a keyed free block that can still be hit), an integer
              priority: lower is evicted first; ties go least recently freed first.
-             Default `lru`: vLLM's free queue itself (no re-ordering).
+             Default `lru`: vLLM's free queue itself (no re-ordering). The registry line says
+             what the policy reads beyond `FreeBlocks`' base fields (`Reads`: cost fields,
+             chain features); the core keeps only what is declared.
   placement  core   `keep(lay, r, g, pos, boundaries, default) -> bool[MB]`
              oracle `keep(config, i, block_size, alignment, boundaries, default) -> bool`
              Which state blocks of a recurrent group a request keeps (registers a key for): the
@@ -40,13 +42,29 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import NamedTuple
 
-# name -> whether the policy reads the config's eviction cost fields (FLOPs, bytes per block);
-# the compile key keeps those fields (and an exact max_model_len) only for such policies
-EVICTION: dict[str, bool] = {
-  "lru": False,  # vLLM 0.33's free queue (built in: no re-ordering)
-  "flop_aware": True,  # Marconi's FLOPs-per-byte utility with recency (SPEC B2)
-  "deepest_first": False,  # the README's worked example: deepest prefix position first
+
+class Reads(NamedTuple):
+  """What an eviction policy reads besides `FreeBlocks`' base fields (candidate, group,
+  token_end, recency, num_candidates); the core maintains or keeps only what is declared."""
+
+  # the config's eviction cost fields (FLOPs, bytes per block): the compile key keeps those
+  # fields (and an exact max_model_len) only for such policies
+  costs: bool = False
+  # the chain features `FreeBlocks.hits` / `chain_start`: the core maintains them (`block_aux`
+  # columns AUX_HITS / AUX_CHAIN, `req_group` column RG_CHAIN) only for such policies
+  # (`Layout.chain_features`; maintained on every step they cost the core ~13%, issue 14)
+  chain: bool = False
+
+
+# name -> what the policy reads (`Reads`)
+EVICTION: dict[str, Reads] = {
+  "lru": Reads(),  # vLLM 0.33's free queue (built in: no re-ordering)
+  "flop_aware": Reads(costs=True),  # Marconi's FLOPs-per-byte utility with recency (SPEC B2)
+  "deepest_first": Reads(),  # the README's worked example: deepest prefix position first
+  # Marconi-style: the KV span back to the previous kept state x (1 + hits)
+  "chain_value": Reads(chain=True),
 }
 EVICTION_POLICIES = tuple(EVICTION)
 
@@ -70,7 +88,13 @@ _DEFAULTS = {"eviction": "lru", "placement": "vllm", "admission": "all", "retent
 
 def reads_costs(eviction: str) -> bool:
   """Whether `eviction` reads `CacheConfig.eviction_*` cost fields."""
-  return EVICTION[eviction]
+  return EVICTION[eviction].costs
+
+
+def reads_chain(eviction: str) -> bool:
+  """Whether `eviction` reads the chain features `FreeBlocks.hits` / `chain_start` (only then
+  does the core maintain them, `Layout.chain_features`)."""
+  return EVICTION[eviction].chain
 
 
 def core_eviction(name: str) -> ModuleType | None:

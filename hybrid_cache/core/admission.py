@@ -32,13 +32,14 @@ def blocks_needed(
   main_tokens,
   swa_cap: bool = False,
 ):
-  """(count i32, impossible bool): blocks to allocate for request slot `r`.
+  """(count, impossible bool): blocks to allocate for request slot `r`: count i32 with one
+  pool, i32[2] (pages, state slots; each group counts in `Layout.group_pool`) with two.
 
   `hit_ids` i32[G, MB]: hit blocks kept after skipping (0 elsewhere; all 0 for running ones).
   `swa_cap`: cap SWA groups at their per-request worst case (the full-sequence gate).
   """
   rg = state.req_group[r]
-  total = jnp.int32(0)
+  totals = [jnp.int32(0)] * lay.num_pools
   impossible = jnp.bool_(False)
   # hit blocks with ref 0 of every group in one [G, MB] reduction (not one per group)
   evictable_all = jnp.sum((hit_ids > 0) & (state.ref_cnt[hit_ids] == 0), axis=1).astype(jnp.int32)
@@ -71,5 +72,6 @@ def blocks_needed(
     )
     k, refused = kind.blocks_needed(spec, d)
     impossible |= refused
-    total = total + k + evictable_all[g]
-  return total, impossible
+    p = lay.group_pool[g] if lay.state_pool else 0
+    totals[p] = totals[p] + k + evictable_all[g]
+  return (jnp.stack(totals) if lay.state_pool else totals[0]), impossible

@@ -22,19 +22,25 @@ from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.layout import Layout
+from hybrid_cache.core.rows import NO_KEY_AUX
+from hybrid_cache.core.rows import aux_columns
+from hybrid_cache.core.rows import group_columns
+from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_HITS
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_SEQ
 from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import INFO_COMPUTED
+from hybrid_cache.core.state import Q_FREE
+from hybrid_cache.core.state import Q_PINNED
+from hybrid_cache.core.state import RG_CHAIN
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import aux_columns
 from hybrid_cache.core.state import cdiv
-from hybrid_cache.core.state import group_columns
 
 # ---------------------------------------------------------------------------------------------
 # releasing skipped blocks (§2.1, §2.3.3, §2.4.4, pinning SPEC B1)
@@ -113,10 +119,20 @@ def allocate_slots(
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
   # touching unlinks the hits that sit in a queue (small gather, no pool reduction)
   in_queue = (touched > 0)[None, :] & (state.queue_key[:, touched] < BIG)
-  n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
+  if lay.state_pool:  # per pool (pages, state slots): i32[2, NUM_QUEUES]
+    slot = block_pool.is_slot(state, touched)[None, :]
+    left = queued - jnp.stack(
+      [jnp.sum(in_queue & ~slot, axis=1), jnp.sum(in_queue & slot, axis=1)]
+    ).astype(jnp.int32)
+    n_norm, n_pin = left[:, Q_FREE], left[:, Q_PINNED]
+  else:
+    n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
   # touch scatters into queue_key in place only if XLA sees the gather above ordered before
-  touched = xla_cpu.ordered_after(touched, n_norm)
+  touched = xla_cpu.ordered_after(touched, jnp.min(n_norm) if lay.state_pool else n_norm)
   state = block_pool.touch(state, touched)
+  if lay.chain_features:  # each touched hit block counts one hit on its key (`key_hits`)
+    hit_idx = jnp.where(touched > 0, touched, lay.num_blocks)
+    state = state.replace(block_aux=state.block_aux.at[hit_idx, AUX_HITS].add(1, mode="drop"))
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg = state.req_group[r]
   # per-group values collected in Python lists and stacked once (one small array op instead
@@ -170,18 +186,25 @@ def allocate_slots(
     len_l.append(length)
     last_l.append(last)
   rows = jnp.stack(row_l)
-  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l))
-  # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
-  offsets = [jnp.int32(0)]
-  for g in range(1, lay.num_groups):
-    offsets.append(offsets[-1] + counts[g - 1])
-  kmax = lay.num_groups * lay.max_blocks
-  total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
-  state, ids = block_pool.pop_many(
-    state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
-  )
-  k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
-  queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
+  # chain features: a new request's latest kept state is its hit (0 = none); `cache_keys`
+  # moves it on
+  chain = jnp.where(is_new, hit, rg[:, RG_CHAIN]) if lay.chain_features else None
+  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l), chain)
+  if lay.state_pool:
+    state, ids, offsets, queued = _pop_two_pools(lay, state, ok, counts, n_norm, n_pin)
+    kmax = ids.shape[0]
+  else:
+    # exclusive prefix of the counts by scalar adds (a cumsum is a reduce-window thunk)
+    offsets = [jnp.int32(0)]
+    for g in range(1, lay.num_groups):
+      offsets.append(offsets[-1] + counts[g - 1])
+    kmax = lay.num_groups * lay.max_blocks
+    total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
+    state, ids = block_pool.pop_many(
+      state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
+    )
+    k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
+    queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
   # fresh blocks of every group in one [G, MB] gather
   j = pos[None, :] - jnp.stack(bases)[:, None]
   take = (j >= 0) & (j < jnp.stack(counts)[:, None])
@@ -210,6 +233,35 @@ def allocate_slots(
   )
   state = cache_blocks(lay, state, r, start + n, ok, keys, info)
   return Allocation(state, queued, cows)
+
+
+def _pop_two_pools(lay: Layout, state: CacheState, ok, counts, n_norm, n_pin):
+  """The fresh blocks of every group with two pools (`Layout.state_pool`): each pool's groups
+  pop in group order from that pool's queue (as one pool's groups do from the shared one).
+
+  `counts`: per group, i32 blocks to pop; `n_norm`, `n_pin`: i32[2] per pool. Returns (state,
+  ids, offsets, queued): `ids` the page pops then the slot pops (each pool's part `P_g *
+  max_blocks` wide, P_g its groups), `offsets[g]` group g's first pop in `ids`, `queued`
+  i32[2, NUM_QUEUES] after the pops.
+  """
+  ids_l, offsets, queued_l, base = [], [None] * lay.num_groups, [], 0
+  for p in range(2):
+    members = [g for g in range(lay.num_groups) if lay.group_pool[g] == p]
+    off = jnp.int32(base)
+    for g in members:
+      offsets[g] = off
+      off = off + counts[g]
+    kmax = max(1, len(members)) * lay.max_blocks
+    total = jnp.where(ok, sum((counts[g] for g in members), jnp.int32(0)), 0)
+    rec = tuple(g for g in lay.recurrent_groups if g in members)
+    state, ids = block_pool.pop_many(
+      state, total, kmax, rec, n_norm=n_norm[p], scan_all=lay.extra_keys, pool=p
+    )
+    k1 = jnp.minimum(total, n_norm[p])  # normal queue first, then the pinned tier
+    queued_l.append(jnp.stack([n_norm[p] - k1, n_pin[p] - (total - k1)]))
+    ids_l.append(ids)
+    base += kmax
+  return state, jnp.concatenate(ids_l), offsets, jnp.stack(queued_l)
 
 
 def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow_ids) -> CacheState:
@@ -242,17 +294,24 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   sdx = jnp.where(keyed, src, nb)
   aux_src = state.block_aux[src]
   step = state.clock
-  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END])
+  # the key's token end goes with it (and its hits and chain start: chain features)
+  chain = (aux_src[:, AUX_HITS], aux_src[:, AUX_CHAIN]) if lay.chain_features else ()
+  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END], *chain)
+  group = state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop")
+  block_hash = state.block_hash.at[dst].set(h, mode="drop")
+  aux = state.block_aux.at[dst].set(aux_new, mode="drop")
+  if lay.chain_features:  # the source's key columns (all but the pinned flag) in one scatter
+    key_cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+    aux = aux.at[sdx[:, None], key_cols[None, :]].set(
+      jnp.asarray(NO_KEY_AUX)[key_cols], mode="drop"
+    )
+  else:
+    aux = aux.at[sdx, AUX_STEP].set(-1, mode="drop").at[sdx, AUX_END].set(-1, mode="drop")
   state = state.replace(
     index_entry=ent,
-    block_group=state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop"),
-    block_hash=state.block_hash.at[dst].set(h, mode="drop"),
-    block_aux=state.block_aux.at[dst]
-    .set(aux_new, mode="drop")
-    .at[sdx, AUX_STEP]
-    .set(-1, mode="drop")
-    .at[sdx, AUX_END]
-    .set(-1, mode="drop"),
+    block_group=group,
+    block_hash=block_hash,
+    block_aux=aux,
     counters=c.at[C_SEQ].add(jnp.sum(keyed).astype(jnp.int32)),
     req_partial=state.req_partial.at[r].set(jnp.where(cow_own, 0, state.req_partial[r])),
   )

@@ -14,7 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.core.rows import NO_KEY_AUX
+from hybrid_cache.core.rows import no_key_aux
+from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_HITS
+from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_OVERFLOW
@@ -23,12 +28,14 @@ from hybrid_cache.core.state import HASH_HI
 from hybrid_cache.core.state import HASH_LO
 from hybrid_cache.core.state import IDX_BLOCK
 from hybrid_cache.core.state import IDX_SEQ
-from hybrid_cache.core.state import NO_KEY_AUX
+from hybrid_cache.core.state import NUM_AUX_CHAIN
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.xla_cpu import materialise
 from hybrid_cache.core.xla_cpu import prefix_count
 from hybrid_cache.core.xla_cpu import row_count
 
+# the `block_aux` columns that describe a key in a chain-feature state (all but the pinned flag)
+_KEY_COLS = np.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], np.int32)
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
@@ -229,14 +236,18 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   blk = state.index_block
   hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
   ent = jnp.where(hit[..., None], -1, state.index_entry)
-  return state.replace(
-    index_entry=ent,
-    block_group=jnp.where(mask, -1, state.block_group),
-    block_aux=state.block_aux.at[:, AUX_STEP]
-    .set(jnp.where(mask, -1, state.key_step))
-    .at[:, AUX_END]
-    .set(jnp.where(mask, -1, state.key_end)),
-  )
+  group = jnp.where(mask, -1, state.block_group)
+  if state.has_chain:  # every column but the pinned flag takes its no-key value
+    keep = jnp.arange(NUM_AUX_CHAIN) == AUX_PINNED
+    aux = jnp.where(mask[:, None] & ~keep, jnp.asarray(NO_KEY_AUX), state.block_aux)
+  else:
+    aux = (
+      state.block_aux.at[:, AUX_STEP]
+      .set(jnp.where(mask, -1, state.key_step))
+      .at[:, AUX_END]
+      .set(jnp.where(mask, -1, state.key_end))
+    )
+  return state.replace(index_entry=ent, block_group=group, block_aux=aux)
 
 
 def evict_ids(
@@ -282,15 +293,15 @@ def evict_ids(
     way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
     bi = jnp.where(way < ways, b, buckets)
     ent = state.index_entry.at[bi, way].set(-1, mode="drop")
-  return state.replace(
-    index_entry=ent,
-    block_group=state.block_group.at[idx].set(-1, mode="drop"),
-    block_aux=(
-      state.block_aux.at[idx].set(jnp.asarray(NO_KEY_AUX), mode="drop")
-      if clear_pinned
-      else state.block_aux.at[idx, AUX_STEP]
-      .set(-1, mode="drop")
-      .at[idx, AUX_END]
-      .set(-1, mode="drop")
-    ),
-  )
+  group = state.block_group.at[idx].set(-1, mode="drop")
+  if clear_pinned:
+    aux = state.block_aux.at[idx].set(jnp.asarray(no_key_aux(state.has_chain)), mode="drop")
+  elif state.has_chain:  # the key's columns (all but the pinned flag) in one [k, 4] scatter
+    aux = state.block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
+      jnp.asarray(NO_KEY_AUX[_KEY_COLS]), mode="drop"
+    )
+  else:
+    aux = (
+      state.block_aux.at[idx, AUX_STEP].set(-1, mode="drop").at[idx, AUX_END].set(-1, mode="drop")
+    )
+  return state.replace(index_entry=ent, block_group=group, block_aux=aux)

@@ -6,6 +6,10 @@ smallest normal key; when the normal queue is empty the oldest pinned block is d
 (equivalently popped). Freeing puts unhashed blocks at the head (a batch keeps its order;
 `free_order="all_tail"`: at the tail too), hashed blocks at the tail, pinned blocks at the pinned
 tail. Touching unlinks a free block.
+Two pools (`Layout.state_pool`, `CacheConfig.state_slots`): the state slots are the ids
+`>= CacheState.first_slot`. They share the key order, so each pool's free queue (and pinned
+tier) is that order restricted to its ids: freeing and touching need no pool; popping, the free
+counts and the admission checks are per pool (`free_counts`, `pop_many(..., pool=...)`).
 All functions are pure and jittable.
 """
 
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 from hybrid_cache.core import block_index
 from hybrid_cache.core import eviction
 from hybrid_cache.core import xla_cpu
+from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_HEAD
@@ -182,6 +187,11 @@ def _by_key_offset(keys: jax.Array, size: int) -> jax.Array:
   return jnp.zeros((size,), jnp.int32).at[slot].set(ids, mode="drop")
 
 
+def is_slot(state: CacheState, ids: jax.Array) -> jax.Array:
+  """bool[...]: which of `ids` are state slots (second pool: ids >= `first_slot`)."""
+  return ids >= state.first_slot
+
+
 def pop_many(
   state: CacheState,
   count: jax.Array,
@@ -189,11 +199,13 @@ def pop_many(
   count_groups: tuple[int, ...] = (),
   n_norm: jax.Array | None = None,
   scan_all: bool = False,
+  pool: int | None = None,
 ):
   """Pops `count` (<= kmax, <= free) blocks in free-queue order without a per-block loop.
 
   `n_norm` (optional i32): the caller's count of normal-queue blocks (`free_key < BIG`),
-  saving one reduction over the pool.
+  saving one reduction over the pool. `pool` (static, two pools only): pop from the pages
+  (0) or the state slots (1), in that pool's order; `n_norm` and `count` are then the pool's.
 
   Returns (state, ids i32[kmax]): ids[:count] in pop order (normal queue head first, then the
   pinned tier oldest first, i.e. demotion), 0 beyond. Popped blocks get ref 1, lose their keys
@@ -202,6 +214,9 @@ def pop_many(
   """
   nb = state.ref_cnt.shape[0]
   qk = state.queue_key
+  if pool is not None:  # the other pool's blocks are not candidates
+    mine = is_slot(state, jnp.arange(nb, dtype=jnp.int32)) == bool(pool)
+    qk = jnp.where(mine[None, :], qk, BIG)
   if n_norm is None:
     n_norm = jnp.sum(qk[Q_FREE] < BIG).astype(jnp.int32)
   k1 = jnp.minimum(count, n_norm)
@@ -292,7 +307,14 @@ def maybe_renormalise(state: CacheState) -> CacheState:
   return jax.lax.cond(due, renorm, lambda s: s, state)
 
 
-def free_counts(state: CacheState) -> jax.Array:
-  """i32[NUM_QUEUES]: free blocks in the normal queue and in the pinned tier (`Q_*` order; one
-  pool reduction)."""
-  return jnp.sum(state.queue_key < BIG, axis=1).astype(jnp.int32)
+def free_counts(lay: Layout, state: CacheState) -> jax.Array:
+  """Free blocks in the normal queue and in the pinned tier (`Q_*` order; one pool
+  reduction): i32[NUM_QUEUES] with one pool, i32[2, NUM_QUEUES] (pages, state slots) with
+  two (`Layout.state_pool`)."""
+  queued = state.queue_key < BIG
+  total = jnp.sum(queued, axis=1).astype(jnp.int32)
+  if not lay.state_pool:
+    return total
+  slot = is_slot(state, jnp.arange(queued.shape[1], dtype=jnp.int32))
+  slots = jnp.sum(queued & slot[None, :], axis=1).astype(jnp.int32)
+  return jnp.stack([total - slots, slots])

@@ -10,6 +10,7 @@ policy which of those are registered (seams of `hybrid_cache.policies`);
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from hybrid_cache import policies
@@ -17,12 +18,15 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
+from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
+from hybrid_cache.core.state import AUX_HITS
 from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import C_REC_ADMITTED
 from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import INFO_SPB
 from hybrid_cache.core.state import INFO_TOKENS
+from hybrid_cache.core.state import RG_CHAIN
 from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import RG_NCACHED
 from hybrid_cache.core.state import CacheState
@@ -47,6 +51,7 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   hashes = state.req_hashes[r]
   boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
   all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
+  all_chain = []
   rg = state.req_group[r]
   placement = policies.core_policy("placement", lay.config.placement)
   admission = policies.core_policy("admission", lay.config.admission)
@@ -78,6 +83,13 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     all_ids.append(jnp.where(sel, row, 0))
     all_groups.append(jnp.full((lay.max_blocks,), g, jnp.int32))
     all_ends.append((pos + 1) * bs)
+    if lay.chain_features and g in lay.recurrent_groups:
+      # chain start: the previous kept state, this call's or the request's
+      chain, last = _state_chain(sel, (pos + 1) * bs, rg[g, RG_CHAIN])
+      all_chain.append(chain)
+      rg = rg.at[g, RG_CHAIN].set(last)
+    elif lay.chain_features:  # chain start: the block's first token
+      all_chain.append(pos * bs)
     rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
     if lay.tail_groups:
       n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
@@ -92,10 +104,16 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   nb = lay.num_blocks
   step = state.clock
   sidx = jnp.where(ids > 0, ids, nb)
-  # registration step and token end of each registered block in ONE [k, 2] scatter
-  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
   ends = jnp.concatenate(all_ends)
-  vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
+  if lay.chain_features:
+    # registration step, token end, hits (0) and chain start of each registered block in ONE
+    # [k, 4] scatter
+    cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+    zeros = jnp.zeros_like(ends)
+    vals = jnp.stack([zeros + step, ends, zeros, jnp.concatenate(all_chain)], axis=1)
+  else:  # registration step and token end of each registered block in ONE [k, 2] scatter
+    cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+    vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   counters = state.counters
   if lay.recurrent_groups:
@@ -107,6 +125,24 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)
   return state
+
+
+def _state_chain(sel, ends, prev):
+  """(chain starts i32[MB], new `RG_CHAIN`) of a recurrent group's registration: each selected
+  state's chain start is the end of the previous selected one, the first's `prev` (the
+  request's latest kept state); the new `RG_CHAIN` is the last selected end (`prev` if none).
+  Ends increase with the position, so a running max of the selected ends is the latest one."""
+  kept = jnp.where(sel, ends, 0)
+  # latest kept end at or before each position. `lax.cummax` (a reduce-window on XLA:CPU), not
+  # `lax.associative_scan(jnp.maximum, ...)`: the scan is 2.3x cheaper only over a batch of
+  # rows (vmapped over 64 rows, MB=256: 124 vs 289 us), but here one row is scanned per entry
+  # inside the step's `lax.scan`, where it is not cheaper (one row in a loop of 2000, MB=64:
+  # 0.26 vs 0.29 us, MB=256: 1.43 vs 1.08 us), and bench_scheduler's batch-64 admissions under
+  # chain_value do not move (CPU us/request, 5 interleaved runs each, medians 97.2 vs 98.2, load
+  # ~3.5; 2026-11-25, XLA:CPU, jax 0.10.2)
+  upto = jnp.maximum(jax.lax.cummax(kept), prev)
+  before = jnp.concatenate([prev[None], upto[:-1]])
+  return before, upto[-1]
 
 
 def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) -> CacheState:
@@ -135,7 +171,9 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   eagle = any(g.eagle for g in lay.groups)
   bounds = groups.tail_boundaries(info[INFO_PROMPT], hbs, eagle)
   hashes = state.req_hashes[r]
-  ids, ts = [], []
+  ids, ts, chains = [], [], []
+  if lay.chain_features:
+    chain0 = state.req_group[r, :, RG_CHAIN]
   for g in gs:
     spec = lay.groups[g]
     kind = groups.rules(spec)
@@ -146,6 +184,11 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
     blk = state.tables[r, g, jnp.clip(p, 0, lay.max_blocks - 1)]
     cond = kind.tail_needs_key(state, blk, t, cond)
     ids.append(jnp.where(cond, blk, 0))
+    if lay.chain_features:
+      # chain start of the entry (`state` docstring): recurrent, the request's latest kept
+      # state (which becomes t); else the first token of the block holding t
+      recurrent = g in lay.recurrent_groups
+      chains.append(chain0[g] if recurrent else p * spec.block_size)
   ids = jnp.stack(ids)
   t = jnp.stack(ts)  # i32[len(gs)]: each group's boundary
   grp = jnp.asarray(gs, jnp.int32)
@@ -163,8 +206,13 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   nb = lay.num_blocks
   sidx = jnp.where(prim > 0, prim, nb)
   step = state.clock
-  vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
-  cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+  if lay.chain_features:
+    zeros = jnp.zeros_like(prim)
+    vals = jnp.stack([zeros + step, zeros + t, zeros, jnp.stack(chains)], axis=1)
+    cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+  else:
+    vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
+    cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   ncached = state.req_group[r, :, RG_NCACHED]
   pend = state.req_partial[r]
@@ -173,9 +221,14 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
     spec = lay.groups[g]
     acc = groups.rules(spec).tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc)
   aux, ncached, pend, n_rec = acc
+  req_group = state.req_group.at[r, :, RG_NCACHED].set(ncached)
+  if lay.chain_features:  # a recurrent tail entry is the request's latest kept state
+    rec = jnp.asarray([g in lay.recurrent_groups for g in gs]) & (ids > 0)
+    chain = chain0.at[grp].set(jnp.where(rec, jnp.maximum(chain0[grp], t), chain0[grp]))
+    req_group = req_group.at[r, :, RG_CHAIN].set(chain)
   return state.replace(
     block_aux=aux,
-    req_group=state.req_group.at[r, :, RG_NCACHED].set(ncached),
+    req_group=req_group,
     req_partial=state.req_partial.at[r].set(pend),
     counters=state.counters.at[C_REC_ADMITTED].add(n_rec),
   )

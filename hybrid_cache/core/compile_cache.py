@@ -17,7 +17,8 @@ Two remedies, both here:
 * `compile_key(config)`: the canonical config the core compiles for. The fields that only
   enter as values (`DYNAMIC_FIELDS`) are read at run time from `CacheState.params`
   (`fresh_state.runtime_params`) and replaced here by fixed placeholders; static shapes are
-  bucketed: `num_blocks` to the next power of two (the padding blocks are never free, never
+  bucketed: the id space `num_blocks + state_slots` to the next power of two, `state_slots` to
+  a 0/1 flag (a second pool, `CacheConfig.state_slots`; the padding blocks are never free, never
   allocated and excluded from every count, see `fresh_state.init_state`; the index bucket
   count and the FLOP-aware re-keying window only depend on that power of two),
   `max_model_len` so that the block-table width is a power of two (kept exact for eviction
@@ -84,7 +85,11 @@ def bucket_max_model_len(config: CacheConfig) -> int:
 def compile_key(config: CacheConfig) -> CacheConfig:
   """The canonical config the core compiles for (module docstring); idempotent."""
   changes: dict[str, Any] = dict(DYNAMIC_FIELDS)
-  changes["num_blocks"] = bucket_num_blocks(config.num_blocks)
+  # the padded id space is `num_blocks + state_slots` (`CacheConfig.pool_size`); a second
+  # pool is a static flag (state_slots 1), its size a runtime parameter (`P_FIRST_SLOT`)
+  flag = 1 if config.state_slots else 0
+  changes["state_slots"] = flag
+  changes["num_blocks"] = bucket_num_blocks(config.pool_size) - flag
   if policies.reads_costs(config.eviction):
     changes["max_model_len"] = config.max_model_len
   else:

@@ -29,8 +29,10 @@ block does not know which blocks its prefix needs). In a hybrid model a recurren
 far more FLOPs per page than one KV block, so at alpha > 0 KV blocks go before the states that
 need them; `dead_states` frees a state once the KV block at its own end is gone, but a KV chain
 broken further up is not detected, and KV blocks of a long prefix rank like those of a short
-one. Marconi evicts tree nodes (edge KV + state) together; the block-level analogue needs a
-per-block chain value recorded at release time (not implemented).
+one. Marconi evicts tree nodes (edge KV + state) together; the block-level analogue is a
+per-block chain value: `FreeBlocks.chain_start` and `FreeBlocks.hits` (recorded with the key and
+at each hit) give a policy the KV span back to the previous kept state and the block's use
+(example: `policies/chain_value.py`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,16 @@ class FreeBlocks:
     recency: i32[NB], among the candidates, the rank by the time each was freed
       (0 = least recently freed); meaningless elsewhere.
     num_candidates: i32[], the number of candidates.
+    hits: i32[NB], prefix-cache hits on the block since its key was registered
+      (`CacheState.key_hits`: admitted allocations that touched it as a hit).
+    chain_start: i32[NB], where the KV span of the block's key starts
+      (`CacheState.chain_start`): in a recurrent group the token end of the previous state its
+      registering request kept (0 = none), so `token_end - chain_start` tokens of KV lie back
+      to that checkpoint; in other groups the block's first token.
+
+  `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
+  them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`, `Layout.chain_features`):
+  only then does the core maintain them (on every step they cost ~13%, issue 14).
   """
 
   candidate: jax.Array
@@ -125,6 +137,8 @@ class FreeBlocks:
   token_end: jax.Array
   recency: jax.Array
   num_candidates: jax.Array
+  hits: jax.Array | None = None
+  chain_start: jax.Array | None = None
 
 
 def _rekey_queue(lay, state, priority) -> jax.Array:
@@ -150,7 +164,13 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   r_all = _rank(perm, xla_cpu.prefix_count(keyed[perm]) - 1)
   r = _rank(perm, xla_cpu.prefix_count(alive[perm]) - 1)
   blocks = FreeBlocks(
-    candidate=alive, group=grp, token_end=state.key_end, recency=r, num_candidates=n
+    candidate=alive,
+    group=grp,
+    token_end=state.key_end,
+    recency=r,
+    num_candidates=n,
+    hits=state.key_hits if lay.chain_features else None,
+    chain_start=state.chain_start if lay.chain_features else None,
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))

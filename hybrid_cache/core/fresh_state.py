@@ -16,19 +16,20 @@ from hybrid_cache.core.layout import WAYS
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.layout import derive_layout
 from hybrid_cache.core.layout import layout
+from hybrid_cache.core.rows import no_key_aux
+from hybrid_cache.core.rows import num_rg
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_HEAD
 from hybrid_cache.core.state import C_PIN
 from hybrid_cache.core.state import C_TAIL
 from hybrid_cache.core.state import HASH_LANES
-from hybrid_cache.core.state import NO_KEY_AUX
 from hybrid_cache.core.state import NUM_COUNTERS
 from hybrid_cache.core.state import NUM_IDX
 from hybrid_cache.core.state import NUM_INFO
 from hybrid_cache.core.state import NUM_PARAMS
 from hybrid_cache.core.state import NUM_QUEUES
-from hybrid_cache.core.state import NUM_RG
 from hybrid_cache.core.state import P_ALL_TAIL
+from hybrid_cache.core.state import P_FIRST_SLOT
 from hybrid_cache.core.state import P_FULL_FIT
 from hybrid_cache.core.state import P_JUNCTION
 from hybrid_cache.core.state import P_MAX_BATCHED
@@ -48,7 +49,8 @@ def runtime_params(config: CacheConfig) -> np.ndarray:
   docstring)."""
   p = np.zeros(NUM_PARAMS, np.int32)
   r = config.retention_interval
-  p[P_NUM_BLOCKS] = config.num_blocks
+  p[P_NUM_BLOCKS] = config.pool_size
+  p[P_FIRST_SLOT] = config.num_blocks
   p[P_MAX_BATCHED] = config.max_num_batched_tokens
   p[P_MAX_MODEL_LEN] = config.max_model_len
   p[P_WATERMARK] = config.watermark_blocks
@@ -64,22 +66,23 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   """A fresh state: every block but the null block 0 free, in id order; no keys, no requests.
 
   The arrays have the shapes of `layout(config)` (padded pool, bucketed widths); the padding
-  blocks past `config.num_blocks` are never free. `bucketed=False`: the config's own shapes
+  ids past `config.pool_size` are never free. `bucketed=False`: the config's own shapes
   (no padding; for unit tests of the pool and index primitives, which read sizes from the
   arrays; the jitted entry points need the bucketed state). Built in NumPy and transferred
   once (no per-shape programs to compile).
   """
   lay = layout(config) if bucketed else derive_layout(config)
   nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
-  real = config.num_blocks
+  real = config.pool_size  # pages, then state slots (`CacheConfig.state_slots`)
   qk = np.full((NUM_QUEUES, nb), BIG, np.int32)
   qk[Q_FREE, 1:real] = np.arange(1, real, dtype=np.int32)
   counters = np.zeros(NUM_COUNTERS, np.int32)
   counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
   counters[C_TAIL] = real  # next tail key
   counters[C_PIN] = 0
-  aux = np.tile(NO_KEY_AUX, (nb, 1))
-  rg = np.zeros((r, g, NUM_RG), np.int32)
+  # the chain-feature columns only for a policy that reads them (`Layout.chain_features`)
+  aux = np.tile(no_key_aux(lay.chain_features), (nb, 1))
+  rg = np.zeros((r, g, num_rg(lay.chain_features)), np.int32)
   rg[:, :, RG_LAST] = -1
   state = CacheState(
     ref_cnt=np.zeros((nb,), np.int32),

@@ -9,7 +9,8 @@ indexed exactly once (unless the index overflowed; a block of a prompt-tail grou
 `Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
 keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
 blocks past the real pool (`fresh_state.init_state`) are never free, held, keyed or in a
-table, and the runtime parameters (`CacheState.params`) are the config's.
+table; with two pools (`Layout.state_pool`) each group's table names only blocks of its own pool;
+and the runtime parameters (`CacheState.params`) are the config's.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     errs.append("a pinned-tier block lacks the pinned flag")
   # tables
   tables = np.asarray(s.tables)
+  if lay.state_pool:  # each group's blocks come from its pool (pages, state slots)
+    first_slot = int(s.first_slot)
+    for g, p in enumerate(lay.group_pool):
+      ids = tables[:, g][tables[:, g] > 0]
+      if ((ids >= first_slot) != bool(p)).any():
+        errs.append(f"group {g} holds blocks outside its pool ({'slots' if p else 'pages'})")
   info = np.asarray(s.req_info)
   rg = np.asarray(s.req_group)
   count = np.zeros(lay.num_blocks, np.int64)

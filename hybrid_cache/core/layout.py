@@ -2,10 +2,12 @@
 
 Derived once per compile key (`compile_cache.compile_key`) from the config and the per-kind
 group rules (`groups.rules`: `hit_need`, `disables_caching` / `without_caching`, `is_align`,
-`caches_prompt_tail`, `KEEPS_PREFIX`, `RECURRENT`), so that the rest of the core reads fields
-(`Layout.spec_groups`, `align_bs`, `recurrent_groups`, ...) and compares no kind or mode.
+`caches_prompt_tail`, `KEEPS_PREFIX`, `RECURRENT`) and the policy registry
+(`policies.reads_chain`), so that the rest of the core reads fields (`Layout.spec_groups`,
+`align_bs`, `recurrent_groups`, `chain_features`, ...) and compares no kind, mode or policy name.
 
-Padded shapes (`compile_cache`): `num_blocks` is the next power of two of the config's (the
+Padded shapes (`compile_cache`): `num_blocks` is the next power of two of the config's id
+space `pool_size` (pages, then state slots; the
 padding blocks: `state` module docstring), `max_blocks` / `max_hashes` are the widths of the
 bucketed `max_model_len`; the block index has `buckets` buckets of `WAYS` ways.
 """
@@ -16,6 +18,7 @@ import dataclasses
 import functools
 import math
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.core.compile_cache import compile_key
@@ -70,6 +73,20 @@ class Layout:
   # or without partial hits), recurrent `align` ones with partial hits
   tail_groups: tuple[int, ...] = ()
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
+  # the eviction policy reads the chain features (`policies.reads_chain`): only then does the
+  # state carry and the core maintain `block_aux` AUX_HITS / AUX_CHAIN and `req_group` RG_CHAIN
+  # (`state` module docstring); else the traced program has no trace of them
+  chain_features: bool = False
+  # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
+  # `CacheState.first_slot` is a runtime parameter; `group_pool`: per group, the pool its blocks
+  # come from (0 = pages, 1 = state slots: the recurrent groups when `state_pool`)
+  state_pool: bool = False
+  group_pool: tuple[int, ...] = ()
+
+  @property
+  def num_pools(self) -> int:
+    """1 (one shared pool, vLLM) or 2 (pages and state slots)."""
+    return 2 if self.state_pool else 1
 
   @property
   def spec_group_of(self) -> tuple[int, ...]:
@@ -117,11 +134,11 @@ def derive_layout(config: CacheConfig) -> Layout:
     for i, g in enumerate(groups)
     if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
   )
-  cap = 4 * config.num_blocks
+  cap = 4 * config.pool_size
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
     config=config,
-    num_blocks=config.num_blocks,
+    num_blocks=config.pool_size,
     num_groups=config.num_groups,
     max_blocks=config.max_blocks_per_request,
     max_hashes=config.max_hash_blocks,
@@ -144,4 +161,9 @@ def derive_layout(config: CacheConfig) -> Layout:
     # a prompt-tail entry goes on a block that may carry its own key already (without partial
     # hits only full attention registers one)
     extra_keys=partial or bool(tail),
+    chain_features=policies.reads_chain(config.eviction),
+    state_pool=config.state_slots > 0,
+    group_pool=tuple(
+      1 if config.state_slots and rules(g).RECURRENT else 0 for g in config.resolved_groups
+    ),
   )

@@ -34,6 +34,8 @@ from hybrid_cache.core.outputs import pack_lookup
 from hybrid_cache.core.outputs import pack_stats
 from hybrid_cache.core.outputs import pack_step
 from hybrid_cache.core.outputs import stats
+from hybrid_cache.core.rows import aux_columns
+from hybrid_cache.core.rows import queue_rows
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_STEP
 from hybrid_cache.core.state import C_TAIL
@@ -43,8 +45,6 @@ from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
-from hybrid_cache.core.state import aux_columns
-from hybrid_cache.core.state import queue_rows
 from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
@@ -82,7 +82,7 @@ def schedule_step(
     qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
     keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
   xs = StepInput(slots, max_tokens, valid, keys)
-  carry = StepCarry(state, state.max_batched_tokens, free_counts(state))
+  carry = StepCarry(state, state.max_batched_tokens, free_counts(lay, state))
   carry, rows = jax.lax.scan(body, carry, xs)
   state = carry.state
   if lay.partial:
@@ -138,7 +138,7 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   state = eviction.prepare(lay, state)
   carry, out = schedule_entry(
     lay,
-    StepCarry(state, state.max_batched_tokens, free_counts(state)),
+    StepCarry(state, state.max_batched_tokens, free_counts(lay, state)),
     StepInput(slot, max_tokens, jnp.bool_(True)),
   )
   state = carry.state
@@ -169,7 +169,13 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
     queue_key=queue_rows(k0, jnp.full((nb,), BIG, jnp.int32)),
     block_group=jnp.full_like(state.block_group, -1),
     block_aux=aux_columns(
-      jnp.full((nb,), -1, jnp.int32), jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)
+      jnp.full((nb,), -1, jnp.int32),
+      jnp.zeros((nb,), jnp.int32),
+      jnp.full((nb,), -1, jnp.int32),
+      # the chain features' no-key values (hits 0, chain start -1)
+      *(
+        (jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)) if lay.chain_features else ()
+      ),
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),

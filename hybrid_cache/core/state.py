@@ -1,6 +1,6 @@
 """`CacheState`: the one pytree the jitted core reads and writes, its leaves' named rows and
-columns, and the row builders (static sizes: `layout.Layout`; a fresh state and its params
-leaf: `fresh_state.init_state`, `fresh_state.runtime_params`).
+columns (static sizes: `layout.Layout`; a fresh state and its params leaf:
+`fresh_state.init_state`, `fresh_state.runtime_params`; the row builders: `rows`).
 
 Fields (15 leaves, each its own buffer so the state can be donated). Several are stacked
 arrays whose rows or columns are addressed by named constants; `CacheState` reads each of them
@@ -18,11 +18,22 @@ Pool, per block:
 * `block_group` i32[NB]: group whose key the block carries, -1 = no key.
 * `block_hash` u32[NB, HASH_LANES]: the block's key, a 64-bit chained hash as (low, high)
   uint32 lanes (`HASH_LO`, `HASH_HI`; the lanes of every hash array below too).
-* `block_aux` i32[NB, NUM_AUX], columns `AUX_*`:
+* `block_aux` i32[NB, NUM_AUX] (i32[NB, NUM_AUX_CHAIN] with the chain features), columns
+  `AUX_*`:
   - `key_step` i32[NB] (`AUX_STEP`): scheduler step (`clock`) in which the key was
     registered, -1 = no key (the same-step rule, vLLM §2.4.6).
   - `pinned` i32[NB] (`AUX_PINNED`): 1 = pinned (goes to the pinned tier when freed).
   - `key_end` i32[NB] (`AUX_END`): tokens of the prefix the key covers, -1 = no key.
+  The last two columns are the chain features an eviction policy may read (`FreeBlocks.hits`,
+  `chain_start`); they exist only when the policy declares it reads them
+  (`policies.reads_chain`, `Layout.chain_features`), so that the core neither carries nor
+  maintains them for the other policies (its traced program is then exactly the one without
+  them; maintained on every step they cost ~13%, issue 14):
+  - `key_hits` i32[NB] (`AUX_HITS`): admitted allocations that hit the block since its key was
+    registered (0 then and without a key; moved with the key by a copy-on-write).
+  - `chain_start` i32[NB] (`AUX_CHAIN`): where the key's KV span starts, -1 = no key. Recurrent:
+    the registering request's `RG_CHAIN` (its previous kept state's end: `key_end - chain_start`
+    tokens of KV back to it); else the block's first token (table position * block size).
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
 * `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*`:
@@ -40,10 +51,14 @@ Requests, per slot:
   - `req_prompt` i32[R] (`INFO_PROMPT`): prompt tokens.
   - `req_spb` i32[R] (`INFO_SPB`): shared-prefix boundary of its admission (Marconi
     junction), 0 = none.
-* `req_group` i32[R, G, NUM_RG], columns `RG_*`:
+* `req_group` i32[R, G, NUM_RG] (i32[R, G, NUM_RG_CHAIN] with the chain features), columns
+  `RG_*`:
   - `group_len` i32[R, G] (`RG_LEN`): blocks in the group's table row.
   - `group_ncached` i32[R, G] (`RG_NCACHED`): blocks of the row offered to the index so far.
   - `group_last` i32[R, G] (`RG_LAST`): align mode's previous running-state position, -1 = none.
+  - `group_chain` i32[R, G] (`RG_CHAIN`): token end of the request's latest kept state (its hit
+    at admission, then each state block it registers), 0 = none; read for recurrent groups.
+    Only with the chain features (like `AUX_HITS` / `AUX_CHAIN`).
 * `req_partial` i32[R, G] (i32[R, 0] without partial hits, vLLM §2.5): 1 + the table position
   of a recurrent partial entry the request registered on its running state block (0 = none);
   its next allocation moves the key to a fresh copy-on-write block.
@@ -63,7 +78,9 @@ Scalars:
 * `params` i32[NUM_PARAMS], entries `P_*`: the config's runtime parameters (`runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
   programs (`compile_cache.compile_key`); written by `init_state`, never changed:
-  `num_real_blocks` (`P_NUM_BLOCKS`, the real pool size), `max_batched_tokens`
+  `num_real_blocks` (`P_NUM_BLOCKS`, the real id space `CacheConfig.pool_size`),
+  `first_slot` (`P_FIRST_SLOT`, the first state-slot id: `num_blocks`, = `num_real_blocks`
+  without a second pool), `max_batched_tokens`
   (`P_MAX_BATCHED`, the token budget per step), `max_model_len` (`P_MAX_MODEL_LEN`),
   `watermark_blocks` (`P_WATERMARK`), `full_sequence_must_fit` (`P_FULL_FIT`, 0/1),
   `retention_interval` (`P_RETENTION`, `RETENTION_NONE` = None), `pin_min_drop_size`
@@ -78,12 +95,16 @@ Scalars:
 The properties are plain slices (`leaf[..., COLUMN]`): reading one lowers exactly as the
 indexing it names. Sites that gather a dynamic row (`state.req_info[r, INFO_COMPUTED]`) index
 the leaf with the constant instead (one gather, not a column slice and a gather). Rows written
-by position are built by `aux_columns`, `group_columns` and `queue_rows`.
+by position are built by `rows.aux_columns`, `group_columns` and `queue_rows`. Whether a state
+carries the chain features is static (`CacheState.has_chain`: the width of `block_aux`).
 
 Padded pool (`compile_cache.bucket_num_blocks`): the pool arrays have `Layout.num_blocks`
-entries (the next power of two); the config's blocks `[0, num_real_blocks)` are the real
-ones, the rest are padding: never free (both queue keys BIG), never held, keyed or indexed, and
-outside every pool count. Table and hash rows are likewise `Layout.max_blocks` /
+entries (the next power of two); the config's ids `[0, num_real_blocks)` are the real
+ones (with a second pool, `CacheConfig.state_slots`: the pages `[0, first_slot)`, then the
+state slots `[first_slot, num_real_blocks)`; both share the free queue's key order, each
+pool's queue being that order restricted to its ids), the rest are padding: never free
+(both queue keys BIG), never held, keyed or indexed, and outside every pool count. Table and
+hash rows are likewise `Layout.max_blocks` /
 `Layout.max_hashes` wide, the widths of the bucketed `max_model_len`; positions past the real
 width are never reached (no request exceeds max_model_len).
 
@@ -95,7 +116,6 @@ from __future__ import annotations
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 BIG = np.int32(2**31 - 1)
@@ -104,17 +124,21 @@ BIG = np.int32(2**31 - 1)
 INFO_STATUS, INFO_COMPUTED, INFO_TOKENS, INFO_PROMPT, INFO_SPB = range(5)
 NUM_INFO = 5
 STATUS_EMPTY, STATUS_WAITING, STATUS_RUNNING = 0, 1, 2
-# req_group columns: blocks in the table, blocks offered to the index, align's previous state.
-RG_LEN, RG_NCACHED, RG_LAST = range(3)
-NUM_RG = 3
+# req_group columns: table blocks, blocks offered, align's previous state; with the chain
+# features (`Layout.chain_features`) also the latest kept state's end
+RG_LEN, RG_NCACHED, RG_LAST, RG_CHAIN = range(4)
+NUM_RG = 3  # without the chain features
+NUM_RG_CHAIN = 4
 # counters
 C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW, C_REC_ADMITTED, C_REC_EVICTED, C_ALPHA_MILLI = (
   range(9)
 )
 NUM_COUNTERS = 16
-# block_aux columns: registration step, pinned flag, token end of the key
-AUX_STEP, AUX_PINNED, AUX_END = range(3)
-NUM_AUX = 3
+# block_aux columns: registration step, pinned flag, key's token end; with the chain features
+# (`Layout.chain_features`) also hits and chain start
+AUX_STEP, AUX_PINNED, AUX_END, AUX_HITS, AUX_CHAIN = range(5)
+NUM_AUX = 3  # without the chain features
+NUM_AUX_CHAIN = 5
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
@@ -135,8 +159,9 @@ HASH_LANES = 2
   P_PIN_MIN_DROP,
   P_JUNCTION,
   P_ALL_TAIL,
-) = range(9)
-NUM_PARAMS = 9
+  P_FIRST_SLOT,
+) = range(10)
+NUM_PARAMS = 10
 RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
 
 
@@ -192,6 +217,23 @@ class CacheState:
     """i32[NB]: tokens of the prefix each block's key covers, -1 = no key."""
     return self.block_aux[:, AUX_END]
 
+  @property
+  def has_chain(self) -> bool:
+    """Whether the state carries the chain features (static: `Layout.chain_features`)."""
+    return self.block_aux.shape[-1] == NUM_AUX_CHAIN
+
+  @property
+  def key_hits(self) -> jax.Array:
+    """i32[NB]: prefix-cache hits on each block since its key was registered (0: no key);
+    chain-feature states only (`has_chain`)."""
+    return self.block_aux[:, AUX_HITS]
+
+  @property
+  def chain_start(self) -> jax.Array:
+    """i32[NB]: token where each key's chain span starts (module docstring), -1 = no key;
+    chain-feature states only (`has_chain`)."""
+    return self.block_aux[:, AUX_CHAIN]
+
   # ---- index_entry columns, i32[BK, W]
   @property
   def index_block(self) -> jax.Array:
@@ -245,6 +287,12 @@ class CacheState:
     """i32[R, G]: align mode's previous running-state position in the row, -1 = none."""
     return self.req_group[..., RG_LAST]
 
+  @property
+  def group_chain(self) -> jax.Array:
+    """i32[R, G]: token end of each request's latest kept state per group, 0 = none;
+    chain-feature states only (`has_chain`)."""
+    return self.req_group[..., RG_CHAIN]
+
   # ---- counters, i32 scalars
   @property
   def head_key(self) -> jax.Array:
@@ -294,9 +342,15 @@ class CacheState:
   # ---- params (`runtime_params`), i32 scalars, never changed after `init_state`
   @property
   def num_real_blocks(self) -> jax.Array:
-    """The config's `num_blocks`: blocks [0, num_real_blocks) are the real pool, the rest of
-    the (padded) pool arrays is padding."""
+    """The config's `pool_size` (`num_blocks` + `state_slots`): ids [0, num_real_blocks)
+    are the real pool(s), the rest of the (padded) pool arrays is padding."""
     return self.params[P_NUM_BLOCKS]
+
+  @property
+  def first_slot(self) -> jax.Array:
+    """The first state-slot id (`CacheConfig.num_blocks`): with a second pool
+    (`Layout.state_pool`) ids [first_slot, num_real_blocks) are state slots."""
+    return self.params[P_FIRST_SLOT]
 
   @property
   def max_batched_tokens(self) -> jax.Array:
@@ -337,32 +391,6 @@ class CacheState:
   def free_all_tail(self) -> jax.Array:
     """1 = `free_order="all_tail"`: blocks without a key are freed to the tail too."""
     return self.params[P_ALL_TAIL]
-
-
-def _by_position(columns: dict[int, jax.Array], axis: int) -> jax.Array:
-  """`columns` ({position: array}, every position once) stacked along `axis` in position order."""
-  return jnp.stack([columns[i] for i in range(len(columns))], axis=axis)
-
-
-def aux_columns(step, pinned, end) -> jax.Array:
-  """i32[..., NUM_AUX]: `block_aux` rows from their columns (each i32[...], `AUX_*` order)."""
-  return _by_position({AUX_STEP: step, AUX_PINNED: pinned, AUX_END: end}, axis=1)
-
-
-def group_columns(length, ncached, last) -> jax.Array:
-  """i32[G, NUM_RG]: a request's `req_group` row from its columns (each i32[G], `RG_*`)."""
-  return _by_position({RG_LEN: length, RG_NCACHED: ncached, RG_LAST: last}, axis=1)
-
-
-def queue_rows(free, pinned) -> jax.Array:
-  """i32[NUM_QUEUES, NB]: `queue_key` from its rows (each i32[NB], `Q_*` order)."""
-  return _by_position({Q_FREE: free, Q_PINNED: pinned}, axis=0)
-
-
-# an unkeyed, unpinned block's `block_aux` row
-NO_KEY_AUX = np.zeros(NUM_AUX, np.int32)
-NO_KEY_AUX[[AUX_STEP, AUX_END]] = -1
-NO_KEY_AUX.flags.writeable = False
 
 
 def cdiv(a, b):

@@ -105,7 +105,8 @@ class StepCarry(NamedTuple):
   Attributes:
     state: the cache state.
     budget: i32, tokens left in the step's budget.
-    queued: i32[NUM_QUEUES], free blocks in the normal queue and in the pinned tier (`Q_*`).
+    queued: i32[NUM_QUEUES], free blocks in the normal queue and in the pinned tier (`Q_*`);
+      i32[2, NUM_QUEUES] with two pools (pages, state slots; `block_pool.free_counts`).
   """
 
   state: CacheState
@@ -164,7 +165,7 @@ def schedule_entry(
 
   def release_skipped(state_and_queued):
     s = remove_skipped(lay, state_and_queued[0], r, c)
-    return s, free_counts(s)
+    return s, free_counts(lay, s)
 
   if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
     state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
@@ -173,8 +174,20 @@ def schedule_entry(
   count, impossible = admission.blocks_needed(
     lay, state, r, is_new, hit, hit_ids, need_tokens, main
   )
-  free = queued[Q_FREE] + queued[Q_PINNED]  # = block_pool.num_free(state)
-  ok = attempt & ~impossible & (count <= free)
+  # free blocks (= block_pool.num_free(state)); with two pools each pool's count fits its own
+  # free blocks, and the watermark counts pages only (`CacheConfig.state_slots`)
+  free = queued[..., Q_FREE] + queued[..., Q_PINNED]
+  if lay.state_pool:
+    pages = jnp.asarray([1, 0], jnp.int32)
+
+    def fits(need, watermark=None):
+      return jnp.all(need + (0 if watermark is None else watermark * pages) <= free)
+  else:
+
+    def fits(need, watermark=None):
+      return (need if watermark is None else need + watermark) <= free
+
+  ok = attempt & ~impossible & fits(count)
   full_main = num_tokens  # full_sequence_must_fit (a runtime parameter)
   full_need = jnp.minimum(num_tokens, state.max_model_len)
   fcount, _ = admission.blocks_needed(
@@ -184,8 +197,8 @@ def schedule_entry(
   watermark = jnp.where(jnp.any(others), state.watermark_blocks, 0)
   # the watermark applies to the full-sequence gate too (vLLM `allocate_slots`: both counts
   # are checked against the free blocks less the watermark)
-  ok &= ~is_new | (fcount + watermark <= free) | (state.full_sequence_must_fit == 0)
-  ok &= ~is_new | (count + watermark <= free)
+  ok &= ~is_new | fits(fcount, watermark) | (state.full_sequence_must_fit == 0)
+  ok &= ~is_new | fits(count, watermark)
   spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
   state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
   lens_now = state.req_group[r, :, RG_LEN]

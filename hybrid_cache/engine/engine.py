@@ -372,13 +372,15 @@ class Engine:
       self.mesh = engine_sharding.as_auto(mesh)
     self.manager = _make_manager(cache_manager, cache_config)
     self.graphdef, params = _split_model(self.model_config, seed)
-    # Speculative decoding: one private pool id per request slot after the core's blocks.
+    # Speculative decoding: one private pool id per request slot after the core's ids (pages,
+    # then state slots: `CacheConfig.pool_size`). The model's cache arrays span that whole id
+    # space, so with a state pool (`CacheConfig.state_slots`) the KV arrays have rows no page
+    # id names and the state arrays rows no slot id names: correct, not memory-tight.
     num_private = cache_config.max_requests if self.drafter is not None else 0
-    self._free_private = list(range(cache_config.num_blocks, cache_config.num_blocks + num_private))
+    ids = cache_config.pool_size
+    self._free_private = list(range(ids, ids + num_private))
     self._pending_kv: list[tuple[int, int, int]] = []  # (cache group, src page, dst block)
-    cache = cache_lib.init_cache(
-      self.model_config, cache_config.num_blocks + num_private, self.block_size
-    )
+    cache = cache_lib.init_cache(self.model_config, ids + num_private, self.block_size)
     if self.mesh is not None:
       params = engine_sharding.shard_params(params, self.mesh)
       cache = engine_sharding.shard_cache(cache, self.mesh)

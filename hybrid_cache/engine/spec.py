@@ -13,7 +13,7 @@ tokens) and has computed p..p+a.
 Where things go (B = block size, c = the block column of p, b = (c + 1) * B):
   * Recurrent state: the state after p + a + 1 tokens (index a of the window; the conv
     window is the verify input shifted by a + 1 rows) goes to the request's private *carry*
-    slot (a pool id >= `CacheConfig.num_blocks`, never handed out by the core), which the
+    slot (a pool id >= `CacheConfig.pool_size`, never handed out by the core), which the
     next window reads. In mode `align`, when the accepted tokens reach the block boundary b
     (p + 1 <= b <= p + a + 1), the state after exactly b tokens (window index b - p - 1) is
     also written to the core's state block of column c: that is the block whose hash the core

@@ -16,12 +16,13 @@ every scheduler step, unless the policy's `active(order)` is false (flop_aware: 
 returned list as its free list.
 
 Hook (in `ReferencePolicy`): keep `_key_end[b]` = token end of block b's key when registered,
-build `order = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
+`_hits[b]` / `_chain[b]` = its hits and chain start (`FreeBlocks`), build
+`order = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
 `schedule`:
 
   groups = [None if k is None else k[1] for k in self._key]
   dead = dead_states(self.config, self._key, self._key_end, self._index)
-  self._free = order.reorder(self._free, groups, self._key_end, dead)
+  self._free = order.reorder(self._free, groups, self._key_end, dead, self._hits, self._chain)
 """
 
 from __future__ import annotations
@@ -94,11 +95,23 @@ class FreeBlocks:
       candidate's index here is its recency rank).
     group: per block id, the group of its key, or None.
     token_end: per block id, the token position where its key ends (read for keyed blocks).
+    hits: per block id, prefix-cache hits since its key was registered (the core's
+      `CacheState.key_hits`; read for keyed blocks).
+    chain_start: per block id, where its key's KV span starts (the core's
+      `CacheState.chain_start`: recurrent, the previous state its registering request kept,
+      0 = none; else the block's first token; read for keyed blocks).
+
+  `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
+  them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`), as in the core, which
+  maintains them only then. `ReferencePolicy` keeps them for every policy (plain Python, no
+  speed to save); the machines compare them only where the core maintains them.
   """
 
   candidates: tuple[int, ...]
   group: Sequence[int | None]
   token_end: Sequence[int]
+  hits: Sequence[int] | None = None
+  chain_start: Sequence[int] | None = None
 
 
 class EvictionOrder:
@@ -127,6 +140,8 @@ class EvictionOrder:
     groups: Sequence[int | None],
     ends: Sequence[int],
     dead: Collection[int] = (),
+    hits: Sequence[int] | None = None,
+    chains: Sequence[int] | None = None,
   ) -> StampedFree:
     """The free list for this step (a new `StampedFree`; use it as the policy's free list).
 
@@ -136,6 +151,10 @@ class EvictionOrder:
       ends: per block id, the token end of its key (read for keyed blocks only).
       dead: keyed blocks that can never be hit (`dead_states`); evicted right after the
         key-less blocks.
+      hits: per block id, hits since its key was registered (None: 0 for every block).
+      chains: per block id, its key's chain start (None: the token end's block start is not
+        known here, so 0 for every block).
+      `hits` / `chains` reach the policy only if it reads them (`policies.reads_chain`).
     """
     if not (isinstance(free, StampedFree) and free._owner is self):
       for b in free:  # keyed blocks this oracle has not seen freed: as if freed now, in order
@@ -148,6 +167,12 @@ class EvictionOrder:
     keyed = sorted((b for b in free if groups[b] is not None), key=lambda b: self._stamps[b])
     gone = [b for b in keyed if b in dead]
     cand = tuple(b for b in keyed if b not in dead)
-    prio = self.policy.priority(self.config, FreeBlocks(cand, groups, ends), self)
+    if policies.reads_chain(self.config.eviction):
+      hits = [0] * len(groups) if hits is None else hits
+      chains = [0] * len(groups) if chains is None else chains
+      blocks = FreeBlocks(cand, groups, ends, hits, chains)
+    else:
+      blocks = FreeBlocks(cand, groups, ends)
+    prio = self.policy.priority(self.config, blocks, self)
     order = sorted(range(len(cand)), key=lambda i: (prio[i], i))
     return StampedFree(scratch + gone + [cand[i] for i in order], self)

@@ -72,6 +72,9 @@ class _Request:
   boundary: int = 0
   # §2.5: group -> (row index, source block) of a pending copy-on-write (vLLM _partial_hit_reqs)
   partial: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+  # group -> token end of the latest kept state (hit at admission, then each registered state;
+  # the core's `RG_CHAIN`), the chain start of the next state it registers
+  chain: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class ReferencePolicy:
@@ -105,14 +108,25 @@ class ReferencePolicy:
     # vLLM splits on the scheduler block (`cache_config.block_size`), whatever the groups' sizes
     self._split_bs = self._sbs if align else None
     self._spec_groups = self._make_spec_groups()
-    # pool
-    n = cfg.num_blocks
+    # pool: ids [1, num_blocks) are pages; with `state_slots` the ids [num_blocks, pool_size)
+    # are state slots, from which the mamba groups draw (`_group_pool`). One free list holds
+    # both: each pool's free queue is that list restricted to its ids.
+    n = cfg.pool_size
+    self._group_pool = [
+      1 if cfg.state_slots and g.kind == "mamba" else 0 for g in cfg.resolved_groups
+    ]
     self._ref = [0] * n
     self._key: list[tuple[int, int] | None] = [None] * n
     self._pinned = [False] * n
     self._free: list[int] = list(range(1, n))
     self._pinned_free: list[int] = []  # oldest first
     self._key_end = [-1] * n  # token end of each block's key (FLOP-aware eviction)
+    # per block: hits since its key was registered, its key's chain start (-1 = no key); the
+    # core's `CacheState.key_hits` / `chain_start`, read by eviction policies. Kept for every
+    # policy (plain Python, cheap); the core keeps them, and the eviction policy sees them,
+    # only when it declares it reads them (`policies.reads_chain`, `oracle.eviction.FreeBlocks`)
+    self._hits = [0] * n
+    self._chain = [-1] * n
     self._evict = None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg)
     # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule
     self._placement = policies.oracle_policy("placement", cfg.placement)
@@ -160,8 +174,15 @@ class ReferencePolicy:
       raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
     self._evict.set_alpha(alpha)
 
-  def _num_free(self) -> int:
-    return len(self._free) + len(self._pinned_free)
+  def _pool(self, b: int) -> int:
+    """0 = page, 1 = state slot (`CacheConfig.state_slots`)."""
+    return int(b >= self.config.num_blocks)
+
+  def _num_free(self, pool: int | None = None) -> int:
+    """Free blocks (normal queue + pinned tier), of one pool or of both."""
+    if pool is None:
+      return len(self._free) + len(self._pinned_free)
+    return sum(1 for b in self._free + self._pinned_free if self._pool(b) == pool)
 
   def _unindex(self, key: tuple[int, int], b: int) -> None:
     ids = self._index.get(key)
@@ -179,34 +200,48 @@ class ReferencePolicy:
       self._unindex(k, b)
     self._key[b] = None
     self._key_end[b] = -1
+    self._hits[b] = 0
+    self._chain[b] = -1
     return removed
 
-  def _insert_key(self, b: int, key: tuple[int, int], end: int) -> None:
-    """vLLM `_insert_block_hash`: a key becomes b's primary key, or an extra one if b has one."""
+  def _insert_key(self, b: int, key: tuple[int, int], end: int, chain: int) -> None:
+    """vLLM `_insert_block_hash`: a key becomes b's primary key (token end `end`, chain start
+    `chain`, no hits yet), or an extra one if b has one."""
     if self._key[b] == key or b in self._index.get(key, ()):
       return
     if self._key[b] is None:
       self._key[b] = key
       self._key_end[b] = end
+      self._hits[b] = 0
+      self._chain[b] = chain
     else:
       self._extra.setdefault(b, []).append(key)
     self._index.setdefault(key, []).append(b)
 
-  def _demote(self, n: int) -> None:
-    """Moves the n oldest pinned free blocks to the normal free-queue tail (hash kept)."""
-    for _ in range(min(n, len(self._pinned_free))):
-      b = self._pinned_free.pop(0)
+  def _demote(self, n: int, pool: int | None = None) -> None:
+    """Moves the n oldest pinned free blocks (of `pool`, None = any) to the normal free-queue
+    tail (hash kept)."""
+    for b in [b for b in self._pinned_free if pool is None or self._pool(b) == pool][:n]:
+      self._pinned_free.remove(b)
       self._pinned[b] = False
       self._free.append(b)
 
-  def _get_new_blocks(self, n: int) -> list[int]:
+  def _get_new_blocks(self, n: int, gid: int) -> list[int]:
+    """Pops n blocks for group `gid` from the head of its pool's free queue."""
     if n <= 0:
       return []
-    if len(self._free) < n:
-      self._demote(n - len(self._free))
-    assert len(self._free) >= n, "admission accounting let an allocation overflow the pool"
-    out = self._free[:n]
-    del self._free[:n]
+    pool = self._group_pool[gid] if self.config.state_slots else None
+    mine = self._free if pool is None else [b for b in self._free if self._pool(b) == pool]
+    if len(mine) < n:
+      self._demote(n - len(mine), pool)
+      mine = self._free if pool is None else [b for b in self._free if self._pool(b) == pool]
+    assert len(mine) >= n, "admission accounting let an allocation overflow the pool"
+    out = mine[:n]
+    if pool is None:
+      del self._free[:n]
+    else:
+      taken = set(out)
+      self._free = [b for b in self._free if b not in taken]
     for b in out:
       self._evict_key(b)
       self._pinned[b] = False
@@ -417,7 +452,7 @@ class ReferencePolicy:
     if self._kind(gid) == "mamba":
       last = hits[-1] if hits else NULL
       if not running and last != NULL and self._key[last] in self._cached_this_step:
-        return self.config.num_blocks + 1  # same-step rule (§2.4.6): impossible count
+        return self.config.pool_size + 1  # same-step rule (§2.4.6): impossible count
       if self._mode[gid] == "align":
         return rules.mamba_align_blocks_needed(
           num_tokens_main=num_tokens_main,
@@ -449,7 +484,11 @@ class ReferencePolicy:
       skip = self._skipped_tokens(gid, total_computed) // self._bs[gid]
       kept = hits[skip:]
       self._touch(kept)
+      for b in kept:  # each touched hit block counts one hit on its key
+        if b != NULL:
+          self._hits[b] += 1
       req.rows[gid] = [NULL] * skip + list(kept)
+      req.chain[gid] = hit_tokens  # the latest kept state: the hit (0 = none)
     req.num_cached = [len(r) for r in req.rows]
     if not self._partial:
       return
@@ -479,7 +518,7 @@ class ReferencePolicy:
       )
       if len(layout) == before and pending is None:
         return []
-      fresh_ids = self._get_new_blocks(layout.count(rules.FRESH) + (pending is not None))
+      fresh_ids = self._get_new_blocks(layout.count(rules.FRESH) + (pending is not None), gid)
       cow = fresh_ids.pop(0) if pending is not None else None
       fresh = iter(fresh_ids)
       row[:] = [next(fresh) if b == rules.FRESH else b for b in layout]
@@ -493,9 +532,11 @@ class ReferencePolicy:
         return [cow] + row[before:]
       # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
       assert row[idx] == src
-      end = self._key_end[src]
+      end, hits, chain = self._key_end[src], self._hits[src], self._chain[src]
       for key in self._evict_key(src):
-        self._insert_key(cow, key, end)
+        self._insert_key(cow, key, end, chain)
+      if self._key[cow] is not None:  # the key's hits go with it
+        self._hits[cow] = hits
       self._cow.append((gid, req.name, src, cow))
       self._ref[src] += 1
       if self._key[cow] is not None:
@@ -503,11 +544,11 @@ class ReferencePolicy:
       return row[before:]
     cows = []
     if pending is not None:
-      cows = self._get_new_blocks(1)
+      cows = self._get_new_blocks(1, gid)
       self._apply_cow(req, gid, pending[0], pending[1], cows[0])
     tokens = need + (bs * self._spec_s if self._kind(gid) == "mamba" else 0)
     required = rules.cdiv(tokens, bs)
-    row.extend(self._get_new_blocks(required - before))
+    row.extend(self._get_new_blocks(required - before, gid))
     return cows + row[before:]
 
   def _apply_cow(self, req: _Request, gid: int, idx: int, src: int, cow: int) -> None:
@@ -589,6 +630,7 @@ class ReferencePolicy:
     """Keys the group's blocks [num_cached, full) (null / masked ones skipped)."""
     row, bs = req.rows[gid], self._bs[gid]
     hashes = self._group_hashes(req.fine_hashes, bs)
+    state = self._groups[gid].kind == "mamba"
     for i in range(req.num_cached[gid], min(full, len(row))):
       b = row[i]
       if b == NULL or not self._cacheable(req, gid, i):
@@ -606,6 +648,11 @@ class ReferencePolicy:
       self._index.setdefault(key, []).append(b)
       self._key[b] = key
       self._key_end[b] = (i + 1) * bs
+      self._hits[b] = 0
+      # chain start: a state's previous kept state (then this one), else the block's start
+      self._chain[b] = req.chain.get(gid, 0) if state else i * bs
+      if state:
+        req.chain[gid] = (i + 1) * bs
       self._cached_this_step.add(key)
     req.num_cached[gid] = full
 
@@ -635,7 +682,8 @@ class ReferencePolicy:
     if self._key[row[j]] is not None and self._key_end[row[j]] == t:
       return  # already keyed at t (a hit or an earlier step)
     b = row[j]
-    self._cache_partial_block(req, b, t, gid)
+    self._cache_partial_block(req, b, t, gid, req.chain.get(gid, 0))
+    req.chain[gid] = max(req.chain.get(gid, 0), t)  # the tail state is the latest kept one
     self._cached_this_step.add(self._partial_key(req, t, gid))
     if t % bs:  # a sub-block entry: the next allocation moves it to a copy (copy-on-write)
       req.partial[gid] = (j, b)
@@ -652,7 +700,7 @@ class ReferencePolicy:
     if bs == self._hbs or t == 0 or t > n or t % bs == 0 or t // bs >= len(row):
       return
     if row[t // bs] != NULL:
-      self._cache_partial_block(req, row[t // bs], t, gid)
+      self._cache_partial_block(req, row[t // bs], t, gid, t // bs * bs)
 
   def _tail_boundary(self, req: _Request, gid: int) -> int:
     """The prompt-tail boundary of group `gid` (vLLM `_cache_partial_tail_block`).
@@ -670,13 +718,26 @@ class ReferencePolicy:
     """The key of the prefix of `t` tokens (a hash-block multiple) in group `gid`."""
     return (int(hashing.as_u64(req.fine_hashes[t // self._hbs - 1])), gid)
 
-  def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int) -> None:
-    """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b)."""
+  def _cache_partial_block(self, req: _Request, b: int, t: int, gid: int, chain: int) -> None:
+    """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b); `chain`:
+    the key's chain start if it becomes b's primary key."""
     key = self._partial_key(req, t, gid)
     already = self._key[b] == key or b in self._index.get(key, ())
     if not already and self._key[b] is not None and self._key_end[b] < t:
       self._evict_key(b)
-    self._insert_key(b, key, t)
+    self._insert_key(b, key, t, chain)
+
+  def _fits(self, counts: list[int], watermark: int) -> bool:
+    """vLLM's admission check (§4.2): the blocks needed (`counts`, per group) plus the
+    watermark fit the free blocks; with two pools (`state_slots`) each pool's groups fit that
+    pool, the watermark counting pages only."""
+    if not self.config.state_slots:
+      return sum(counts) + watermark <= self._num_free()
+    for pool in (0, 1):
+      need = sum(c for g, c in enumerate(counts) if self._group_pool[g] == pool)
+      if need + (watermark if pool == 0 else 0) > self._num_free(pool):
+        return False
+    return True
 
   def _allocate_slots(
     self, req: _Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
@@ -698,18 +759,18 @@ class ReferencePolicy:
       watermark = cfg.watermark_blocks
     if cfg.full_sequence_must_fit and first:
       full = min(len(req.tokens), cfg.max_model_len)
-      count = sum(
+      counts = [
         self._blocks_needed(req, g, full, full, hits[g], total_computed, True, hit)
         for g in range(ng)
-      )
-      if count + watermark > self._num_free():
+      ]
+      if not self._fits(counts, watermark):
         return None
     self._remove_skipped(req, total_computed)
-    count = sum(
+    counts = [
       self._blocks_needed(req, g, need, main, hits[g], total_computed, False, hit)
       for g in range(ng)
-    )
-    if count + watermark > self._num_free():
+    ]
+    if not self._fits(counts, watermark):
       return None
     if first:
       self._add_hits(req, hits, total_computed, hit)
@@ -860,7 +921,9 @@ class ReferencePolicy:
     if self._evict is not None:  # a registered eviction policy re-orders the free list
       groups = [None if k is None else k[1] for k in self._key]
       dead = eviction.dead_states(self.config, self._key, self._key_end, self._index)
-      self._free = self._evict.reorder(self._free, groups, self._key_end, dead)
+      self._free = self._evict.reorder(
+        self._free, groups, self._key_end, dead, self._hits, self._chain
+      )
     self._cached_this_step.clear()
     budget = self.config.max_num_batched_tokens
     out, copies = [], []
@@ -917,6 +980,7 @@ class ReferencePolicy:
     r.last_state.clear()
     r.state_col.clear()
     r.partial.clear()
+    r.chain.clear()
 
   def free(self, req: str) -> None:
     r = self._get(req)
@@ -931,13 +995,15 @@ class ReferencePolicy:
     r.status = "preempted"
 
   def reset_prefix_cache(self) -> bool:
-    if self._num_free() != self.config.num_blocks - 1:
+    if self._num_free() != self.config.pool_size - 1:
       return False
     self._demote(len(self._pinned_free))
     self._index.clear()
     self._extra.clear()
-    self._key = [None] * self.config.num_blocks
-    self._pinned = [False] * self.config.num_blocks
+    self._key = [None] * self.config.pool_size
+    self._hits = [0] * self.config.pool_size
+    self._chain = [-1] * self.config.pool_size
+    self._pinned = [False] * self.config.pool_size
     self._cached_this_step.clear()
     return True
 
@@ -951,7 +1017,7 @@ class ReferencePolicy:
     free_cached = sum(1 for b in self._free + self._pinned_free if self._key[b] is not None)
     return PoolStats(
       num_free_blocks=free,
-      num_used_blocks=self.config.num_blocks - 1 - free,
+      num_used_blocks=self.config.pool_size - 1 - free,
       num_free_cached_blocks=free_cached,
       cached_blocks_per_group=tuple(per_group),
       num_pinned_blocks=len(self._pinned_free),
@@ -1005,6 +1071,16 @@ class ReferencePolicy:
     """Drops the keys of these blocks (vLLM's `KVCacheManager.evict_blocks`); test helper."""
     for b in block_ids:
       self._evict_key(b)
+
+  def chain_features(self) -> dict[int, tuple[int, int, int, int]]:
+    """Test only: keyed block -> (group, token end, hits, chain start) of its primary key (hits
+    and chain start kept for every policy; the core has them only under
+    `policies.reads_chain`)."""
+    return {
+      b: (key[1], self._key_end[b], self._hits[b], self._chain[b])
+      for b, key in enumerate(self._key)
+      if key is not None
+    }
 
   def ref_count(self, block: int) -> int:
     """Test only: the block's reference count."""

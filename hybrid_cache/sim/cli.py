@@ -34,6 +34,8 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
 --page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
 of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
+--page-layout pools (core policies): two pools under the one byte budget, KV pages and state
+slots (`CacheConfig.state_slots`), --state-fraction F of the bytes (default 0.5) being slots.
 
 --replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
 timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -116,6 +119,17 @@ def _block_size_arg(text: str):
     raise argparse.ArgumentTypeError(
       f"block size must be an integer >= 1 or 'vllm', got {text!r}"
     ) from None
+
+
+def _state_fraction(text: str) -> float:
+  """--state-fraction: a number in (0, 1)."""
+  try:
+    v = float(text)
+  except ValueError:
+    v = math.nan
+  if not 0 < v < 1:
+    raise argparse.ArgumentTypeError(f"state fraction must be a number in (0, 1), got {text!r}")
+  return v
 
 
 def _backend(text: str) -> str:
@@ -292,13 +306,14 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
   layout = core.pop("page_layout", "model")
+  state_fraction = core.pop("state_fraction", core_sim.DEFAULT_STATE_FRACTION)
   placement = core.pop("placement", "vllm")
   admission = core.pop("admission", "all")
   retention_policy = core.pop("retention_policy", "prefix")
   if core:
     raise ValueError(
       "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
-      "page_layout/placement/admission/retention_policy, "
+      "page_layout/state_fraction/placement/admission/retention_policy, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -316,6 +331,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     token_budget=budget,
     hash_block_size=hbs,
     layout=layout,
+    state_fraction=state_fraction,
     placement=placement,
     admission=admission,
     retention_policy=retention_policy,
@@ -416,8 +432,16 @@ def build_parser() -> argparse.ArgumentParser:
     "--page-layout",
     choices=core_sim.LAYOUTS,
     default="model",
-    help="core policies: model (one group per layer kind, page = the largest) or vllm "
-    "(vLLM's groups of equal layer counts, per-layer page equality)",
+    help="core policies: model (one group per layer kind, page = the largest), vllm "
+    "(vLLM's groups of equal layer counts, per-layer page equality) or pools (KV pages and "
+    "state slots, --state-fraction of the bytes)",
+  )
+  p.add_argument(
+    "--state-fraction",
+    type=_state_fraction,
+    default=None,
+    help="--page-layout pools: share of --capacity-bytes for recurrent-state slots, in (0, 1) "
+    f"(default {core_sim.DEFAULT_STATE_FRACTION})",
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
@@ -529,8 +553,16 @@ def main(argv: list[str] | None = None) -> int:
         core[seam] = getattr(args, seam)
     if args.page_layout != "model":
       if parse_policy(args.policy).kind != "core":
-        raise ValueError(f"page_layout 'vllm' applies to core policies only, got {args.policy!r}")
+        raise ValueError(
+          f"page_layout {args.page_layout!r} applies to core policies only, got {args.policy!r}"
+        )
       core["page_layout"] = args.page_layout
+    if args.state_fraction is not None:
+      if args.page_layout != "pools":
+        raise ValueError(
+          f"state_fraction needs --page-layout pools, got --page-layout {args.page_layout}"
+        )
+      core["state_fraction"] = args.state_fraction
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)

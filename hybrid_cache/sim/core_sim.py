@@ -32,8 +32,11 @@ any kind (the most, if that is < 1.5 x the fewest), a kind of n layers makes cdi
 mamba groups of 4), and one page = G layers x the per-layer page, max(B x one layer's KV per
 token, one layer's state) (`ModelConfig.vllm_block_size` picks the B where the two meet; vLLM
 raises a smaller B to it). So a KV block costs its exact bytes and a recurrent state costs
-cdiv(n_rec, G) pages, its per-layer padding included. The bytes a group leaves unused in its
-page are reported as `page_padding` per group.
+cdiv(n_rec, G) pages, its per-layer padding included. "pools": the "model" groups in two pools
+(`CacheConfig.state_slots`, `hybrid_cache.pools`): pages of the attention groups (page = the
+largest attention block) and state slots of one state of all recurrent layers, `state_fraction`
+of the byte budget being slots; no state is padded to a KV page. The bytes a group leaves
+unused in its page (or slot) are reported as `page_padding` per group.
 
 Each request (sequential, as Marconi): add_request(input) -> schedule until the prompt is
 computed (one step if `token_budget` is None, else chunks of at most that many tokens) ->
@@ -58,6 +61,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hybrid_cache import factory
+from hybrid_cache import pools
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.policies import EVICTION_POLICIES
@@ -93,7 +97,8 @@ CORE_POLICY_CONFIGS = {
 }
 
 
-LAYOUTS = ("model", "vllm")
+LAYOUTS = ("model", "vllm", "pools")
+DEFAULT_STATE_FRACTION = 0.5  # "pools" layout: share of the byte budget for state slots
 
 
 def _layer_counts(model: ModelConfig) -> dict[str, int]:
@@ -111,7 +116,7 @@ def vllm_group_size(model: ModelConfig) -> int:
 
 
 def model_groups(model: ModelConfig, mode: str, layout: str = "model") -> tuple[GroupSpec, ...]:
-  """The core's groups for `model` (module docstring; `layout` "model" or "vllm")."""
+  """The core's groups for `model` (module docstring; `layout` one of `LAYOUTS`)."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
   counts = _layer_counts(model)
@@ -160,13 +165,25 @@ def group_block_bytes(
 
 
 def page_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model") -> int:
-  """The shared pool's page (module docstring)."""
+  """The shared pool's page (module docstring); "pools": the page of the attention groups."""
   if layout == "vllm":
     per_layer = model.kv_bytes_per_token_per_layer * block_size
     if model.n_recurrent:
       per_layer = max(per_layer, model.state_bytes_per_layer)
     return vllm_group_size(model) * per_layer
-  return max(group_block_bytes(model, groups, block_size))
+  gb = group_block_bytes(model, groups, block_size)
+  if layout == "pools":
+    return max(b for g, b in zip(groups, gb) if g.kind != "mamba")
+  return max(gb)
+
+
+def unit_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model") -> list[int]:
+  """Per group, the bytes one of its blocks takes from its pool: the page, or with "pools"
+  the page for attention groups and one state slot (`model.state_bytes`) for mamba groups."""
+  page = page_bytes(model, groups, block_size, layout)
+  if layout != "pools":
+    return [page] * len(groups)
+  return [model.state_bytes if g.kind == "mamba" else page for g in groups]
 
 
 def eviction_costs(model: ModelConfig, groups, block_size: int, layout: str = "model") -> dict:
@@ -200,8 +217,8 @@ def eviction_costs(model: ModelConfig, groups, block_size: int, layout: str = "m
     q = (f(2) - 2 * f(1)) / 2
     lin.append(f(1) - q)
     quad.append(q)
-  page = float(page_bytes(model, groups, block_size, layout))
-  byt = [page] * len(groups)  # every block occupies one page of the shared pool
+  # every block occupies one page of the shared pool ("pools": a page or a state slot)
+  byt = [float(b) for b in unit_bytes(model, groups, block_size, layout)]
   return {
     "eviction_flops_linear": tuple(lin),
     "eviction_flops_quadratic": tuple(quad),
@@ -232,6 +249,7 @@ def build_config(
   placement: str = "vllm",
   admission: str = "all",
   retention_policy: str = "prefix",
+  state_fraction: float = DEFAULT_STATE_FRACTION,
 ) -> tuple[CacheConfig, dict]:
   """The CacheConfig of a core policy for this trace and budget, and the sizing summary.
 
@@ -241,6 +259,7 @@ def build_config(
   docstring). `placement`, `admission`: registered policies of those seams
   (`hybrid_cache.policies`), vLLM's own rules by default; `retention_policy`: the
   registered retention policy (what a finished request pins with `pinning`).
+  `state_fraction` ("pools" layout only): the share of `capacity_bytes` for state slots.
   """
   if policy not in CORE_POLICY_CONFIGS:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
@@ -262,16 +281,40 @@ def build_config(
   groups = model_groups(model, p.mode, layout)
   gb = group_block_bytes(model, groups, block_size, layout)
   page = page_bytes(model, groups, block_size, layout)
-  num_blocks = int(capacity_bytes // page) + 1
+  units = unit_bytes(model, groups, block_size, layout)
   longest = max((r.num_tokens for r in trace.requests), default=1)
   blocks = -(-longest // block_size) + 1
-  need = 1 + sum(3 if g.kind == "mamba" and g.mode != "all" else blocks for g in groups)
-  if num_blocks < need:
-    raise ValueError(
-      f"capacity_bytes must be >= {(need - 1) * page} ({need - 1} pages of {page} B: the "
-      f"blocks every group holds for the longest request, {longest} tokens), "
-      f"got {capacity_bytes:g}"
-    )
+  held = [3 if g.kind == "mamba" and g.mode != "all" else blocks for g in groups]
+  state_slots = 0
+  if layout == "pools":
+    kinds = {g.kind for g in groups}
+    if "mamba" not in kinds or kinds == {"mamba"}:
+      raise ValueError(
+        f"page_layout 'pools' needs a model with attention and recurrent layers, got {model.name!r}"
+      )
+    slot = model.state_bytes
+    num_blocks, state_slots = pools.split_byte_budget(capacity_bytes, page, slot, state_fraction)
+    need_pages = 1 + sum(h for g, h in zip(groups, held) if g.kind != "mamba")
+    need_slots = sum(h for g, h in zip(groups, held) if g.kind == "mamba")
+    for name, have, need, unit in (
+      ("pages", num_blocks, need_pages, page),
+      ("state slots", state_slots + 1, need_slots + 1, slot),
+    ):
+      if have < need:
+        raise ValueError(
+          f"capacity_bytes is too small for the {name}: the longest request ({longest} tokens)"
+          f" holds {need - 1} of {unit} B, the split leaves {have - 1}"
+          f" (state_fraction={state_fraction}), got {capacity_bytes:g}"
+        )
+  else:
+    num_blocks = int(capacity_bytes // page) + 1
+    need = 1 + sum(held)
+    if num_blocks < need:
+      raise ValueError(
+        f"capacity_bytes must be >= {(need - 1) * page} ({need - 1} pages of {page} B: the "
+        f"blocks every group holds for the longest request, {longest} tokens), "
+        f"got {capacity_bytes:g}"
+      )
   mml = (-(-longest // block_size) + 1) * block_size
   budget = mml if token_budget is None else token_budget
   if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
@@ -282,6 +325,7 @@ def build_config(
   cfg = CacheConfig(
     groups=groups,
     num_blocks=num_blocks,
+    state_slots=state_slots,
     block_size=block_size,
     retention_interval=ret,
     max_num_batched_tokens=budget,
@@ -300,7 +344,7 @@ def build_config(
     "num_blocks": num_blocks,
     "page_bytes": page,
     "groups": [g.kind for g in groups],
-    "page_padding": [1 - b / page for b in gb],
+    "page_padding": [1 - b / u for b, u in zip(gb, units)],
     "retention_interval": ret,
     "marconi_junction": p.marconi_junction,
     "recurrent_mode": p.mode,
@@ -310,9 +354,13 @@ def build_config(
     "retention_policy": retention_policy,
     "pinning": pinning,
   }
-  if layout != "model":
+  if layout == "vllm":
     sizing["page_layout"] = layout
     sizing["layers_per_group"] = vllm_group_size(model)
+  if layout == "pools":
+    sizing["page_layout"] = layout
+    sizing.update(state_slots=state_slots, slot_bytes=model.state_bytes)
+    sizing["state_fraction"] = state_fraction
   if hash_block_size is not None:
     sizing["hash_block_size"] = hash_block_size
     sizing["partial_hits"] = cfg.partial_hits

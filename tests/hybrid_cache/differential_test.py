@@ -25,6 +25,7 @@ from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
+from tests.hybrid_cache.paired_rules import chain_features
 from tests.hybrid_cache.paired_rules import paired_rules
 
 _COMMON = dict(max_model_len=64, max_requests=len(NAMES), max_num_batched_tokens=24)
@@ -191,6 +192,7 @@ class DifferentialMachine(paired_rules(prompts)):
     assert self.jax.active_requests() == self.ref.active_requests()
     for r in self._active():
       assert self.jax.request_view(r) == self.ref.request_view(r)
+    assert chain_features(self.jax) == chain_features(self.ref)
     assert check_invariants(self.config, self.jax.state) == []
 
 

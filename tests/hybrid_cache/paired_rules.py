@@ -17,6 +17,7 @@ from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
+from hybrid_cache import policies
 from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.core.state import BIG
 from hybrid_cache.types import ScheduleEntry
@@ -81,11 +82,27 @@ def free_queue(m) -> list[int]:
   return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
 
 
+def chain_features(m) -> dict[int, tuple[int, ...]]:
+  """Keyed block -> (group, token end, hits, chain start) of its key, on either backend (what
+  an eviction policy's `FreeBlocks` reads besides the recency). Hits and chain start only if
+  the policy reads them (`policies.reads_chain`: only then does the core keep them), else
+  (group, token end)."""
+  width = 4 if policies.reads_chain(m.config.eviction) else 2
+  if hasattr(m, "chain_features"):
+    return {b: f[:width] for b, f in m.chain_features().items()}
+  s = jax.device_get(m.state)
+  names = ("block_group", "key_end", "key_hits", "chain_start")[:width]
+  cols = [np.asarray(getattr(s, a)) for a in names]
+  ids = np.nonzero(cols[0] >= 0)[0]
+  return {int(b): tuple(int(c[b]) for c in cols) for b in ids}
+
+
 def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
   """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
   until computed, then freed unless kept: how keyed blocks reach the free queue between
-  steps), `finish`, and an invariant comparing the pool counters, the free-queue order and the
-  jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
+  steps), `finish`, and an invariant comparing the pool counters, the free-queue order, the
+  keyed blocks' chain features (`chain_features`) and the jitted state's invariants
+  (`self.config` is set by the subclass's `@initialize`)."""
 
   class EvictionRules(paired_rules(prompts)):
     @precondition(lambda self: self._active())
@@ -114,6 +131,7 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
         return
       assert self.jax.pool_stats() == self.ref.pool_stats()
       assert free_queue(self.jax) == free_queue(self.ref)
+      assert chain_features(self.jax) == chain_features(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules

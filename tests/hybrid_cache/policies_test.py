@@ -21,6 +21,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import NAMES
+from tests.hybrid_cache.paired_rules import chain_features
 from tests.hybrid_cache.paired_rules import eviction_rules
 from tests.hybrid_cache.paired_rules import free_queue
 
@@ -365,3 +366,88 @@ TestSeamMachine = SeamMachine.TestCase
 TestSeamMachine.settings = settings(
   max_examples=8, stateful_step_count=30, phases=_PHASES, deadline=None
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# chain features (`FreeBlocks.hits`, `FreeBlocks.chain_start`) and the `chain_value` example
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_chain_features_count_hits_and_record_the_state_chain(backend):
+  """Full attention + mamba (align), block 4, 8 tokens per step. A (21 tokens) runs in chunks
+  to 8, 16, 20, 21: full blocks ending at 4..20 (chain start = end - 4) and states at the
+  chunk ends 8, 16, 20, each chaining to the previous one (0, 8, 16). B (16 shared + 13 new)
+  and C (16 shared + 8 new) both hit 16 tokens: A's four KV blocks ending at 4..16 and its
+  state at 16 each count 2 hits, its state at 8 (not touched: a recurrent hit holds one state)
+  none. B's first state (24: chunk 16 -> 24) chains to its hit (16), its next (28) to 24; C
+  runs 16 -> 20 -> 24: states at 20 (chain 16) and 24 (chain 20); their new KV blocks have no
+  hits. Under chain_value (value = (end - chain) * (1 + hits)) the twice-hit state at 16 (8 * 3
+  = 24) is evicted last, right after the twice-hit KV blocks (4 * 3 = 12)."""
+  cfg = CacheConfig(**{**_FA_MAMBA, "max_num_batched_tokens": 8}, eviction="chain_value")
+  m = make_manager(cfg, backend)
+  shared = list(range(16))
+  for name, tokens in (("A", list(range(21))), ("B", shared + list(range(100, 113)))):
+    _serve(m, name, tokens)
+  _serve(m, "C", shared + [200] * 8)
+  feats = chain_features(m)
+  got = sorted(feats.values())
+  full = [(4, 2, 0), (8, 2, 4), (12, 2, 8), (16, 2, 12), (20, 0, 16)]  # A
+  full += [(20, 0, 16), (24, 0, 20), (28, 0, 24)]  # B
+  full += [(20, 0, 16), (24, 0, 20)]  # C
+  states = [(8, 0, 0), (16, 2, 8), (20, 0, 16)]  # A
+  states += [(24, 0, 16), (28, 0, 24)]  # B
+  states += [(20, 0, 16), (24, 0, 20)]  # C
+  assert got == sorted([(0, *f) for f in full] + [(1, *s) for s in states])
+  m.schedule([])  # the re-ordering runs at the start of a step
+  tail = [feats[b] for b in free_queue(m)[-5:]]
+  assert sorted(tail[:4]) == [(0, 4, 2, 0), (0, 8, 2, 4), (0, 12, 2, 8), (0, 16, 2, 12)]
+  assert tail[4] == (1, 16, 2, 8)
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypatch):
+  """The requests of the hand-derived test above under lru, deepest_first and chain_value. Only
+  chain_value declares it reads the chain features (`policies.Reads(chain=True)`): under the
+  other two the jitted state has no `AUX_HITS` / `AUX_CHAIN` / `RG_CHAIN` columns at all (the
+  core neither keeps nor writes them: its traced program is the one without them) and
+  deepest_first's `FreeBlocks.hits` / `chain_start` are None on both backends, while
+  chain_value's are filled. The keys registered (group, token end) are the same under all
+  three (no block is evicted here)."""
+  from hybrid_cache.core import compile_cache
+  from hybrid_cache.core import state as core_state
+
+  compile_cache.clear()  # the jitted twin's priority is read when a step is traced
+  seen = {}
+  twin = policies.core_eviction if backend == "jax" else policies.oracle_eviction
+  for name in ("deepest_first", "chain_value"):
+    module = twin(name)
+
+    def spy(*args, _priority=module.priority, _name=name):
+      blocks = args[2] if backend == "jax" else args[1]
+      seen.setdefault(_name, set()).add((blocks.hits is None, blocks.chain_start is None))
+      return _priority(*args)
+
+    monkeypatch.setattr(module, "priority", spy)
+  keys = {}
+  for eviction in ("lru", "deepest_first", "chain_value"):
+    cfg = CacheConfig(**{**_FA_MAMBA, "max_num_batched_tokens": 8}, eviction=eviction)
+    m = make_manager(cfg, backend)
+    shared = list(range(16))
+    _serve(m, "A", list(range(21)))
+    _serve(m, "B", shared + list(range(100, 113)))
+    _serve(m, "C", shared + [200] * 8)
+    m.schedule([])  # the re-ordering runs at the start of a step
+    feats = chain_features(m)  # (group, token end), hits and chain start only if read
+    assert {len(f) for f in feats.values()} == {4 if eviction == "chain_value" else 2}
+    keys[eviction] = sorted(f[:2] for f in feats.values())
+    if backend == "jax":
+      reads = eviction == "chain_value"
+      assert m.state.has_chain == reads
+      num_aux, num_rg = core_state.NUM_AUX, core_state.NUM_RG
+      if reads:
+        num_aux, num_rg = core_state.NUM_AUX_CHAIN, core_state.NUM_RG_CHAIN
+      assert m.state.block_aux.shape[-1] == num_aux
+      assert m.state.req_group.shape[-1] == num_rg
+  assert keys["lru"] == keys["deepest_first"] == keys["chain_value"]
+  assert len(keys["lru"]) == 17  # the 10 KV blocks and 7 states of the test above
+  assert seen == {"deepest_first": {(True, True)}, "chain_value": {(False, False)}}

@@ -4,13 +4,17 @@ module docstring lists every view with its shape."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import layout
+from hybrid_cache.core import rows
 from hybrid_cache.core import state as st
 from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.factory import make_manager
@@ -24,6 +28,10 @@ CFG = CacheConfig(
   max_requests=4,
   pinning=True,
 )
+# the same with a policy that reads the chain features: the state carries their columns
+CHAIN_CFG = dataclasses.replace(CFG, eviction="chain_value")
+# views that exist only in a chain-feature state (`CacheState.has_chain`)
+CHAIN_VIEWS = {"key_hits", "chain_start", "group_chain"}
 
 # property -> (leaf, index of the row or column it names)
 VIEWS = {
@@ -32,6 +40,8 @@ VIEWS = {
   "key_step": ("block_aux", (slice(None), st.AUX_STEP)),
   "pinned": ("block_aux", (slice(None), st.AUX_PINNED)),
   "key_end": ("block_aux", (slice(None), st.AUX_END)),
+  "key_hits": ("block_aux", (slice(None), st.AUX_HITS)),
+  "chain_start": ("block_aux", (slice(None), st.AUX_CHAIN)),
   "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
   "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
   "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
@@ -42,6 +52,7 @@ VIEWS = {
   "group_len": ("req_group", (Ellipsis, st.RG_LEN)),
   "group_ncached": ("req_group", (Ellipsis, st.RG_NCACHED)),
   "group_last": ("req_group", (Ellipsis, st.RG_LAST)),
+  "group_chain": ("req_group", (Ellipsis, st.RG_CHAIN)),
   "head_key": ("counters", (st.C_HEAD,)),
   "tail_key": ("counters", (st.C_TAIL,)),
   "pin_key": ("counters", (st.C_PIN,)),
@@ -60,13 +71,14 @@ VIEWS = {
   "pin_min_drop_size": ("params", (st.P_PIN_MIN_DROP,)),
   "marconi_junction": ("params", (st.P_JUNCTION,)),
   "free_all_tail": ("params", (st.P_ALL_TAIL,)),
+  "first_slot": ("params", (st.P_FIRST_SLOT,)),
 }
 
 
-def _busy_state():
+def _busy_state(cfg=CFG):
   """A state after admissions, a decode, a pinning finish and a re-admission (keys, pins,
   several steps): most columns hold non-default values."""
-  m = make_manager(CFG, "jax")
+  m = make_manager(cfg, "jax")
   m.add_request("a", list(range(30)))
   m.add_request("b", list(range(12)) + list(range(100, 110)))
   for _ in range(3):
@@ -77,14 +89,22 @@ def _busy_state():
   return m.state
 
 
-def test_every_view_is_its_leaf_slice_on_device_and_host():
-  state = _busy_state()
+def _views(cfg):
+  """The views of `cfg`'s state: the chain ones only with the chain features."""
+  chain = layout.layout(cfg).chain_features
+  return {n: v for n, v in VIEWS.items() if chain or n not in CHAIN_VIEWS}
+
+
+@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
+  state = _busy_state(cfg)
   host = jax.device_get(state)
   props = {
     n for n, v in vars(st.CacheState).items() if isinstance(v, property) and not n.startswith("_")
   }
-  assert props == set(VIEWS)
-  for name, (leaf, idx) in VIEWS.items():
+  assert props == set(VIEWS) | {"has_chain"}
+  assert state.has_chain == host.has_chain == layout.layout(cfg).chain_features
+  for name, (leaf, idx) in _views(cfg).items():
     want = np.asarray(getattr(host, leaf))[idx]
     np.testing.assert_array_equal(np.asarray(getattr(state, name)), want, err_msg=name)
     np.testing.assert_array_equal(getattr(host, name), want, err_msg=name)
@@ -94,48 +114,75 @@ def test_every_view_is_its_leaf_slice_on_device_and_host():
   assert set(np.asarray(state.req_status).tolist()) >= {st.STATUS_EMPTY, st.STATUS_RUNNING}
 
 
-def test_views_inside_jit_equal_the_leaf_slices():
-  state = _busy_state()
+@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+def test_views_inside_jit_equal_the_leaf_slices(cfg):
+  state = _busy_state(cfg)
+  views = _views(cfg)
 
   @jax.jit
   def both(s):
-    return [(getattr(s, n), getattr(s, leaf)[idx]) for n, (leaf, idx) in VIEWS.items()]
+    return [(getattr(s, n), getattr(s, leaf)[idx]) for n, (leaf, idx) in views.items()]
 
-  for (a, b), name in zip(both(state), VIEWS):
+  for (a, b), name in zip(both(state), views):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
 def test_row_builders_place_columns_by_their_constants():
   step, pinned, end = jnp.arange(3), jnp.arange(3) + 10, jnp.arange(3) + 20
-  aux = np.asarray(st.aux_columns(step, pinned, end))
+  aux = np.asarray(rows.aux_columns(step, pinned, end))
   assert aux.shape == (3, st.NUM_AUX)
   np.testing.assert_array_equal(aux[:, st.AUX_STEP], step)
   np.testing.assert_array_equal(aux[:, st.AUX_PINNED], pinned)
   np.testing.assert_array_equal(aux[:, st.AUX_END], end)
-  rg = np.asarray(st.group_columns(step, pinned, end))
+  rg = np.asarray(rows.group_columns(step, pinned, end))
   assert rg.shape == (3, st.NUM_RG)
   np.testing.assert_array_equal(rg[:, st.RG_LEN], step)
   np.testing.assert_array_equal(rg[:, st.RG_NCACHED], pinned)
   np.testing.assert_array_equal(rg[:, st.RG_LAST], end)
-  qk = np.asarray(st.queue_rows(step, pinned))
+  qk = np.asarray(rows.queue_rows(step, pinned))
   assert qk.shape == (st.NUM_QUEUES, 3)
   np.testing.assert_array_equal(qk[st.Q_FREE], step)
   np.testing.assert_array_equal(qk[st.Q_PINNED], pinned)
-  assert st.NO_KEY_AUX[st.AUX_STEP] == -1 and st.NO_KEY_AUX[st.AUX_END] == -1
-  assert st.NO_KEY_AUX[st.AUX_PINNED] == 0
+  assert rows.NO_KEY_AUX[st.AUX_STEP] == -1 and rows.NO_KEY_AUX[st.AUX_END] == -1
+  assert rows.NO_KEY_AUX[st.AUX_PINNED] == 0
+  # the chain features' columns (a chain-feature state): given, placed after the others
+  aux = np.asarray(rows.aux_columns(step, pinned, end, step + 30, step + 40))
+  assert aux.shape == (3, st.NUM_AUX_CHAIN)
+  np.testing.assert_array_equal(
+    aux[:, [st.AUX_STEP, st.AUX_PINNED, st.AUX_END]].T, [step, pinned, end]
+  )
+  np.testing.assert_array_equal(aux[:, st.AUX_HITS], step + 30)
+  np.testing.assert_array_equal(aux[:, st.AUX_CHAIN], step + 40)
+  with pytest.raises(ValueError, match="both hits and chain"):
+    rows.aux_columns(step, pinned, end, step + 30)
+  rg = np.asarray(rows.group_columns(step, pinned, end, step + 50))
+  assert rg.shape == (3, st.NUM_RG_CHAIN)
+  np.testing.assert_array_equal(
+    rg[:, [st.RG_LEN, st.RG_NCACHED, st.RG_LAST]].T, [step, pinned, end]
+  )
+  np.testing.assert_array_equal(rg[:, st.RG_CHAIN], step + 50)
+  assert rows.NO_KEY_AUX[st.AUX_HITS] == 0 and rows.NO_KEY_AUX[st.AUX_CHAIN] == -1
+  np.testing.assert_array_equal(rows.no_key_aux(False), rows.NO_KEY_AUX[: st.NUM_AUX])
+  np.testing.assert_array_equal(rows.no_key_aux(True), rows.NO_KEY_AUX)
 
 
-def test_fresh_state_widths_and_no_key_rows():
-  s = jax.device_get(init_state(CFG))
-  lay = layout.layout(CFG)
+@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+def test_fresh_state_widths_and_no_key_rows(cfg):
+  s = jax.device_get(init_state(cfg))
+  lay = layout.layout(cfg)
+  chain = lay.chain_features
+  assert chain == (cfg.eviction == "chain_value")  # only a policy that reads them
+  num_aux, num_rg = (st.NUM_AUX_CHAIN, st.NUM_RG_CHAIN) if chain else (st.NUM_AUX, st.NUM_RG)
   assert s.queue_key.shape == (st.NUM_QUEUES, lay.num_blocks)
-  assert s.block_aux.shape == (lay.num_blocks, st.NUM_AUX)
+  assert s.block_aux.shape == (lay.num_blocks, num_aux)
   assert s.index_entry.shape == (lay.buckets, layout.WAYS, st.NUM_IDX)
   assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
-  assert s.req_group.shape == (lay.max_requests, lay.num_groups, st.NUM_RG)
+  assert s.req_group.shape == (lay.max_requests, lay.num_groups, num_rg)
   assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES
-  assert (s.block_aux == st.NO_KEY_AUX).all()
+  assert (s.block_aux == rows.no_key_aux(chain)).all()
   assert (s.group_last == -1).all() and (s.group_len == 0).all()
+  if chain:
+    assert (s.group_chain == 0).all()
 
 
 def test_module_docstring_lists_every_view():

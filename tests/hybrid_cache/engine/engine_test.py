@@ -116,6 +116,23 @@ def test_all_mode_equals_uncached():
   assert eng.stats.state_copies == 0
 
 
+@pytest.mark.parametrize("manager", ["reference", "jax"])
+def test_state_pool_equals_uncached(manager):
+  """Recurrent states in their own pool (`state_slots`): 6 slots for 4 requests of 93 tokens
+  (align, block 16: a running state plus kept ones each), so states are evicted while pages
+  are free; outputs stay exact, later prompts still hit, every block comes back at the end
+  (the core's invariants check that each group holds only its own pool's ids)."""
+  prompts = _prompts(12, 4, 72, 21)
+  off, _ = _run("qwen35_tiny", prompts, 3, enable_prefix_caching=False)
+  on, eng = _run("qwen35_tiny", prompts, 3, manager=manager, num_blocks=64, state_slots=6)
+  _assert_exact(on, off)
+  assert sum(o.num_cached_tokens for o in on[1:]) >= 48
+  cfg = eng.cache_config
+  assert eng.manager.pool_stats().num_free_blocks == cfg.pool_size - 1
+  if manager == "jax":
+    assert int(eng.manager.state.states_evicted) > 0
+
+
 def test_pinning_equals_uncached_and_keeps_hits():
   prompts = _prompts(4, 3, 96, 10)
   off, _ = _run("gemma3_tiny", prompts, 2, enable_prefix_caching=False)

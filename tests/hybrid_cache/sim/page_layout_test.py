@@ -3,6 +3,8 @@
 import dataclasses
 import json
 
+import pytest
+
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cost_model import get_model
@@ -56,3 +58,56 @@ def test_cli_page_layout(tmp_path, capsys):
   assert out["groups"] == ["full", "mamba", "mamba", "mamba"]
   assert main(base + ["--policy", "adaptive", "--page-layout", "vllm"]) == 2
   assert "page_layout 'vllm' applies to core policies only" in capsys.readouterr().err
+
+
+def test_pools_split_the_bytes_and_pad_nothing():
+  """`--page-layout pools`: TINY's KV page at B = 4 is 16 B, one state 34 B. Half of 1,000 B
+  gives 500 // 16 = 31 pages (+ the null block) and 500 // 34 = 14 state slots; no padding."""
+  trace = small_chat(30)
+  cfg, sizing = core_sim.build_config(trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools")
+  assert (cfg.num_blocks, cfg.state_slots) == (32, 14)
+  assert sizing["page_bytes"] == 16 and sizing["slot_bytes"] == 34
+  assert sizing["page_padding"] == [0.0, 0.0] and sizing["state_fraction"] == 0.5
+  cfg3, _ = core_sim.build_config(
+    trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.25
+  )
+  assert (cfg3.num_blocks, cfg3.state_slots) == (750 // 16 + 1, 250 // 34)
+  # the longest request (73 tokens) holds 20 pages and, in align mode, 3 states
+  with pytest.raises(ValueError, match="too small for the pages"):
+    core_sim.build_config(trace, TINY, 200, "vllm_align_marconi", 4, layout="pools")
+  with pytest.raises(ValueError, match="too small for the state slots"):
+    core_sim.build_config(
+      trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.05
+    )
+  attn_only = dataclasses.replace(TINY, n_recurrent=0)
+  with pytest.raises(ValueError, match="needs a model with attention and recurrent layers"):
+    core_sim.build_config(trace, attn_only, 1000, "lru", 4, layout="pools")
+
+
+def test_pools_hit_like_one_pool_with_room_and_backends_agree_under_pressure():
+  trace = small_chat(40)
+  roomy, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 4, layout="pools")
+  one, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 4)
+  t_pools, _ = core_sim.replay(trace, roomy, "reference")
+  t_one, _ = core_sim.replay(trace, one, "reference")
+  assert t_pools == t_one and any(t[2] for t in t_pools)
+  tight, _ = core_sim.build_config(trace, TINY, 34 * 30, "lru", 4, layout="pools")
+  ref, ref_extra = core_sim.replay(trace, tight, "reference")
+  jax_, jax_extra = core_sim.replay(trace, tight, "jax")
+  assert ref == jax_ and any(t[2] for t in ref)
+  assert ref_extra["final_cached_blocks_per_group"] == jax_extra["final_cached_blocks_per_group"]
+
+
+def test_cli_state_fraction(tmp_path, capsys):
+  path = tmp_path / "t.jsonl"
+  write_marconi(small_chat(12), path)
+  base = ["--trace", str(path), "--format", "marconi", "--model", "qwen3_5_like"]
+  base += ["--capacity-bytes", "2e9", "--block-size", "576", "--backend", "reference"]
+  pools = ["--policy", "vllm_align_marconi", "--page-layout", "pools"]
+  assert main(base + pools + ["--state-fraction", "0.3"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["page_layout"] == "pools" and out["state_fraction"] == 0.3 and out["state_slots"] > 0
+  assert main(base + ["--policy", "lru", "--state-fraction", "0.3"]) == 2
+  assert "state_fraction needs --page-layout pools" in capsys.readouterr().err
+  assert main(base + pools + ["--state-fraction", "1.5"]) == 2
+  assert "state fraction must be a number in (0, 1)" in capsys.readouterr().err
