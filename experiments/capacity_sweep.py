@@ -13,9 +13,12 @@ a tqdm bar counts requests.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import queue as queue_lib
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -34,8 +37,24 @@ POINT_FIELDS = ("states_admitted", "states_evicted", "final_cache_bytes", "weigh
 
 
 def _sweep_part(args):
-  trace, model, caps, policy, unit, block_size = args
-  return sweep_checkpoint(trace, get_model(model), caps, policy, unit, block_size)
+  trace, model, caps, policy, unit, block_size, queue = args
+  progress = None
+  if queue is not None:
+    done = [0]
+
+    def progress(n: int) -> None:  # requests replayed, reported every 64 and at the end
+      if n - done[0] >= 64 or n == len(trace):
+        queue.put(n - done[0])
+        done[0] = n
+
+  return sweep_checkpoint(
+    trace, get_model(model), caps, policy, unit, block_size, progress=progress
+  )
+
+
+def default_processes(num_points: int) -> int:
+  """The CPUs this process may run on, at most one per capacity."""
+  return max(1, min(len(os.sched_getaffinity(0)), num_points))
 
 
 def sweep_in_processes(
@@ -46,17 +65,30 @@ def sweep_in_processes(
   unit: int,
   block_size: int,
   processes: int,
+  progress: Callable[[int], None] | None = None,
 ) -> list:
   """`sweep_checkpoint` with the capacities dealt round-robin to `processes` spawned workers
   (each repeats the shared trie walk for its share). Same results, in the order of
-  `capacities`: a point depends only on its own caches (`sweep_checkpoint`)."""
+  `capacities`: a point depends only on its own caches (`sweep_checkpoint`).
+
+  `progress`: called in this process with the number of requests replayed since its last
+  call, summed over the workers (each replays the whole trace: len(trace) * workers in all).
+  """
   if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
     raise ValueError(f"processes must be an integer >= 1, got {processes!r}")
   caps = list(capacities)
   parts = [caps[i::processes] for i in range(min(processes, len(caps)))]
   ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold JAX
-  with ctx.Pool(len(parts)) as pool:
-    done = pool.map(_sweep_part, [(trace, model, p, policy, unit, block_size) for p in parts])
+  with ctx.Manager() as manager, ctx.Pool(len(parts)) as pool:
+    queue = manager.Queue() if progress is not None else None
+    args = [(trace, model, p, policy, unit, block_size, queue) for p in parts]
+    pending = pool.map_async(_sweep_part, args)
+    while queue is not None and not pending.ready():
+      with contextlib.suppress(queue_lib.Empty):
+        progress(queue.get(timeout=0.2))
+    done = pending.get()
+    while queue is not None and not queue.empty():
+      progress(queue.get())
   out = [None] * len(caps)
   for i, res in enumerate(done):
     out[i :: len(parts)] = res
@@ -103,23 +135,28 @@ def run(
   limit: int | None = None,
   params: Mapping | None = None,
   progress: bool = True,
-  processes: int = 1,
+  processes: int | None = None,
 ) -> dict[str, Any]:
   """`experiments.run` entry: the sweep's per-capacity summaries and the plot.
 
-  `processes` > 1 deals the capacities to that many worker processes (`sweep_in_processes`;
-  no progress bar then)."""
+  `processes` > 1 deals the capacities to that many spawned worker processes
+  (`sweep_in_processes`); None = one per CPU, at most one per capacity (`default_processes`).
+  Every point is the same whatever the number."""
   caps = list(capacities) if capacities is not None else capacity_grid(cap_min, cap_max, num_points)
+  if processes is None:
+    processes = default_processes(len(caps))
   m = get_model(model)
   t0 = time.perf_counter()
   tr = load_trace(trace, fmt, seed, limit, params)
   parse_s = time.perf_counter() - t0
   check_capacity(tr, m, min(caps))
   bar = None
-  if progress and processes == 1:
+  workers = min(processes, len(caps))
+  if progress:
     from tqdm import tqdm
 
-    bar = tqdm(total=len(tr), desc=f"{policy} x {len(caps)} capacities", unit="req")
+    desc = f"{policy} x {len(caps)} capacities" + (f" ({workers} processes)" if workers > 1 else "")
+    bar = tqdm(total=len(tr) * workers, desc=desc, unit="req")
   done = [0]
 
   def tick(n: int) -> None:
@@ -133,7 +170,9 @@ def run(
         tr, m, caps, policy, checkpoint_unit, block_size, progress=tick if bar else None
       )
     else:
-      results = sweep_in_processes(tr, model, caps, policy, checkpoint_unit, block_size, processes)
+      results = sweep_in_processes(
+        tr, model, caps, policy, checkpoint_unit, block_size, processes, bar.update if bar else None
+      )
   finally:
     if bar is not None:
       bar.close()

@@ -29,6 +29,7 @@ def test_points_match_single_capacity_replays(tmp_path):
     num_points=2,
     block_size=64,
     progress=False,
+    processes=1,
   )
   assert (tmp_path / "sweep.png").exists()
   trace = capacity_sweep.load_trace("agentic", "synthetic", params=PARAMS)
@@ -38,11 +39,20 @@ def test_points_match_single_capacity_replays(tmp_path):
     assert p["states_evicted"] == extra["states_evicted"]
 
 
+def test_default_processes_one_per_cpu_at_most_one_per_point():
+  assert capacity_sweep.default_processes(1) == 1
+  assert 1 <= capacity_sweep.default_processes(16) <= 16
+
+
 def test_sweep_in_processes_equals_one_process():
   trace = capacity_sweep.load_trace("agentic", "synthetic", params=PARAMS)
   caps = [1.5e9, 2e9, 3e9]
-  pooled = capacity_sweep.sweep_in_processes(trace, "marconi_7b", caps, "adaptive", 64, 64, 2)
+  ticks = []
+  pooled = capacity_sweep.sweep_in_processes(
+    trace, "marconi_7b", caps, "adaptive", 64, 64, 2, progress=ticks.append
+  )
   one = capacity_sweep.sweep_checkpoint(trace, get_model("marconi_7b"), caps, "adaptive", 64, 64)
   assert [p[0] for p in pooled] == [p[0] for p in one]
+  assert sum(ticks) == 2 * len(trace)  # each of the 2 workers replays every request
   with pytest.raises(ValueError, match="processes must be an integer >= 1"):
     capacity_sweep.sweep_in_processes(trace, "marconi_7b", caps, "adaptive", 64, 64, 0)
