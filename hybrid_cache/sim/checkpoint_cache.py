@@ -563,6 +563,13 @@ class UnitCache:
     if len(heap) > self._compact_at:
       self._compact()
 
+  def reweigh(self) -> None:
+    """Re-pushes every held checkpoint at its stamp with the current weighting (alpha,
+    prior, frequency), after the re-tuning changed it: every valid heap entry is then
+    stamp + w under one weighting (the older entries go stale)."""
+    for n in list(self.entry):
+      self._push(n, touch=False)
+
   def _compact(self) -> None:
     """Drops the heap's stale entries in place (those `_evict_one` would skip: the node was
     re-pushed since, or holds no checkpoint). Exact: entries are totally ordered by

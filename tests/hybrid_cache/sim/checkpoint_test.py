@@ -234,3 +234,32 @@ def test_ttft_charges_checkpoint_and_restore_copies():
   base = TINY.ttft_ms(np.array([16, 5])).mean()
   per_ms = cp.STATE_COPY_GB_PER_S * 1e6
   assert extra["ttft_mean_ms_with_copies"] == pytest.approx(base + copies / per_ms / 2)
+
+
+def test_reweigh_puts_every_held_checkpoint_under_the_new_weighting():
+  """After a re-tune switch (`checkpoint_policies._retune`) the live cache's heap orders its
+  units by the one weighting it now has: under hits/1 the weights differ from 1; switched to
+  plain LRU and re-weighed, every valid heap entry is its stamp + 1 (nothing evicted)."""
+  trace = agentic(seed=1, num_sessions=8, sys_prompt_len=256, min_turns=4, max_turns=8)
+  stats = cp.DivergenceStats()
+  trie = SeenTrie(16)
+  sizes = CacheSizes.of(TINY, 1e9, 16, 64)
+  c = UnitCache(trie, sizes, TINY, 1.0, "hits", True, retuned=True)
+  for r, req in enumerate(trace.requests):
+    path, seen = trie.walk(req)
+    cap_u = (req.num_input_tokens - 1) // 16
+    cands = cp.candidates("adaptive", stats, len(path), req.num_input_tokens // 16, seen)
+    n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
+    c.serve(r, path, cap_u, n_comp, cp._placer("adaptive", 1, len(path), cands))
+    if 0 < seen < cap_u:
+      stats.observe(seen, trie.out[path[seen - 1]])
+
+  def weights():
+    return {n: prio - c.stamp[n] for prio, seq, n in c.heap if c.entry.get(n) == seq}
+
+  held = set(c.entry)
+  assert len(held) > 3 and any(w != 1.0 for w in weights().values())
+  c.alpha, c.prior, c.frequency = None, "none", False
+  c.reweigh()
+  assert set(c.entry) == held and set(weights()) == held
+  assert set(weights().values()) == {1.0}
