@@ -45,6 +45,8 @@ PROFILES = ("vllm", "pinned")
 # hash at the free-queue head, reused first); "all_tail" = before June 2026, every freed block
 # appended at the tail in the order freed (the order vLLM #40676's pinning was measured under).
 FREE_ORDERS = ("scratch_first", "all_tail")
+# `byte_budget` and every sum of block costs stay below this (int32 arithmetic in the core)
+_BUDGET_MAX = 2**30
 
 
 def _check_int(field: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
@@ -133,8 +135,18 @@ class CacheConfig:
       slots, ids [num_blocks, num_blocks + state_slots), from which the mamba groups draw
       every block (running state, kept states, copy-on-write copies) while the attention groups
       draw from the page pool [1, num_blocks): a state is then not padded to a KV page. One
-      byte budget splits into the two with `hybrid_cache.pools.split_byte_budget`. Each pool
-      keeps vLLM's free-queue order among its own blocks; the watermark counts pages only.
+      byte budget splits into the two with `hybrid_cache.pools.split_byte_budget`, or both
+      draw on it (`byte_budget`). Each pool keeps vLLM's free-queue order among its own
+      blocks; the watermark counts pages only.
+    byte_budget: None = each pool is limited by its ids only; an int (with `state_slots`) =
+      the pages and slots share this budget (beyond vLLM, `hybrid_cache.core.byte_budget`): a
+      block occupies `page_bytes` or `slot_bytes` while it is held or cached, admission needs
+      the budget to cover the held blocks and the new ones, and an allocation that leaves the
+      cached blocks over budget drops the keys of the first cached free blocks in free-queue
+      order (both pools) until they fit. Size the ids to the budget
+      (`pools.shared_byte_budget`) so that they never bind first. Any common unit (the
+      simulator uses bytes / 2^k so that the budget fits int32).
+    page_bytes, slot_bytes: what one page / one state slot occupies of `byte_budget`.
     block_size: default tokens per block for groups that do not set their own.
     hash_block_size: hashing granularity; None = gcd of the group block sizes.
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
@@ -178,6 +190,9 @@ class CacheConfig:
   groups: tuple[GroupSpec, ...]
   num_blocks: int
   state_slots: int = 0
+  byte_budget: int | None = None
+  page_bytes: int = 1
+  slot_bytes: int = 1
   block_size: int = 16
   hash_block_size: int | None = None
   retention_interval: int | None = None
@@ -213,6 +228,22 @@ class CacheConfig:
     _check_int("state_slots", self.state_slots, minimum=0)
     if self.state_slots and not any(g.kind == "mamba" for g in self.groups):
       raise ValueError(f"state_slots={self.state_slots} needs a mamba group (0 = one pool)")
+    _check_int("page_bytes", self.page_bytes, minimum=1)
+    _check_int("slot_bytes", self.slot_bytes, minimum=1)
+    if self.byte_budget is not None:
+      _check_int("byte_budget", self.byte_budget, minimum=1)
+      if not self.state_slots:
+        raise ValueError(f"byte_budget={self.byte_budget} needs state_slots > 0 (two pools)")
+      if self.byte_budget > _BUDGET_MAX:
+        raise ValueError(
+          f"byte_budget must be <= {_BUDGET_MAX} (int32 sums), got {self.byte_budget}"
+        )
+      worst = max(self.page_bytes * (self.num_blocks - 1), self.slot_bytes * self.state_slots)
+      if worst > _BUDGET_MAX:
+        raise ValueError(
+          f"page_bytes * (num_blocks - 1) and slot_bytes * state_slots must be <= {_BUDGET_MAX}"
+          f" (int32 sums), got {worst}"
+        )
     _check_int("block_size", self.block_size, minimum=1)
     _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
     _check_int("max_model_len", self.max_model_len, minimum=1)
@@ -429,6 +460,15 @@ class CacheConfig:
       "block_size": self.block_size,
       "num_blocks": self.num_blocks,
       **({"state_slots": self.state_slots} if self.state_slots else {}),
+      **(
+        {
+          "byte_budget": self.byte_budget,
+          "page_bytes": self.page_bytes,
+          "slot_bytes": self.slot_bytes,
+        }
+        if self.byte_budget is not None
+        else {}
+      ),
       "groups": [
         {"type": g.kind, "block_size": g.block_size, "window": g.window}
         | ({"mode": g.mode} if g.kind == "mamba" else {})

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
+from hybrid_cache.core import byte_budget
 from hybrid_cache.core import groups
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
@@ -231,6 +232,8 @@ def allocate_slots(
     tables=state.tables.at[r].set(jnp.where(ok, rows, state.tables[r])),
     req_group=state.req_group.at[r].set(jnp.where(ok, rg, state.req_group[r])),
   )
+  if lay.byte_budget:  # the pops may leave the cached blocks over the shared byte budget
+    state = byte_budget.enforce(lay, state)
   state = cache_blocks(lay, state, r, start + n, ok, keys, info)
   return Allocation(state, queued, cows)
 

@@ -59,6 +59,8 @@ DYNAMIC_FIELDS = {
   "pin_min_drop_size": 1,
   "marconi_junction": True,
   "free_order": "scratch_first",
+  "page_bytes": 1,
+  "slot_bytes": 1,
 }
 _COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 
@@ -90,6 +92,8 @@ def compile_key(config: CacheConfig) -> CacheConfig:
   flag = 1 if config.state_slots else 0
   changes["state_slots"] = flag
   changes["num_blocks"] = bucket_num_blocks(config.pool_size) - flag
+  # a shared byte budget is a static flag too (its values are runtime parameters)
+  changes["byte_budget"] = 1 if config.byte_budget is not None else None
   if policies.reads_costs(config.eviction):
     changes["max_model_len"] = config.max_model_len
   else:

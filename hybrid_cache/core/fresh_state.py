@@ -16,6 +16,21 @@ from hybrid_cache.core.layout import WAYS
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.layout import derive_layout
 from hybrid_cache.core.layout import layout
+from hybrid_cache.core.params import NUM_PARAMS
+from hybrid_cache.core.params import P_ALL_TAIL
+from hybrid_cache.core.params import P_BYTE_BUDGET
+from hybrid_cache.core.params import P_FIRST_SLOT
+from hybrid_cache.core.params import P_FULL_FIT
+from hybrid_cache.core.params import P_JUNCTION
+from hybrid_cache.core.params import P_MAX_BATCHED
+from hybrid_cache.core.params import P_MAX_MODEL_LEN
+from hybrid_cache.core.params import P_NUM_BLOCKS
+from hybrid_cache.core.params import P_PAGE_BYTES
+from hybrid_cache.core.params import P_PIN_MIN_DROP
+from hybrid_cache.core.params import P_RETENTION
+from hybrid_cache.core.params import P_SLOT_BYTES
+from hybrid_cache.core.params import P_WATERMARK
+from hybrid_cache.core.params import RETENTION_NONE
 from hybrid_cache.core.rows import no_key_aux
 from hybrid_cache.core.rows import num_rg
 from hybrid_cache.core.state import BIG
@@ -26,20 +41,8 @@ from hybrid_cache.core.state import HASH_LANES
 from hybrid_cache.core.state import NUM_COUNTERS
 from hybrid_cache.core.state import NUM_IDX
 from hybrid_cache.core.state import NUM_INFO
-from hybrid_cache.core.state import NUM_PARAMS
 from hybrid_cache.core.state import NUM_QUEUES
-from hybrid_cache.core.state import P_ALL_TAIL
-from hybrid_cache.core.state import P_FIRST_SLOT
-from hybrid_cache.core.state import P_FULL_FIT
-from hybrid_cache.core.state import P_JUNCTION
-from hybrid_cache.core.state import P_MAX_BATCHED
-from hybrid_cache.core.state import P_MAX_MODEL_LEN
-from hybrid_cache.core.state import P_NUM_BLOCKS
-from hybrid_cache.core.state import P_PIN_MIN_DROP
-from hybrid_cache.core.state import P_RETENTION
-from hybrid_cache.core.state import P_WATERMARK
 from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import RETENTION_NONE
 from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import CacheState
 
@@ -51,6 +54,10 @@ def runtime_params(config: CacheConfig) -> np.ndarray:
   r = config.retention_interval
   p[P_NUM_BLOCKS] = config.pool_size
   p[P_FIRST_SLOT] = config.num_blocks
+  if config.byte_budget is not None:
+    p[P_PAGE_BYTES] = config.page_bytes
+    p[P_SLOT_BYTES] = config.slot_bytes
+    p[P_BYTE_BUDGET] = config.byte_budget
   p[P_MAX_BATCHED] = config.max_num_batched_tokens
   p[P_MAX_MODEL_LEN] = config.max_model_len
   p[P_WATERMARK] = config.watermark_blocks

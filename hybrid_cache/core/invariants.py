@@ -9,7 +9,8 @@ indexed exactly once (unless the index overflowed; a block of a prompt-tail grou
 `Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
 keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
 blocks past the real pool (`fresh_state.init_state`) are never free, held, keyed or in a
-table; with two pools (`Layout.state_pool`) each group's table names only blocks of its own pool;
+table; with two pools (`Layout.state_pool`) each group's table names only blocks of its own pool
+(and with a shared byte budget the held and cached blocks fit it);
 and the runtime parameters (`CacheState.params`) are the config's.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
+from hybrid_cache.core import byte_budget
 from hybrid_cache.core.fresh_state import runtime_params
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.state import AUX_PINNED
@@ -78,6 +80,10 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
       ids = tables[:, g][tables[:, g] > 0]
       if ((ids >= first_slot) != bool(p)).any():
         errs.append(f"group {g} holds blocks outside its pool ({'slots' if p else 'pages'})")
+  if lay.byte_budget:  # the held and cached blocks fit the shared byte budget
+    occupied = int(byte_budget.occupied_bytes(s))
+    if occupied > int(s.byte_budget):
+      errs.append(f"held and cached blocks occupy {occupied} > byte_budget {int(s.byte_budget)}")
   info = np.asarray(s.req_info)
   rg = np.asarray(s.req_group)
   count = np.zeros(lay.num_blocks, np.int64)

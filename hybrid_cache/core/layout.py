@@ -82,6 +82,8 @@ class Layout:
   # come from (0 = pages, 1 = state slots: the recurrent groups when `state_pool`)
   state_pool: bool = False
   group_pool: tuple[int, ...] = ()
+  # the two pools share a byte budget (`CacheConfig.byte_budget`, `core/byte_budget.py`)
+  byte_budget: bool = False
 
   @property
   def num_pools(self) -> int:
@@ -163,6 +165,7 @@ def derive_layout(config: CacheConfig) -> Layout:
     extra_keys=partial or bool(tail),
     chain_features=policies.reads_chain(config.eviction),
     state_pool=config.state_slots > 0,
+    byte_budget=config.byte_budget is not None,
     group_pool=tuple(
       1 if config.state_slots and rules(g).RECURRENT else 0 for g in config.resolved_groups
     ),

@@ -73,14 +73,17 @@ Scalars:
   - `next_seq` (`C_SEQ`): next index insertion sequence number.
   - `index_overflows` (`C_OVERFLOW`): insertions dropped by a full bucket.
   - `states_admitted` (`C_REC_ADMITTED`): keys registered in recurrent groups.
-  - `states_evicted` (`C_REC_EVICTED`): keyed recurrent blocks re-allocated.
+  - `states_evicted` (`C_REC_EVICTED`): keyed recurrent blocks re-allocated (or evicted over
+    the shared byte budget, `byte_budget.enforce`).
   - `alpha_milli` (`C_ALPHA_MILLI`): the FLOP-aware eviction weight alpha in thousandths.
 * `params` i32[NUM_PARAMS], entries `P_*`: the config's runtime parameters (`runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
   programs (`compile_cache.compile_key`); written by `init_state`, never changed:
   `num_real_blocks` (`P_NUM_BLOCKS`, the real id space `CacheConfig.pool_size`),
   `first_slot` (`P_FIRST_SLOT`, the first state-slot id: `num_blocks`, = `num_real_blocks`
-  without a second pool), `max_batched_tokens`
+  without a second pool), `page_bytes` / `slot_bytes` / `byte_budget` (`P_PAGE_BYTES`,
+  `P_SLOT_BYTES`, `P_BYTE_BUDGET`: the shared byte budget of the two pools, 0 = none),
+  `max_batched_tokens`
   (`P_MAX_BATCHED`, the token budget per step), `max_model_len` (`P_MAX_MODEL_LEN`),
   `watermark_blocks` (`P_WATERMARK`), `full_sequence_must_fit` (`P_FULL_FIT`, 0/1),
   `retention_interval` (`P_RETENTION`, `RETENTION_NONE` = None), `pin_min_drop_size`
@@ -118,6 +121,8 @@ import flax.struct
 import jax
 import numpy as np
 
+from hybrid_cache.core.params import ParamViews
+
 BIG = np.int32(2**31 - 1)
 
 # req_info columns
@@ -148,25 +153,10 @@ NUM_IDX = 2
 # lanes of a 64-bit hash (block_hash, index_hash, req_hashes): low, high 32 bits
 HASH_LO, HASH_HI = range(2)
 HASH_LANES = 2
-# params columns (`fresh_state.runtime_params`)
-(
-  P_NUM_BLOCKS,
-  P_MAX_BATCHED,
-  P_MAX_MODEL_LEN,
-  P_WATERMARK,
-  P_FULL_FIT,
-  P_RETENTION,
-  P_PIN_MIN_DROP,
-  P_JUNCTION,
-  P_ALL_TAIL,
-  P_FIRST_SLOT,
-) = range(10)
-NUM_PARAMS = 10
-RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
 
 
 @flax.struct.dataclass
-class CacheState:
+class CacheState(ParamViews):
   """The whole cache core state: 15 leaves, and named read-only views of their rows and
   columns (module docstring: every field with its shape and meaning).
 
@@ -338,59 +328,6 @@ class CacheState:
   def alpha_milli(self) -> jax.Array:
     """The FLOP-aware eviction weight alpha, in thousandths (0 = LRU)."""
     return self.counters[C_ALPHA_MILLI]
-
-  # ---- params (`runtime_params`), i32 scalars, never changed after `init_state`
-  @property
-  def num_real_blocks(self) -> jax.Array:
-    """The config's `pool_size` (`num_blocks` + `state_slots`): ids [0, num_real_blocks)
-    are the real pool(s), the rest of the (padded) pool arrays is padding."""
-    return self.params[P_NUM_BLOCKS]
-
-  @property
-  def first_slot(self) -> jax.Array:
-    """The first state-slot id (`CacheConfig.num_blocks`): with a second pool
-    (`Layout.state_pool`) ids [first_slot, num_real_blocks) are state slots."""
-    return self.params[P_FIRST_SLOT]
-
-  @property
-  def max_batched_tokens(self) -> jax.Array:
-    """The token budget of a scheduler step (`max_num_batched_tokens`)."""
-    return self.params[P_MAX_BATCHED]
-
-  @property
-  def max_model_len(self) -> jax.Array:
-    """The config's `max_model_len`."""
-    return self.params[P_MAX_MODEL_LEN]
-
-  @property
-  def watermark_blocks(self) -> jax.Array:
-    """Blocks an admission must leave free while other requests run."""
-    return self.params[P_WATERMARK]
-
-  @property
-  def full_sequence_must_fit(self) -> jax.Array:
-    """1 = an admission needs blocks for its whole sequence, 0 = for its first chunk."""
-    return self.params[P_FULL_FIT]
-
-  @property
-  def retention_interval(self) -> jax.Array:
-    """The config's `retention_interval`, `RETENTION_NONE` (-1) for None (dense)."""
-    return self.params[P_RETENTION]
-
-  @property
-  def pin_min_drop_size(self) -> jax.Array:
-    """Fewest blocks a window drop must release for its blocks to be pinned."""
-    return self.params[P_PIN_MIN_DROP]
-
-  @property
-  def marconi_junction(self) -> jax.Array:
-    """1 = admissions record the shared-prefix boundary (`req_spb`), else 0."""
-    return self.params[P_JUNCTION]
-
-  @property
-  def free_all_tail(self) -> jax.Array:
-    """1 = `free_order="all_tail"`: blocks without a key are freed to the tail too."""
-    return self.params[P_ALL_TAIL]
 
 
 def cdiv(a, b):

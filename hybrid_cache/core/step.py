@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache.core import admission
+from hybrid_cache.core import byte_budget
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
 from hybrid_cache.core.allocate import allocate_slots
@@ -179,9 +180,14 @@ def schedule_entry(
   free = queued[..., Q_FREE] + queued[..., Q_PINNED]
   if lay.state_pool:
     pages = jnp.asarray([1, 0], jnp.int32)
+    # with a shared byte budget, also in bytes beside the held blocks (`core/byte_budget.py`)
+    held = byte_budget.held_bytes(state) if lay.byte_budget else None
 
     def fits(need, watermark=None):
-      return jnp.all(need + (0 if watermark is None else watermark * pages) <= free)
+      ok = jnp.all(need + (0 if watermark is None else watermark * pages) <= free)
+      if lay.byte_budget:
+        ok &= byte_budget.fits(state, held, need, 0 if watermark is None else watermark)
+      return ok
   else:
 
     def fits(need, watermark=None):

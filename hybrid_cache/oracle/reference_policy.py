@@ -240,8 +240,8 @@ class ReferencePolicy:
     if pool is None:
       del self._free[:n]
     else:
-      taken = set(out)
-      self._free = [b for b in self._free if b not in taken]
+      taken = set(out)  # in place: the free list may be the eviction order's `StampedFree`
+      self._free[:] = [b for b in self._free if b not in taken]
     for b in out:
       self._evict_key(b)
       self._pinned[b] = False
@@ -730,14 +730,45 @@ class ReferencePolicy:
   def _fits(self, counts: list[int], watermark: int) -> bool:
     """vLLM's admission check (§4.2): the blocks needed (`counts`, per group) plus the
     watermark fit the free blocks; with two pools (`state_slots`) each pool's groups fit that
-    pool, the watermark counting pages only."""
+    pool, the watermark counting pages only; with a shared `byte_budget` they also fit it in
+    bytes beside the held blocks (`hybrid_cache.core.byte_budget`)."""
     if not self.config.state_slots:
       return sum(counts) + watermark <= self._num_free()
-    for pool in (0, 1):
-      need = sum(c for g, c in enumerate(counts) if self._group_pool[g] == pool)
-      if need + (watermark if pool == 0 else 0) > self._num_free(pool):
-        return False
-    return True
+    need = [0, 0]
+    for g, c in enumerate(counts):
+      need[self._group_pool[g]] += c
+    if need[0] + watermark > self._num_free(0) or need[1] > self._num_free(1):
+      return False
+    cfg = self.config
+    if cfg.byte_budget is None:
+      return True
+    held = sum(self._cost(b) for b in range(1, cfg.pool_size) if self._ref[b] > 0)
+    want = (need[0] + watermark) * cfg.page_bytes + need[1] * cfg.slot_bytes
+    return held + want <= cfg.byte_budget
+
+  def _cost(self, b: int) -> int:
+    """What block b occupies of the shared byte budget when held or cached."""
+    return self.config.slot_bytes if self._pool(b) else self.config.page_bytes
+
+  def _occupied_bytes(self) -> int:
+    """Bytes of the held and the cached blocks (shared byte budget)."""
+    return sum(
+      self._cost(b)
+      for b in range(1, self.config.pool_size)
+      if self._ref[b] > 0 or self._key[b] is not None
+    )
+
+  def _enforce_budget(self) -> None:
+    """`byte_budget.enforce`: while the held and cached blocks exceed the byte budget, the
+    first cached free block in free-queue order (the normal queue, then the pinned tier,
+    oldest first) loses its keys and keeps its place."""
+    over = self._occupied_bytes() - self.config.byte_budget
+    for b in self._free + self._pinned_free:
+      if over <= 0:
+        return
+      if self._key[b] is not None:
+        self._evict_key(b)
+        over -= self._cost(b)
 
   def _allocate_slots(
     self, req: _Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
@@ -775,6 +806,8 @@ class ReferencePolicy:
     if first:
       self._add_hits(req, hits, total_computed, hit)
     new = [self._allocate(req, g, need, main, first) for g in range(ng)]
+    if cfg.byte_budget is not None:  # the pops may leave the cached blocks over budget
+      self._enforce_budget()
     if self._caching:
       self._cache_blocks(req, min(total_computed + num_new, len(req.tokens)))
     return new

@@ -35,7 +35,8 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 --page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
 of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
 --page-layout pools (core policies): two pools under the one byte budget, KV pages and state
-slots (`CacheConfig.state_slots`), --state-fraction F of the bytes (default 0.5) being slots.
+slots (`CacheConfig.state_slots`): both draw on the whole budget (`CacheConfig.byte_budget`),
+or with --state-fraction F that share of the bytes is a fixed pool of slots.
 
 --replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
 timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
@@ -306,7 +307,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
   layout = core.pop("page_layout", "model")
-  state_fraction = core.pop("state_fraction", core_sim.DEFAULT_STATE_FRACTION)
+  state_fraction = core.pop("state_fraction", None)
   placement = core.pop("placement", "vllm")
   admission = core.pop("admission", "all")
   retention_policy = core.pop("retention_policy", "prefix")
@@ -434,14 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
     default="model",
     help="core policies: model (one group per layer kind, page = the largest), vllm "
     "(vLLM's groups of equal layer counts, per-layer page equality) or pools (KV pages and "
-    "state slots, --state-fraction of the bytes)",
+    "state slots under one byte budget; --state-fraction for a fixed split)",
   )
   p.add_argument(
     "--state-fraction",
     type=_state_fraction,
     default=None,
-    help="--page-layout pools: share of --capacity-bytes for recurrent-state slots, in (0, 1) "
-    f"(default {core_sim.DEFAULT_STATE_FRACTION})",
+    help="--page-layout pools: a fixed share of --capacity-bytes for recurrent-state slots, in "
+    "(0, 1) (default: pages and slots share the whole budget)",
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(

@@ -34,9 +34,10 @@ token, one layer's state) (`ModelConfig.vllm_block_size` picks the B where the t
 raises a smaller B to it). So a KV block costs its exact bytes and a recurrent state costs
 cdiv(n_rec, G) pages, its per-layer padding included. "pools": the "model" groups in two pools
 (`CacheConfig.state_slots`, `hybrid_cache.pools`): pages of the attention groups (page = the
-largest attention block) and state slots of one state of all recurrent layers, `state_fraction`
-of the byte budget being slots; no state is padded to a KV page. The bytes a group leaves
-unused in its page (or slot) are reported as `page_padding` per group.
+largest attention block) and state slots of one state of all recurrent layers, no state padded
+to a KV page; both draw on the one byte budget (`CacheConfig.byte_budget`, admission and
+eviction by bytes), or with `state_fraction` that share of it is a fixed pool of slots. The
+bytes a group leaves unused in its page (or slot) are reported as `page_padding` per group.
 
 Each request (sequential, as Marconi): add_request(input) -> schedule until the prompt is
 computed (one step if `token_budget` is None, else chunks of at most that many tokens) ->
@@ -98,7 +99,6 @@ CORE_POLICY_CONFIGS = {
 
 
 LAYOUTS = ("model", "vllm", "pools")
-DEFAULT_STATE_FRACTION = 0.5  # "pools" layout: share of the byte budget for state slots
 
 
 def _layer_counts(model: ModelConfig) -> dict[str, int]:
@@ -249,7 +249,7 @@ def build_config(
   placement: str = "vllm",
   admission: str = "all",
   retention_policy: str = "prefix",
-  state_fraction: float = DEFAULT_STATE_FRACTION,
+  state_fraction: float | None = None,
 ) -> tuple[CacheConfig, dict]:
   """The CacheConfig of a core policy for this trace and budget, and the sizing summary.
 
@@ -259,7 +259,9 @@ def build_config(
   docstring). `placement`, `admission`: registered policies of those seams
   (`hybrid_cache.policies`), vLLM's own rules by default; `retention_policy`: the
   registered retention policy (what a finished request pins with `pinning`).
-  `state_fraction` ("pools" layout only): the share of `capacity_bytes` for state slots.
+  `state_fraction` ("pools" layout only): None = pages and state slots share the whole byte
+  budget (`CacheConfig.byte_budget`); a number in (0, 1) = that share of `capacity_bytes` is a
+  fixed pool of state slots, the rest pages (`pools.split_byte_budget`).
   """
   if policy not in CORE_POLICY_CONFIGS:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
@@ -286,6 +288,7 @@ def build_config(
   blocks = -(-longest // block_size) + 1
   held = [3 if g.kind == "mamba" and g.mode != "all" else blocks for g in groups]
   state_slots = 0
+  pool_fields: dict = {}
   if layout == "pools":
     kinds = {g.kind for g in groups}
     if "mamba" not in kinds or kinds == {"mamba"}:
@@ -293,19 +296,29 @@ def build_config(
         f"page_layout 'pools' needs a model with attention and recurrent layers, got {model.name!r}"
       )
     slot = model.state_bytes
-    num_blocks, state_slots = pools.split_byte_budget(capacity_bytes, page, slot, state_fraction)
     need_pages = 1 + sum(h for g, h in zip(groups, held) if g.kind != "mamba")
     need_slots = sum(h for g, h in zip(groups, held) if g.kind == "mamba")
-    for name, have, need, unit in (
-      ("pages", num_blocks, need_pages, page),
-      ("state slots", state_slots + 1, need_slots + 1, slot),
-    ):
-      if have < need:
+    if state_fraction is None:  # one budget for both (`CacheConfig.byte_budget`)
+      shared = pools.shared_byte_budget(capacity_bytes, page, slot)
+      num_blocks, state_slots = shared["num_blocks"], shared["state_slots"]
+      pool_fields = {k: shared[k] for k in ("byte_budget", "page_bytes", "slot_bytes")}
+      if (need_pages - 1) * page + need_slots * slot > capacity_bytes:
         raise ValueError(
-          f"capacity_bytes is too small for the {name}: the longest request ({longest} tokens)"
-          f" holds {need - 1} of {unit} B, the split leaves {have - 1}"
-          f" (state_fraction={state_fraction}), got {capacity_bytes:g}"
+          f"capacity_bytes must be >= {(need_pages - 1) * page + need_slots * slot} (the pages"
+          f" and state slots the longest request holds, {longest} tokens), got {capacity_bytes:g}"
         )
+    else:
+      num_blocks, state_slots = pools.split_byte_budget(capacity_bytes, page, slot, state_fraction)
+      for name, have, need, unit in (
+        ("pages", num_blocks, need_pages, page),
+        ("state slots", state_slots + 1, need_slots + 1, slot),
+      ):
+        if have < need:
+          raise ValueError(
+            f"capacity_bytes is too small for the {name}: the longest request ({longest} tokens)"
+            f" holds {need - 1} of {unit} B, the split leaves {have - 1}"
+            f" (state_fraction={state_fraction}), got {capacity_bytes:g}"
+          )
   else:
     num_blocks = int(capacity_bytes // page) + 1
     need = 1 + sum(held)
@@ -326,6 +339,7 @@ def build_config(
     groups=groups,
     num_blocks=num_blocks,
     state_slots=state_slots,
+    **pool_fields,
     block_size=block_size,
     retention_interval=ret,
     max_num_batched_tokens=budget,
@@ -360,7 +374,7 @@ def build_config(
   if layout == "pools":
     sizing["page_layout"] = layout
     sizing.update(state_slots=state_slots, slot_bytes=model.state_bytes)
-    sizing["state_fraction"] = state_fraction
+    sizing["state_fraction"] = state_fraction  # None: one shared byte budget
   if hash_block_size is not None:
     sizing["hash_block_size"] = hash_block_size
     sizing["partial_hits"] = cfg.partial_hits

@@ -14,6 +14,7 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import layout
+from hybrid_cache.core import params
 from hybrid_cache.core import rows
 from hybrid_cache.core import state as st
 from hybrid_cache.core.fresh_state import init_state
@@ -62,16 +63,19 @@ VIEWS = {
   "states_admitted": ("counters", (st.C_REC_ADMITTED,)),
   "states_evicted": ("counters", (st.C_REC_EVICTED,)),
   "alpha_milli": ("counters", (st.C_ALPHA_MILLI,)),
-  "num_real_blocks": ("params", (st.P_NUM_BLOCKS,)),
-  "max_batched_tokens": ("params", (st.P_MAX_BATCHED,)),
-  "max_model_len": ("params", (st.P_MAX_MODEL_LEN,)),
-  "watermark_blocks": ("params", (st.P_WATERMARK,)),
-  "full_sequence_must_fit": ("params", (st.P_FULL_FIT,)),
-  "retention_interval": ("params", (st.P_RETENTION,)),
-  "pin_min_drop_size": ("params", (st.P_PIN_MIN_DROP,)),
-  "marconi_junction": ("params", (st.P_JUNCTION,)),
-  "free_all_tail": ("params", (st.P_ALL_TAIL,)),
-  "first_slot": ("params", (st.P_FIRST_SLOT,)),
+  "num_real_blocks": ("params", (params.P_NUM_BLOCKS,)),
+  "max_batched_tokens": ("params", (params.P_MAX_BATCHED,)),
+  "max_model_len": ("params", (params.P_MAX_MODEL_LEN,)),
+  "watermark_blocks": ("params", (params.P_WATERMARK,)),
+  "full_sequence_must_fit": ("params", (params.P_FULL_FIT,)),
+  "retention_interval": ("params", (params.P_RETENTION,)),
+  "pin_min_drop_size": ("params", (params.P_PIN_MIN_DROP,)),
+  "marconi_junction": ("params", (params.P_JUNCTION,)),
+  "free_all_tail": ("params", (params.P_ALL_TAIL,)),
+  "first_slot": ("params", (params.P_FIRST_SLOT,)),
+  "page_bytes": ("params", (params.P_PAGE_BYTES,)),
+  "slot_bytes": ("params", (params.P_SLOT_BYTES,)),
+  "byte_budget": ("params", (params.P_BYTE_BUDGET,)),
 }
 
 
@@ -100,7 +104,10 @@ def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
   state = _busy_state(cfg)
   host = jax.device_get(state)
   props = {
-    n for n, v in vars(st.CacheState).items() if isinstance(v, property) and not n.startswith("_")
+    n
+    for cls in st.CacheState.__mro__
+    for n, v in vars(cls).items()
+    if isinstance(v, property) and not n.startswith("_")
   }
   assert props == set(VIEWS) | {"has_chain"}
   assert state.has_chain == host.has_chain == layout.layout(cfg).chain_features

@@ -133,6 +133,24 @@ def test_state_pool_equals_uncached(manager):
     assert int(eng.manager.state.states_evicted) > 0
 
 
+@pytest.mark.parametrize("manager", ["reference", "jax"])
+def test_byte_budget_equals_uncached(manager):
+  """Pages (1 unit) and state slots (2 units) drawing on one budget of 40 units, ids to spare
+  (`CacheConfig.byte_budget`): the bytes bind first, cached blocks of either pool are evicted
+  to fit; outputs stay exact, later prompts still hit, every block comes back at the end."""
+  prompts = _prompts(12, 4, 72, 21)
+  off, _ = _run("qwen35_tiny", prompts, 3, enable_prefix_caching=False)
+  budget = dict(num_blocks=64, state_slots=32, byte_budget=40, page_bytes=1, slot_bytes=2)
+  on, eng = _run("qwen35_tiny", prompts, 3, manager=manager, **budget)
+  _assert_exact(on, off)
+  assert sum(o.num_cached_tokens for o in on[1:]) >= 48
+  stats = eng.manager.pool_stats()
+  assert stats.num_free_blocks == eng.cache_config.pool_size - 1
+  kinds = [g.kind for g in eng.cache_config.resolved_groups]
+  used = [n * (2 if k == "mamba" else 1) for n, k in zip(stats.cached_blocks_per_group, kinds)]
+  assert "mamba" in kinds and 0 < sum(used) <= 40
+
+
 def test_pinning_equals_uncached_and_keeps_hits():
   prompts = _prompts(4, 3, 96, 10)
   off, _ = _run("gemma3_tiny", prompts, 2, enable_prefix_caching=False)

@@ -60,21 +60,29 @@ def test_cli_page_layout(tmp_path, capsys):
   assert "page_layout 'vllm' applies to core policies only" in capsys.readouterr().err
 
 
-def test_pools_split_the_bytes_and_pad_nothing():
-  """`--page-layout pools`: TINY's KV page at B = 4 is 16 B, one state 34 B. Half of 1,000 B
-  gives 500 // 16 = 31 pages (+ the null block) and 500 // 34 = 14 state slots; no padding."""
+def test_pools_share_or_split_the_bytes_and_pad_nothing():
+  """`--page-layout pools`: TINY's KV page at B = 4 is 16 B, one state 34 B. By default both
+  draw on the whole 1,000 B (`CacheConfig.byte_budget`): ids for either to fill it, 1,000 // 16
+  pages (+ the null block) and 1,000 // 34 slots. With `state_fraction` 0.5: 500 // 16 = 31
+  pages (+ null) and 500 // 34 = 14 slots, each limited by its ids. No padding either way."""
   trace = small_chat(30)
   cfg, sizing = core_sim.build_config(trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools")
-  assert (cfg.num_blocks, cfg.state_slots) == (32, 14)
+  assert (cfg.num_blocks, cfg.state_slots) == (63, 29)
+  assert (cfg.byte_budget, cfg.page_bytes, cfg.slot_bytes) == (1000, 16, 34)
   assert sizing["page_bytes"] == 16 and sizing["slot_bytes"] == 34
-  assert sizing["page_padding"] == [0.0, 0.0] and sizing["state_fraction"] == 0.5
-  cfg3, _ = core_sim.build_config(
-    trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.25
+  assert sizing["page_padding"] == [0.0, 0.0] and sizing["state_fraction"] is None
+  cfg2, sizing2 = core_sim.build_config(
+    trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.5
   )
-  assert (cfg3.num_blocks, cfg3.state_slots) == (750 // 16 + 1, 250 // 34)
+  assert (cfg2.num_blocks, cfg2.state_slots, cfg2.byte_budget) == (32, 14, None)
+  assert sizing2["state_fraction"] == 0.5
   # the longest request (73 tokens) holds 20 pages and, in align mode, 3 states
+  with pytest.raises(ValueError, match="capacity_bytes must be >= 422"):
+    core_sim.build_config(trace, TINY, 400, "vllm_align_marconi", 4, layout="pools")
   with pytest.raises(ValueError, match="too small for the pages"):
-    core_sim.build_config(trace, TINY, 200, "vllm_align_marconi", 4, layout="pools")
+    core_sim.build_config(
+      trace, TINY, 200, "vllm_align_marconi", 4, layout="pools", state_fraction=0.5
+    )
   with pytest.raises(ValueError, match="too small for the state slots"):
     core_sim.build_config(
       trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.05
@@ -91,11 +99,15 @@ def test_pools_hit_like_one_pool_with_room_and_backends_agree_under_pressure():
   t_pools, _ = core_sim.replay(trace, roomy, "reference")
   t_one, _ = core_sim.replay(trace, one, "reference")
   assert t_pools == t_one and any(t[2] for t in t_pools)
-  tight, _ = core_sim.build_config(trace, TINY, 34 * 30, "lru", 4, layout="pools")
-  ref, ref_extra = core_sim.replay(trace, tight, "reference")
-  jax_, jax_extra = core_sim.replay(trace, tight, "jax")
-  assert ref == jax_ and any(t[2] for t in ref)
-  assert ref_extra["final_cached_blocks_per_group"] == jax_extra["final_cached_blocks_per_group"]
+  for fraction in (None, 0.5):  # one shared byte budget, a fixed split
+    tight, _ = core_sim.build_config(
+      trace, TINY, 34 * 30, "lru", 4, layout="pools", state_fraction=fraction
+    )
+    ref, ref_extra = core_sim.replay(trace, tight, "reference")
+    jax_, jax_extra = core_sim.replay(trace, tight, "jax")
+    assert ref == jax_ and any(t[2] for t in ref)
+    got = jax_extra["final_cached_blocks_per_group"]
+    assert ref_extra["final_cached_blocks_per_group"] == got
 
 
 def test_cli_state_fraction(tmp_path, capsys):
