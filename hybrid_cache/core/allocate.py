@@ -23,13 +23,11 @@ from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.rows import NO_KEY_AUX
 from hybrid_cache.core.rows import aux_columns
 from hybrid_cache.core.rows import group_columns
 from hybrid_cache.core.state import AUX_CHAIN
 from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import AUX_HITS
-from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import C_SEQ
 from hybrid_cache.core.state import IDX_BLOCK
@@ -302,14 +300,9 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END], *chain)
   group = state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop")
   block_hash = state.block_hash.at[dst].set(h, mode="drop")
+  # the source loses its key (its pinned flag stays)
   aux = state.block_aux.at[dst].set(aux_new, mode="drop")
-  if lay.chain_features:  # the source's key columns (all but the pinned flag) in one scatter
-    key_cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
-    aux = aux.at[sdx[:, None], key_cols[None, :]].set(
-      jnp.asarray(NO_KEY_AUX)[key_cols], mode="drop"
-    )
-  else:
-    aux = aux.at[sdx, AUX_STEP].set(-1, mode="drop").at[sdx, AUX_END].set(-1, mode="drop")
+  aux = block_index.clear_key_columns(aux, sdx, lay.chain_features)
   state = state.replace(
     index_entry=ent,
     block_group=group,

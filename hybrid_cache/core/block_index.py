@@ -296,12 +296,17 @@ def evict_ids(
   group = state.block_group.at[idx].set(-1, mode="drop")
   if clear_pinned:
     aux = state.block_aux.at[idx].set(jnp.asarray(no_key_aux(state.has_chain)), mode="drop")
-  elif state.has_chain:  # the key's columns (all but the pinned flag) in one [k, 4] scatter
-    aux = state.block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
+  else:
+    aux = clear_key_columns(state.block_aux, idx, state.has_chain)
+  return state.replace(index_entry=ent, block_group=group, block_aux=aux)
+
+
+def clear_key_columns(block_aux: jax.Array, idx: jax.Array, chain: bool) -> jax.Array:
+  """`block_aux` with the key columns of blocks `idx` (out-of-range ids dropped) set to their
+  no-key values, the pinned flag kept: registration step and token end, and with the chain
+  features (`chain`, static) hits and chain start, in one [k, 4] scatter."""
+  if chain:
+    return block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
       jnp.asarray(NO_KEY_AUX[_KEY_COLS]), mode="drop"
     )
-  else:
-    aux = (
-      state.block_aux.at[idx, AUX_STEP].set(-1, mode="drop").at[idx, AUX_END].set(-1, mode="drop")
-    )
-  return state.replace(index_entry=ent, block_group=group, block_aux=aux)
+  return block_aux.at[idx, AUX_STEP].set(-1, mode="drop").at[idx, AUX_END].set(-1, mode="drop")

@@ -92,9 +92,10 @@ def enforce(lay: Layout, state: CacheState) -> CacheState:
   (module docstring); the state unchanged when they fit. Evicted recurrent states count in
   `CacheState.states_evicted`, as those evicted by a pop do."""
 
+  over = occupied_bytes(state) - state.byte_budget
+
   def evict(state):
     cost = costs(state)
-    over = occupied_bytes(state) - state.byte_budget
     cached_free = (state.ref_cnt == 0) & (state.block_group >= 0)
     qk = state.queue_key
     first = _first_covering(qk[Q_FREE], cached_free & (qk[Q_FREE] < BIG), cost, over)
@@ -106,4 +107,4 @@ def enforce(lay: Layout, state: CacheState) -> CacheState:
     state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_rec))
     return block_index.evict(state, gone)
 
-  return jax.lax.cond(occupied_bytes(state) > state.byte_budget, evict, lambda s: s, state)
+  return jax.lax.cond(over > 0, evict, lambda s: s, state)
