@@ -149,6 +149,17 @@ class CacheConfig:
     page_bytes, slot_bytes: what one page / one state slot occupies of `byte_budget`.
     block_size: default tokens per block for groups that do not set their own.
     hash_block_size: hashing granularity; None = gcd of the group block sizes.
+    fine_keys: beyond vLLM (issue 15: checkpoint positions decoupled from KV blocks): every
+      full-attention block larger than the hash block is keyed at each hash-block boundary
+      inside it when it is cached full (extra index entries beside its full key, dropped with
+      it), so full attention hits at hash-block granularity anywhere in a prefix, not only at
+      the prompt tail (vLLM §2.5). Turns partial hits on (`partial_hits`). With a recurrent
+      group of block size `hash_block_size` = U in mode "all", recurrent states sit at
+      multiples of U for any attention block size B, placed by the retention mask and the
+      placement policy, and a hit is the longest prefix with the attention KV and a state at
+      exactly its end. Needs a full-attention group with a block larger than the hash block and
+      every sliding-window group's block equal to it. Align-mode chunks are then cut on the
+      recurrent block instead of the scheduler block (`split_block_size`).
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
       k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens.
     max_num_batched_tokens: token budget per scheduler step.
@@ -195,6 +206,7 @@ class CacheConfig:
   slot_bytes: int = 1
   block_size: int = 16
   hash_block_size: int | None = None
+  fine_keys: bool = False
   retention_interval: int | None = None
   max_num_batched_tokens: int = 8192
   max_model_len: int = 8192
@@ -273,6 +285,17 @@ class CacheConfig:
         raise ValueError(
           f"groups[{i}].block_size must be a multiple of hash_block_size={hbs}, got {b}"
         )
+    _json_bool("fine_keys", self.fine_keys)
+    if self.fine_keys:
+      if not any(g.kind == "full" and b > hbs for g, b in zip(self.groups, sizes)):
+        raise ValueError(
+          f"fine_keys needs a full-attention group with a block larger than hash_block_size={hbs}"
+        )
+      for i, (g, b) in enumerate(zip(self.groups, sizes)):
+        if g.kind == "swa" and b != hbs:
+          raise ValueError(
+            f"groups[{i}].block_size must equal hash_block_size={hbs} with fine_keys, got {b}"
+          )
     sbs = math.lcm(*sizes)
     # A recurrent align group may have a block wider than the token budget (vLLM advances such
     # chunks sub-block and re-aligns at the next boundary: `rules.block_aligned_split`), and a
@@ -363,15 +386,29 @@ class CacheConfig:
     the hash block size, and every sliding-window group's block equals the hash block (vLLM
     `partial_hash_hits_enabled`: a window group with another block turns them off for the
     whole model, without an error); hits then align to the hash block instead of the
-    scheduler block.
+    scheduler block. `fine_keys` (beyond vLLM) turns them on too.
     """
     hbs = self.resolved_hash_block_size
     groups = self.resolved_groups
+    vllm = any(g.kind == "mamba" and g.mode == "align" and g.block_size > hbs for g in groups)
     return (
       self.enable_prefix_caching
-      and any(g.kind == "mamba" and g.mode == "align" and g.block_size > hbs for g in groups)
+      and (vllm or self.fine_keys)
       and all(g.kind != "swa" or g.block_size == hbs for g in groups)
     )
+
+  @property
+  def split_block_size(self) -> int:
+    """The block an align-mode chunk is cut on (vLLM §4.3 `_mamba_block_aligned_split`): the
+    scheduler block, as vLLM; with `fine_keys` the smallest align recurrent block, so that
+    states land on multiples of it (the prompt's last one, the junction) for any KV block."""
+    if self.fine_keys:
+      sizes = [
+        g.block_size for g in self.resolved_groups if g.kind == "mamba" and g.mode == "align"
+      ]
+      if sizes:
+        return min(sizes)
+    return self.scheduler_block_size
 
   @property
   def hit_alignment(self) -> int:
@@ -474,6 +511,7 @@ class CacheConfig:
         | ({"mode": g.mode} if g.kind == "mamba" else {})
         for g in self.resolved_groups
       ],
+      **({"fine_keys": True} if self.fine_keys else {}),
       "retention_interval": self.retention_interval,
       "max_num_batched_tokens": self.max_num_batched_tokens,
       "full_sequence_must_fit": self.full_sequence_must_fit,

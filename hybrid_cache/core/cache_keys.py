@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hybrid_cache import policies
 from hybrid_cache.core import block_index
@@ -101,6 +102,8 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     state = block_index.insert(state, ids, jnp.concatenate(all_keys), jnp.concatenate(all_groups))
   else:  # the same keys, groups and buckets (group-major, `coordinator.query_keys`)
     state = block_index.insert(state, ids, keys[0], jnp.concatenate(all_groups), keys[1])
+  for g in lay.fine_key_groups:
+    state = fine_key_entries(lay, state, hashes, g, all_ids[g])
   nb = lay.num_blocks
   step = state.clock
   sidx = jnp.where(ids > 0, ids, nb)
@@ -125,6 +128,23 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)
   return state
+
+
+def fine_key_entries(lay: Layout, state: CacheState, hashes, g: int, ids) -> CacheState:
+  """Beyond vLLM (`CacheConfig.fine_keys`): the full-attention blocks `ids` (i32[MB] by table
+  position, 0 = none) of group `g`, just keyed full, get an extra index entry at every
+  hash-block boundary inside them: block p (B = s * HBS tokens) under the request's chained
+  hash at p * B + j * HBS for j = 1 .. s - 1 (`hashes[p * s + j - 1]`), in block then boundary
+  order. A phase-2 lookup (`partial._full_find_fine`) then finds a hit ending inside any cached
+  full block, not only at a prompt tail; the entries go with the block's key
+  (`block_index.evict_ids(scan_all=True)`)."""
+  s = lay.groups[g].block_size // lay.hash_block_size
+  mb, mh = ids.shape[0], hashes.shape[0]
+  k = np.arange(mb)[:, None] * s + np.arange(s - 1)[None, :]  # hash index of each boundary
+  keyed = (ids > 0) & (state.block_group[ids] == g)
+  ext = jnp.where(keyed[:, None] & jnp.asarray(k < mh), ids[:, None], 0).reshape(-1)
+  keys = hashes[np.minimum(k, mh - 1).reshape(-1)]
+  return block_index.insert_extra(state, ext, keys, jnp.full(ext.shape, g, jnp.int32))
 
 
 def _state_chain(sel, ends, prev):

@@ -129,8 +129,13 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     extra_ok = np.isin(grp[b_ids], np.asarray(lay.tail_groups, np.int32))
     if (~own & ~extra_ok).any():
       errs.append("index entry lanes differ from the block's key")
-    if (np.bincount(b_ids[~own], minlength=lay.num_blocks) > 1).any():
-      errs.append("a block carries two extra keys")
+    # beyond vLLM (`CacheConfig.fine_keys`): a fine-key group's block carries one extra key
+    # per hash-block boundary inside it
+    most = np.ones(lay.num_groups + 1, np.int64)
+    for g in lay.fine_key_groups:
+      most[g] = lay.groups[g].block_size // lay.hash_block_size - 1
+    if (np.bincount(b_ids[~own], minlength=lay.num_blocks) > most[grp]).any():
+      errs.append("a block carries more extra keys than its group allows")
   elif (~own).any():
     errs.append("index entry lanes differ from the block's key")
   buckets = np.asarray(block_index.bucket_of(ih[used], np.maximum(grp[b_ids], 0), lay.buckets))

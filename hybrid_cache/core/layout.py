@@ -72,6 +72,9 @@ class Layout:
   # `_cache_partial_tail_block`): full attention with a block larger than the hash block (with
   # or without partial hits), recurrent `align` ones with partial hits
   tail_groups: tuple[int, ...] = ()
+  # beyond vLLM (`CacheConfig.fine_keys`): the full-attention fine groups whose full blocks are
+  # also keyed at every hash-block boundary inside them (`cache_keys.fine_key_entries`)
+  fine_key_groups: tuple[int, ...] = ()
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
   # the eviction policy reads the chain features (`policies.reads_chain`): only then does the
   # state carry and the core maintain `block_aux` AUX_HITS / AUX_CHAIN and `req_group` RG_CHAIN
@@ -137,6 +140,9 @@ def derive_layout(config: CacheConfig) -> Layout:
     if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
   )
   cap = 4 * config.pool_size
+  if partial and config.fine_keys:
+    # a full-attention block carries up to B / HBS keys (`cache_keys.fine_key_entries`)
+    cap *= max(g.block_size // hbs for g in groups if g.kind == "full")
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
     config=config,
@@ -160,6 +166,11 @@ def derive_layout(config: CacheConfig) -> Layout:
     hit_align=config.hit_alignment if caching else config.scheduler_block_size,
     fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
     tail_groups=tail,
+    fine_key_groups=tuple(
+      i
+      for i, g in enumerate(groups)
+      if partial and config.fine_keys and g.kind == "full" and g.block_size > hbs
+    ),
     # a prompt-tail entry goes on a block that may carry its own key already (without partial
     # hits only full attention registers one)
     extra_keys=partial or bool(tail),

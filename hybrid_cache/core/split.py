@@ -39,7 +39,7 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   """
   if not lay.align_bs:
     return n
-  bs = lay.sbs
+  bs = lay.config.split_block_size  # the scheduler block (vLLM); the state block with fine keys
   eagle = any(g.eagle for g in lay.groups)
   prefill_end = jnp.maximum(num_prompt, num_tokens - 1)
   decode = start >= prefill_end

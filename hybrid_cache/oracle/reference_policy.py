@@ -102,11 +102,14 @@ class ReferencePolicy:
     self._hbs = cfg.resolved_hash_block_size
     # §2.5 partial (fine-grained) hits: every hit aligns to the hash block instead of the LCM
     self._partial = self._caching and cfg.partial_hits
+    # beyond vLLM (`CacheConfig.fine_keys`): full-attention blocks keyed at every inner boundary
+    self._fine_keys = self._partial and cfg.fine_keys
     self._align = self._hbs if self._partial else self._sbs
     self._spec_s = cfg.num_speculative_blocks
     align = [i for i, m in enumerate(self._mode) if m == "align"]
     # vLLM splits on the scheduler block (`cache_config.block_size`), whatever the groups' sizes
-    self._split_bs = self._sbs if align else None
+    # (with fine keys, beyond vLLM: on the recurrent block, `CacheConfig.split_block_size`)
+    self._split_bs = cfg.split_block_size if align else None
     self._spec_groups = self._make_spec_groups()
     # pool: ids [1, num_blocks) are pages; with `state_slots` the ids [num_blocks, pool_size)
     # are state slots, from which the mamba groups draw (`_group_pool`). One free list holds
@@ -654,7 +657,17 @@ class ReferencePolicy:
       if state:
         req.chain[gid] = (i + 1) * bs
       self._cached_this_step.add(key)
+      if self._fine_keys and self._groups[gid].kind == "full" and bs > self._hbs:
+        self._cache_fine_keys(req, gid, b, i)
     req.num_cached[gid] = full
+
+  def _cache_fine_keys(self, req: _Request, gid: int, b: int, i: int) -> None:
+    """Beyond vLLM (`CacheConfig.fine_keys`, core `cache_keys.fine_key_entries`): full block
+    b at table position i, just keyed, gets an extra key at every hash-block boundary inside
+    it, in token order."""
+    bs, hbs = self._bs[gid], self._hbs
+    for t in range(i * bs + hbs, (i + 1) * bs, hbs):
+      self._insert_key(b, self._partial_key(req, t, gid), t, i * bs)
 
   def _cache_partial_tail(self, req: _Request, gid: int, n: int, full: int) -> None:
     """Partial-hits caching of one group (§2.5): full blocks, then the prompt-tail entry.

@@ -32,6 +32,10 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 64) for any KV page --block-size B (default 64), exact bytes (states never padded to a page);
 `adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
+--fine-keys (core policies, beyond vLLM): the core itself keeps recurrent states at multiples of
+--checkpoint-unit U for the KV block B (mode all with U-token state blocks; which states: the
+policy's retention and --placement) and keys full attention at every U
+(`CacheConfig.fine_keys`); best with --page-layout pools (states not padded to a KV page).
 --page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
 of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
 --page-layout pools (core policies): two pools under the one byte budget, KV pages and state
@@ -155,16 +159,17 @@ def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) 
 def hit_granularity(kind: str, block_size: int, core: dict | None, checkpoint_unit: int) -> dict:
   """The policy's own hit granularity G and whether it may reuse the whole input.
 
-  Checkpoint policies hit at multiples of the unit U, core policies at the hash block (when
-  given) or the block B, both capped at input - 1 tokens; the others (Marconi's tree, vLLM+,
-  the oracle and the offline bound) at their block size (1 for Marconi) and may reuse the whole
-  input. `fraction_of_oracle_own` divides by the infinite cache with the same rules.
+  Checkpoint policies hit at multiples of the unit U, core policies at U with fine keys, else
+  at the hash block (when given) or the block B, both capped at input - 1 tokens; the others
+  (Marconi's tree, vLLM+, the oracle and the offline bound) at their block size (1 for
+  Marconi) and may reuse the whole input. `fraction_of_oracle_own` divides by the infinite
+  cache with the same rules.
   """
   if kind == "ckpt":
     return {"hit_granularity": checkpoint_unit, "hit_full_input": False}
   if kind == "core":
-    hbs = (core or {}).get("hash_block_size")
-    return {"hit_granularity": hbs or block_size, "hit_full_input": False}
+    unit = (core or {}).get("checkpoint_unit") or (core or {}).get("hash_block_size")
+    return {"hit_granularity": unit or block_size, "hit_full_input": False}
   return {"hit_granularity": block_size, "hit_full_input": True}
 
 
@@ -311,10 +316,11 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   placement = core.pop("placement", "vllm")
   admission = core.pop("admission", "all")
   retention_policy = core.pop("retention_policy", "prefix")
+  unit = core.pop("checkpoint_unit", None)
   if core:
     raise ValueError(
       "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
-      "page_layout/state_fraction/placement/admission/retention_policy, "
+      "page_layout/state_fraction/placement/admission/retention_policy/checkpoint_unit, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -336,6 +342,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     placement=placement,
     admission=admission,
     retention_policy=retention_policy,
+    checkpoint_unit=unit,
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
@@ -397,6 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     type=cli_util.int_arg(1),
     default=DEFAULT_CHECKPOINT_UNIT,
     help="checkpoint policies: tokens per checkpoint unit U (states at its multiples)",
+  )
+  p.add_argument(
+    "--fine-keys",
+    action="store_true",
+    help="core policies (beyond vLLM): recurrent states at multiples of --checkpoint-unit U "
+    "(the recurrent group in mode all with U-token blocks) and full attention keyed at every U "
+    "inside its blocks (CacheConfig.fine_keys): hits at U for any --block-size",
   )
   p.add_argument(
     "--hash-block-size",
@@ -564,6 +578,10 @@ def main(argv: list[str] | None = None) -> int:
           f"state_fraction needs --page-layout pools, got --page-layout {args.page_layout}"
         )
       core["state_fraction"] = args.state_fraction
+    if args.fine_keys:
+      if parse_policy(args.policy).kind != "core":
+        raise ValueError(f"fine_keys applies to core policies only, got {args.policy!r}")
+      core["checkpoint_unit"] = args.checkpoint_unit
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)
