@@ -158,8 +158,10 @@ class CacheConfig:
       multiples of U for any attention block size B, placed by the retention mask and the
       placement policy, and a hit is the longest prefix with the attention KV and a state at
       exactly its end. Needs a full-attention group with a block larger than the hash block and
-      every sliding-window group's block equal to it. Align-mode chunks are then cut on the
-      recurrent block instead of the scheduler block (`split_block_size`).
+      every sliding-window group's block equal to it. Beside vLLM's cuts, an align chunk is then
+      cut at the junction floored to the recurrent block (`junction_block_size`), and the
+      replay boundaries (prompt end, junction) keep both their hash-block state and the
+      scheduler-block one vLLM keeps (`cache_keys.cache_blocks`).
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
       k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens.
     max_num_batched_tokens: token budget per scheduler step.
@@ -398,10 +400,11 @@ class CacheConfig:
     )
 
   @property
-  def split_block_size(self) -> int:
-    """The block an align-mode chunk is cut on (vLLM §4.3 `_mamba_block_aligned_split`): the
-    scheduler block, as vLLM; with `fine_keys` the smallest align recurrent block, so that
-    states land on multiples of it (the prompt's last one, the junction) for any KV block."""
+  def junction_block_size(self) -> int:
+    """The block an align-mode chunk cut at the Marconi junction is floored to (vLLM §4.3
+    `_mamba_block_aligned_split`): the scheduler block, as vLLM; with `fine_keys` the smallest
+    align recurrent block, so that the junction's state lands on a multiple of it inside a
+    KV block (every other cut stays on the scheduler block)."""
     if self.fine_keys:
       sizes = [
         g.block_size for g in self.resolved_groups if g.kind == "mamba" and g.mode == "align"

@@ -141,8 +141,10 @@ def derive_layout(config: CacheConfig) -> Layout:
   )
   cap = 4 * config.pool_size
   if partial and config.fine_keys:
-    # a full-attention block carries up to B / HBS keys (`cache_keys.fine_key_entries`)
-    cap *= max(g.block_size // hbs for g in groups if g.kind == "full")
+    # a page carries up to B / HBS keys (`cache_keys.fine_key_entries`), a state slot one
+    cap += (
+      4 * config.num_blocks * (max(g.block_size // hbs for g in groups if g.kind == "full") - 1)
+    )
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
     config=config,

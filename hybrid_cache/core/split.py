@@ -39,7 +39,8 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   """
   if not lay.align_bs:
     return n
-  bs = lay.config.split_block_size  # the scheduler block (vLLM); the state block with fine keys
+  bs = lay.sbs
+  jbs = lay.config.junction_block_size  # bs (vLLM); the recurrent block with fine keys
   eagle = any(g.eagle for g in lay.groups)
   prefill_end = jnp.maximum(num_prompt, num_tokens - 1)
   decode = start >= prefill_end
@@ -51,7 +52,7 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   cands = [
     jnp.where(start % bs != 0, nxt, BIG),
     lcp,
-    jnp.where((start < spb) & (spb < end), start + floor_to(spb - start, bs), BIG),
+    jnp.where((start < spb) & (spb < end), start + floor_to(spb - start, jbs), BIG),
   ]
   if lay.partial:  # §2.5: a chunk stops at the prompt's last hash boundary (partial entry)
     tail = checkpoint_position(num_prompt, lay.hash_block_size, eagle)

@@ -108,8 +108,8 @@ class ReferencePolicy:
     self._spec_s = cfg.num_speculative_blocks
     align = [i for i, m in enumerate(self._mode) if m == "align"]
     # vLLM splits on the scheduler block (`cache_config.block_size`), whatever the groups' sizes
-    # (with fine keys, beyond vLLM: on the recurrent block, `CacheConfig.split_block_size`)
-    self._split_bs = cfg.split_block_size if align else None
+    # (with fine keys, beyond vLLM, the junction on the recurrent block: `junction_block_size`)
+    self._split_bs = self._sbs if align else None
     self._spec_groups = self._make_spec_groups()
     # pool: ids [1, num_blocks) are pages; with `state_slots` the ids [num_blocks, pool_size)
     # are state slots, from which the mamba groups draw (`_group_pool`). One free list holds
@@ -584,6 +584,8 @@ class ReferencePolicy:
     boundaries = [req.num_prompt_tokens - 1]
     if req.boundary > 0:
       boundaries.append(req.boundary)
+    if self._fine_keys:  # beyond vLLM: also the scheduler-block states vLLM keeps there
+      boundaries += [b for b in (rules.floor_to(x, self._sbs) for x in boundaries) if b > 0]
     if g.kind == "swa":
       return rules.swa_cacheable(
         i,
@@ -842,6 +844,7 @@ class ReferencePolicy:
       shared_prefix_boundary=req.boundary,
       max_chunk_tokens=max_chunk,
       partial_hash_block=self._hbs if self._partial else None,
+      junction_block_size=self.config.junction_block_size,
     )
 
   def _state_copies(self, req: _Request, computed_before: int, n: int) -> list[StateCopy]:

@@ -312,6 +312,7 @@ def block_aligned_split(
   shared_prefix_boundary: int,
   max_chunk_tokens: int = 2**31 - 1,
   partial_hash_block: int | None = None,
+  junction_block_size: int | None = None,
 ) -> int:
   """Tokens to schedule so that chunk ends land where a recurrent state is cached (align mode).
 
@@ -345,8 +346,8 @@ def block_aligned_split(
     if lcp < tail < num_prompt_tokens:
       stops.append(tail)
   b = shared_prefix_boundary
-  if start < b < end:
-    stops.append(start + floor_to(b - start, block_size))
+  if start < b < end:  # floored to the block (fine keys, beyond vLLM: `junction_block_size`)
+    stops.append(start + floor_to(b - start, junction_block_size or block_size))
   inside = [s for s in stops if start < s < end]
   if inside:
     end = min(inside)

@@ -20,7 +20,7 @@ def test_build_config_puts_states_on_the_unit():
     ("full", 8, "align"),
     ("mamba", 4, "align"),
   ]
-  assert cfg.split_block_size == 4 and cfg.hit_alignment == 4
+  assert cfg.junction_block_size == 4 and cfg.hit_alignment == 4
   assert sizing["checkpoint_unit"] == 4 and sizing["fine_keys"]
 
 
