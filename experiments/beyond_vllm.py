@@ -7,6 +7,8 @@ token-level infinite cache (`oracle_reused(trace, 1)`, which picks the capacitie
 for 20-60%), vLLM best = max(`vllm_align_marconi`, `vllm_align_marconi` with hash block
 `partial_hash_block`), `adaptive / vLLM best`, `adaptive / bound` and `bound / vLLM best`
 (the headroom any policy has). Plots FLOPs saved against capacity (first seed) into the workdir.
+Policy `core_fine_keys` (not in the defaults) is the jitted core with `--fine-keys`: vLLM's rules
+plus states and hits at multiples of the checkpoint unit (`CacheConfig.fine_keys`).
 
   python -m experiments.run --gin_file=configs/experiments/beyond_vllm.gin
   python -m experiments.beyond_vllm --trace agentic --format synthetic --seeds 0 1 2 \
@@ -55,6 +57,8 @@ def _row(trace, model, cap, policy, block, unit, hbs, iterations, backend) -> di
   size = block
   if policy == "vllm_partial":
     name, core = "vllm_align_marconi", {"backend": backend, "hash_block_size": hbs}
+  if policy == "core_fine_keys":  # beyond vLLM: the core's own states at multiples of U
+    name, core = "vllm_align_marconi", {"backend": backend, "checkpoint_unit": unit}
   if policy == "offline_bound":
     size = unit
   t0 = time.perf_counter()

@@ -35,3 +35,21 @@ def test_compare_records_and_ratios():
     if vbest:
       assert r["adaptive_over_vllm"] == rows["adaptive"]["flops_saved"] / vbest
     assert r["adaptive_of_bound"] == rows["adaptive"]["flops_saved"] / bound
+
+
+def test_core_fine_keys_row_stays_under_the_bound():
+  """`core_fine_keys` (the core's own states at multiples of U = 64 beside KV blocks of 128,
+  `CacheConfig.fine_keys`) hits at multiples of 64, so the bound at unit 64 covers it."""
+  recs = beyond_vllm.compare(
+    "agentic",
+    "synthetic",
+    capacities=(3e9,),
+    seeds=(0,),
+    block_size=128,
+    policies=("vllm_partial", "core_fine_keys", "offline_bound"),
+    bound_iterations=30,
+    params=PARAMS,
+    backend="reference",
+  )
+  rows = recs[0]["rows"]
+  assert 0 < rows["core_fine_keys"]["flops_saved"] <= rows["offline_bound"]["flops_saved"]
