@@ -154,14 +154,15 @@ class CacheConfig:
       inside it when it is cached full (extra index entries beside its full key, dropped with
       it), so full attention hits at hash-block granularity anywhere in a prefix, not only at
       the prompt tail (vLLM §2.5). Turns partial hits on (`partial_hits`). With a recurrent
-      group of block size `hash_block_size` = U in mode "all", recurrent states sit at
-      multiples of U for any attention block size B, placed by the retention mask and the
-      placement policy, and a hit is the longest prefix with the attention KV and a state at
-      exactly its end. Needs a full-attention group with a block larger than the hash block and
-      every sliding-window group's block equal to it. Beside vLLM's cuts, an align chunk is then
-      cut at the junction floored to the recurrent block (`junction_block_size`), and the
-      replay boundaries (prompt end, junction) keep both their hash-block state and the
-      scheduler-block one vLLM keeps (`cache_keys.cache_blocks`).
+      group of block size `hash_block_size` = U, recurrent states sit at multiples of U for
+      any attention block size B (align: the prompt end, the junction, the block-aligned chunk
+      ends; all: every U; kept by the retention mask and the placement policy), and a hit is
+      the longest prefix with the attention KV and a state at exactly its end. Beside vLLM's
+      cuts, an align chunk is then cut at the junction floored to the recurrent block
+      (`junction_block_size`), and the replay boundaries (prompt end, junction) keep both their
+      hash-block state and the scheduler-block one vLLM keeps (`cache_keys.cache_blocks`).
+      Needs a full-attention group with a block larger than the hash block and every
+      sliding-window group's block equal to it.
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
       k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens.
     max_num_batched_tokens: token budget per scheduler step.

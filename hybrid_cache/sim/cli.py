@@ -33,9 +33,9 @@ Checkpoint policies (`adaptive`, `ckpt_dense`, `ckpt_sparse:K`, `ckpt_branch`,
 `adaptive` takes --alpha A to fix its eviction exponent instead of re-tuning it online.
 --hash-block-size H (core policies): vLLM's hash block (partial hits when H < B).
 --fine-keys (core policies, beyond vLLM): the core itself keeps recurrent states at multiples of
---checkpoint-unit U for the KV block B (mode all with U-token state blocks; which states: the
-policy's retention and --placement) and keys full attention at every U
-(`CacheConfig.fine_keys`); best with --page-layout pools (states not padded to a KV page).
+--checkpoint-unit U for the KV block B (state blocks of U tokens in the policy's mode: vLLM's
+states plus the prompt end's and the junction's at U) and keys full attention at every U
+(`CacheConfig.fine_keys`); with --page-layout pools states are not padded to a KV page.
 --page-layout vllm (core policies): vLLM's own KV-cache groups and page (`core_sim.py`: groups
 of equal layer counts, one layer's KV page >= one layer's state), instead of one group per kind.
 --page-layout pools (core policies): two pools under the one byte budget, KV pages and state
@@ -408,9 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--fine-keys",
     action="store_true",
-    help="core policies (beyond vLLM): recurrent states at multiples of --checkpoint-unit U "
-    "(the recurrent group in mode all with U-token blocks) and full attention keyed at every U "
-    "inside its blocks (CacheConfig.fine_keys): hits at U for any --block-size",
+    help="core policies (beyond vLLM): recurrent state blocks of --checkpoint-unit U (the "
+    "prompt end's and the junction's states at U) and full attention keyed at every U inside "
+    "its blocks (CacheConfig.fine_keys): hits at U for any --block-size",
   )
   p.add_argument(
     "--hash-block-size",
