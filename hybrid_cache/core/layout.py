@@ -141,10 +141,13 @@ def derive_layout(config: CacheConfig) -> Layout:
   )
   cap = 4 * config.pool_size
   if partial and config.fine_keys:
-    # a page carries up to B / HBS keys (`cache_keys.fine_key_entries`), a state slot one
-    cap += (
-      4 * config.num_blocks * (max(g.block_size // hbs for g in groups if g.kind == "full") - 1)
-    )
+    # a page carries up to s = B / HBS keys (`cache_keys.fine_key_entries`): at most 1/2 load
+    # even if every id were a page (the compile key does not know the pages / slots split).
+    # The index's size is what fine keys cost: evictions scan it (`block_index.evict_ids`,
+    # scan_all); Mooncake, 120 requests, 2e11, B 512, U 64: 4,096 / 8,192 / 16,384 / 32,768
+    # buckets replay in 1.0 / 1.6 / 3.1 / 10.5 s (2026-11-27; 32,768 = load 1/4)
+    s = max(g.block_size // hbs for g in groups if g.kind == "full")
+    cap = max(cap, 2 * config.pool_size * s)
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
     config=config,

@@ -407,6 +407,8 @@ def run_scan(
     "final_cached_blocks_per_group": [int(x) for x in st["cached_per_group"]],
     "final_pinned_blocks": int(st["num_pinned"]),
     "recurrent_blocks_held_at_finish": int(res[:, 3].sum()),
+    # keys a full index bucket dropped (later misses, never wrong hits; `block_index`)
+    "index_overflows": int(jax.device_get(state.index_overflows)),
   }
   if tuning is not None:
     counters["alpha_tuning"] = tuning

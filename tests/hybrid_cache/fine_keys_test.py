@@ -124,7 +124,7 @@ def test_layout_sizes_the_index_for_the_inner_keys():
   base = layout(FINE_CONFIGS[3].replace(fine_keys=False))
   fine = layout(FINE_CONFIGS[3])
   assert fine.fine_key_groups == (0,) and base.fine_key_groups == ()
-  assert fine.buckets == 4 * base.buckets  # 16 / 4 keys per KV block
+  assert fine.buckets == 2 * base.buckets  # 16 / 4 keys per KV block, at half the load
 
 
 @pytest.mark.parametrize(
