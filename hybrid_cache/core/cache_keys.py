@@ -148,8 +148,8 @@ def fine_key_entries(lay: Layout, state: CacheState, hashes, g: int, ids) -> Cac
   mb = min(ids.shape[0], -(-lay.config.max_model_len // bs) + lay.num_spec_blocks)
   ids, mh = ids[:mb], hashes.shape[0]
   k = np.arange(mb)[:, None] * s + np.arange(s - 1)[None, :]  # hash index of each boundary
-  keyed = (ids > 0) & (state.block_group[ids] == g)
-  ext = jnp.where(keyed[:, None] & jnp.asarray(k < mh), ids[:, None], 0).reshape(-1)
+  # `insert` has just given every id > 0 its key in group g
+  ext = jnp.where((ids[:, None] > 0) & jnp.asarray(k < mh), ids[:, None], 0).reshape(-1)
   keys = hashes[np.minimum(k, mh - 1).reshape(-1)]
   return block_index.insert_extra(state, ext, keys, jnp.full(ext.shape, g, jnp.int32))
 

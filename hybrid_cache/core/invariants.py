@@ -6,7 +6,8 @@ free + used = total; ref counts >= 0; every non-null block is in exactly one of
 it, and all those entries are in one group; table entries past a row's length are null; every
 index entry points at a block carrying that key (lanes, group and bucket); every keyed block is
 indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
-`Layout.tail_groups`, may also carry one extra, partial key); the null block is never free,
+`Layout.tail_groups`, may also carry one extra, partial key, and with fine keys a block of
+`Layout.fine_key_groups` one per hash-block boundary inside it); the null block is never free,
 keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
 blocks past the real pool (`fresh_state.init_state`) are never free, held, keyed or in a
 table; with two pools (`Layout.state_pool`) each group's table names only blocks of its own pool

@@ -139,14 +139,19 @@ def derive_layout(config: CacheConfig) -> Layout:
     for i, g in enumerate(groups)
     if caching and g.block_size > hbs and rules(g).caches_prompt_tail(g, partial)
   )
+  fine_key = tuple(
+    i
+    for i, g in enumerate(groups)
+    if partial and config.fine_keys and g.kind == "full" and g.block_size > hbs
+  )
   cap = 4 * config.pool_size
-  if partial and config.fine_keys:
+  if fine_key:
     # a page carries up to s = B / HBS keys (`cache_keys.fine_key_entries`): at most 1/2 load
     # even if every id were a page (the compile key does not know the pages / slots split).
     # The index's size is what fine keys cost: evictions scan it (`block_index.evict_ids`,
     # scan_all); Mooncake, 120 requests, 2e11, B 512, U 64: 4,096 / 8,192 / 16,384 / 32,768
     # buckets replay in 1.0 / 1.6 / 3.1 / 10.5 s (2026-11-27; 32,768 = load 1/4)
-    s = max(g.block_size // hbs for g in groups if g.kind == "full")
+    s = max(groups[i].block_size // hbs for i in fine_key)
     cap = max(cap, 2 * config.pool_size * s)
   buckets = 1 << max(0, math.ceil(math.log2(max(1, -(-cap // WAYS)))))
   return Layout(
@@ -171,11 +176,7 @@ def derive_layout(config: CacheConfig) -> Layout:
     hit_align=config.hit_alignment if caching else config.scheduler_block_size,
     fine_groups=tuple(i for i, g in enumerate(groups) if partial and g.block_size > hbs),
     tail_groups=tail,
-    fine_key_groups=tuple(
-      i
-      for i, g in enumerate(groups)
-      if partial and config.fine_keys and g.kind == "full" and g.block_size > hbs
-    ),
+    fine_key_groups=fine_key,
     # a prompt-tail entry goes on a block that may carry its own key already (without partial
     # hits only full attention registers one)
     extra_keys=partial or bool(tail),
