@@ -64,7 +64,10 @@ gather over its ancestors (`SeenTrie.ancestors`, the last 64 first: `_marks_abov
 sequential replay the units a request creates are written once for all K rows
 (`CacheBank.insert_fresh`), `UnitCache.serve` is admit + finish in one call, the GreedyDual heap
 is compacted when stale entries pile up and per-checkpoint dicts hold only held checkpoints
-(BENCHMARKS.md, "Capacity sweep under `adaptive`", for what each bought).
+(BENCHMARKS.md, "Capacity sweep under `adaptive`", for what each bought). The sequential
+replay's default is `compiled_replay`, this class's step compiled with numba (same decisions,
+checked against this class by `tests/hybrid_cache/sim/compiled_replay_test.py`): a change here
+must be made there too.
 """
 
 from __future__ import annotations
@@ -594,7 +597,8 @@ class UnitCache:
       pages = end // b - (a * u) // b + (1 if end % b else 0)  # _chain_pages(a, dn)
       nbytes += pages * sizes.kv_page_bytes
     fl = self._flops.values  # holds every served depth (serve extends it)
-    eff = (fl[dn] - fl[prev]) / max(nbytes, 1)
+    # the FLOPs difference (an exact int) rounded to a float first, as `compiled_replay` does
+    eff = float(fl[dn] - fl[prev]) / max(nbytes, 1)
     self.eff_sum += eff
     self.eff_n += 1
     ref = self.eff_sum / self.eff_n

@@ -38,7 +38,12 @@ Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the tr
 hashes and candidate points are capacity-independent and done once per request, and so is the
 write of the units the request creates, which every cache inserts: `CacheBank.insert_fresh`;
 each capacity keeps its own caches, rows of one `CacheBank`); every point equals its own
-`run_checkpoint`.
+`run_checkpoint`. The sequential replay runs on `compiled_replay` (numba) by default: the
+capacity-independent walk of the whole trace first (`_walk_all`), then the caches' steps
+compiled, the same decisions bit for bit as `UnitCache` (`backend="python"`, the reference, and
+what the concurrent replay runs). A new rule or weighting goes into `UnitCache` (and this
+module) first and runs with `backend="python"`; `tests/hybrid_cache/sim/compiled_replay_test.py`
+fails until `compiled_replay` makes the same decisions.
 
 TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
@@ -63,6 +68,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hybrid_cache.sim import compiled_replay
 from hybrid_cache.sim import concurrent
 from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
@@ -74,6 +80,7 @@ from hybrid_cache.sim.trace import Trace
 
 PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
 REPLAYS = ("sequential", "concurrent")
+BACKENDS = ("compiled", "python")
 SPARSE_PREFIX = "ckpt_sparse:"
 # (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
 SHADOW_WEIGHTINGS = (
@@ -261,6 +268,7 @@ def run_checkpoint(
   step_tokens: int = concurrent.DEFAULT_STEP_TOKENS,
   max_running: int = concurrent.DEFAULT_MAX_RUNNING,
   arrival_scale: float = 1.0,
+  backend: str = "compiled",
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` under a checkpoint policy; returns (triples, summary fields).
 
@@ -278,6 +286,8 @@ def run_checkpoint(
     replay: "sequential" or "concurrent" (module docstring).
     step_tokens, max_running, arrival_scale: the concurrent replay's token budget per step, most
       running requests and arrival-time multiplier (`concurrent.replay_concurrent`).
+    backend: the sequential replay's `sweep_checkpoint` backend ("compiled" or "python": same
+      results); the concurrent replay always runs `UnitCache`.
 
   Returns:
     ([hit, input tokens, reused tokens] per request, extra summary fields).
@@ -311,6 +321,7 @@ def run_checkpoint(
     prior=prior,
     frequency=frequency,
     length_classes=length_classes,
+    backend=backend,
   )[0]
 
 
@@ -326,6 +337,7 @@ def sweep_checkpoint(
   frequency: bool = True,
   length_classes: bool = False,
   progress: Callable[[int], None] | None = None,
+  backend: str = "compiled",
 ) -> list[tuple[list[tuple[int, int, int]], dict]]:
   """`run_checkpoint` at every capacity of `capacities` in one replay of the trace.
 
@@ -341,15 +353,39 @@ def sweep_checkpoint(
 
   Args:
     capacities: one or more capacities in bytes (each finite and > 0), any order.
-    progress: called with the number of requests done after each request (e.g. a tqdm update).
+    progress: called with the number of requests done (e.g. a tqdm update): after each request
+      ("python"), after each chunk of up to `RETUNE_EVERY` requests ("compiled").
+    backend: "compiled" (`compiled_replay`, numba: the same decisions bit for bit, ~10x less
+      time per cache; it falls back to "python" when a FLOPs value overflows int64) or "python"
+      (`UnitCache`, the reference).
     others: as `run_checkpoint`.
 
   Returns:
     [(triples, extra summary fields)] in the order of `capacities`.
   """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  caches = backend == "python"
   rep = _Replay(
-    trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, length_classes
+    trace,
+    model,
+    capacities,
+    policy,
+    unit,
+    block_size,
+    alpha,
+    prior,
+    frequency,
+    length_classes,
+    caches=caches,
   )
+  if not caches:
+    out = _sweep_compiled(rep, trace, model, progress)
+    if out is not None:
+      return out
+    rep = _Replay(
+      trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, length_classes
+    )
   trie, stats, bank, points = rep.trie, rep.stats, rep.bank, rep.points
   tuned, weightings = rep.tuned, rep.weightings
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
@@ -389,13 +425,157 @@ def sweep_checkpoint(
   return [_summary(pt, model, trie, stats, weightings, tuned, wall) for pt in points]
 
 
+@dataclasses.dataclass
+class _LiveCounts:
+  """What `_summary` reads of a live cache, from the compiled backend."""
+
+  admitted_ckpts: int
+  evicted_ckpts: int
+  used: int
+  alpha: float | None
+
+
+def _walk_all(rep: _Replay, trace: Trace):
+  """The capacity-independent half of a sequential replay, for the whole trace at once (it
+  reads no cache): each request's trie walk, candidate points and deepest placement, the
+  reach prior of each kind as of it, the divergence statistics after it (as the sweep's
+  loop). Returns `compiled_replay.CompiledBank`'s (trie, reach, req, cands) arrays, or None
+  when a FLOPs value does not fit int64."""
+  trie, stats, u = rep.trie, rep.stats, rep.unit
+  n_req = len(trace.requests)
+  req = np.zeros((n_req, 7), np.int64)
+  cands = np.zeros((n_req, 2, compiled_replay.MAX_CANDS), np.int64)
+  reach = np.full((n_req, compiled_replay.NUM_KINDS), 0.5)  # (0 + 1) / (0 + 2)
+  longest = 0
+  for r, q in enumerate(trace.requests):
+    start = trie.flat_len
+    path, seen, cap, cs, deepest = rep.walk(q)
+    n_in = q.num_input_tokens
+    n_comp = n_in + max(q.num_output_tokens - 1, 0)
+    req[r] = (start, len(path), trie.last_old, cap, n_comp, deepest, len(cs))
+    for i, (depth, kind) in enumerate(cs):
+      cands[r, 0, i], cands[r, 1, i] = depth, kind
+    for kind, placed in trie.placed.items():
+      reach[r, kind] = (trie.reached.get(kind, 0.0) + 1.0) / (placed + 2.0)
+    longest = max(longest, len(path))
+    if 0 < seen < cap:
+      stats.observe(seen, trie.out[path[seen - 1]])
+  fl = flops_table(rep.model, u).extend(longest)
+  if fl[-1] >= 2**63:
+    return None
+  tables = (
+    np.asarray(trie.depth, np.int64),
+    np.asarray(trie.home, np.int64),
+    trie.flat[: trie.flat_len].copy(),
+    np.asarray(fl, np.int64),
+  )
+  return tables, reach, req, cands
+
+
+def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
+  """`sweep_checkpoint` on `compiled_replay.CompiledBank` (None: FLOPs overflow int64, use
+  the Python backend). The same caches as `_Replay` builds, the same re-tuning."""
+  t0 = time.perf_counter()
+  walked = _walk_all(rep, trace)
+  if walked is None:
+    return None
+  tables, reach, req, cands = walked
+  u, weightings, tuned = rep.unit, rep.weightings, rep.tuned
+  sizes0 = CacheSizes.of(model, rep.capacities[0], u, rep.block_size)
+  bank = compiled_replay.CompiledBank(
+    len(rep.trie),
+    (u, sizes0.block_size, sizes0.kv_page_bytes, sizes0.ckpt_bytes),
+    tables,
+    reach,
+    req,
+    cands,
+    compiled_replay.RULE_CODES[rep.rule],
+    rep.k,
+  )
+  fl1 = flops_table(model, u).extend(1)
+  flat_ok = fl1[1] > fl1[0]  # `UnitCache._flat_weight`
+  rows = []  # per point: (sizes, live row, shadow rows)
+  for capacity in rep.capacities:
+    sizes = CacheSizes.of(model, capacity, u, rep.block_size)
+    if tuned:
+      _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
+      live = bank.add(sizes.capacity, a0, p0, f0, flat=False)
+      shadows = [
+        bank.add(sizes.capacity, a, pr, fr, flat=a == 0 and flat_ok) for _, a, pr, fr in weightings
+      ]
+    else:
+      a = float(rep.alpha) if rep.rule == "adaptive" else None
+      live = bank.add(sizes.capacity, a, rep.prior, rep.frequency, flat=a == 0 and flat_ok)
+      shadows = []
+    rows.append((sizes, live, shadows))
+  bank.start()
+  decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
+  n_req = len(trace.requests)
+  current = [DEFAULT_WEIGHTING] * len(rows)
+  scores = [[0.0] * len(sh) for _, _, sh in rows]
+  used: list[dict[str, int]] = [{} for _ in rows]
+  every = np.arange(bank.ints.shape[0])
+  for r0 in range(0, n_req, RETUNE_EVERY):
+    r1 = min(r0 + RETUNE_EVERY, n_req)
+    bank.serve(every, r0, r1)
+    if tuned:
+      for i, (_, live, shadows) in enumerate(rows):
+        scores[i] = bank.score(shadows, r0, r1, u, decay, scores[i])
+        lab = weightings[current[i]][0]
+        used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
+        if r1 % RETUNE_EVERY == 0:  # `_retune`
+          best = max(range(len(scores[i])), key=lambda j, s=scores[i]: (s[j], -j))
+          if best != current[i]:
+            current[i] = best
+            _, a, pr, fr = weightings[best]
+            bank.set_weighting(live, a, pr, fr)
+            bank.reweigh(live, r1)
+    if progress is not None:
+      progress(r1)
+  wall = time.perf_counter() - t0
+  out = []
+  n_in = [q.num_input_tokens for q in trace.requests]
+  for i, (sizes, live, _) in enumerate(rows):
+    hits = (bank.hits_out[live] * u).tolist()
+    restores = bank.added_out[live] + (bank.hits_out[live] > 0)
+    if tuned:
+      live_alpha = weightings[current[i]][1]
+    else:
+      live_alpha = float(rep.alpha) if rep.rule == "adaptive" else None
+    pt = _Point(
+      sizes,
+      _LiveCounts(bank.admitted(live), bank.evicted(live), bank.used(live), live_alpha),
+      [],
+      [],
+      current[i],
+      dict(used[i]),
+      [(int(h > 0), n, h) for h, n in zip(hits, n_in)],
+      (restores * sizes.ckpt_bytes).tolist(),
+    )
+    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, tuned, wall))
+  return out
+
+
 class _Replay:
   """What every capacity of a replay shares (the trie, the divergence statistics, the
   placement rule) and each capacity's caches (`_Point`s, rows of one `CacheBank`)."""
 
   def __init__(
-    self, trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, lc
+    self,
+    trace,
+    model,
+    capacities,
+    policy,
+    unit,
+    block_size,
+    alpha,
+    prior,
+    frequency,
+    lc,
+    caches: bool = True,
   ):
+    """caches False: no `UnitCache`s (`points` is empty; `sweep_checkpoint`'s compiled
+    backend builds its own from `weightings`, `tuned` and the arguments)."""
     rule, k = parse_placement(policy)
     if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
       raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
@@ -409,7 +589,13 @@ class _Replay:
     self.tuned = tuned = rule == "adaptive" and alpha is None
     self.weightings = weightings = list(SHADOW_WEIGHTINGS)
     self.points = []
+    self.model, self.block_size, self.capacities = model, block_size, list(capacities)
+    self.alpha, self.prior, self.frequency = alpha, prior, frequency
+    for capacity in capacities:  # every capacity is checked, with caches or not
+      CacheSizes.of(model, capacity, unit, block_size)
     bank = self.bank = CacheBank()  # every cache's per-node state, one row each
+    if not caches:
+      return
     for capacity in capacities:
       sizes = CacheSizes.of(model, capacity, unit, block_size)
       if tuned:
@@ -428,10 +614,10 @@ class _Replay:
       sum((q.num_input_tokens + max(q.num_output_tokens - 1, 0)) // u for q in trace.requests)
     )
 
-  def prepare(self, req):
-    """The trie walk, candidate points and placement rule of a request (before its lookup):
-    (path, seen, hit cap in units, place, the deepest depth every cache's `finish` inserts up
-    to: attention-only models place every unit, others `_deepest_placement`)."""
+  def walk(self, req):
+    """The trie walk and candidate points of a request (before its lookup): (path, seen, hit
+    cap in units, candidates [(depth, kind)], the deepest depth every cache's `finish` inserts
+    up to: attention-only models place every unit, others `_deepest_placement`)."""
     trie, u, rule = self.trie, self.unit, self.rule
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
@@ -441,10 +627,15 @@ class _Replay:
       cands = candidates(rule, self.stats, len(path), n_in // u, seen, self.length_classes)
       for q, kind in cands:
         trie.register(path[q - 1], kind)
-    self.bank.grow(len(trie))
     n = len(path)
     deepest = _deepest_placement(rule, self.k, n, cands) if self.recurrent else n
-    return path, seen, cap, _placer(rule, self.k, n, cands), deepest
+    return path, seen, cap, cands, deepest
+
+  def prepare(self, req):
+    """`walk`, with the placement rule `place(hit depth)` instead of the candidates."""
+    path, seen, cap, cands, deepest = self.walk(req)
+    self.bank.grow(len(self.trie))
+    return path, seen, cap, _placer(self.rule, self.k, len(path), cands), deepest
 
 
 def _run_concurrent(
@@ -543,7 +734,8 @@ def _run_concurrent(
 
 def _summary(pt: _Point, model, trie, stats, weightings, tuned: bool, wall: float, conc=None):
   """(triples, extra summary fields) of one capacity (see `run_checkpoint`); `conc`: the
-  concurrent replay's fields (they replace the sequential TTFTs with copies)."""
+  concurrent replay's fields (they replace the sequential TTFTs with copies). `pt.live`: the
+  live cache, or its `_LiveCounts` (compiled backend)."""
   triples, copy_bytes, live, sizes = pt.triples, pt.copy_bytes, pt.live, pt.sizes
   extra = {"checkpoint_copy_bytes": int(sum(copy_bytes))}
   if conc is None:
