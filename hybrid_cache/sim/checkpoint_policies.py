@@ -70,6 +70,7 @@ import numpy as np
 
 from hybrid_cache.sim import compiled_replay
 from hybrid_cache.sim import concurrent
+from hybrid_cache.sim.checkpoint_cache import PRIORS
 from hybrid_cache.sim.checkpoint_cache import CacheBank
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
@@ -233,6 +234,7 @@ class _Point:
   alphas_used: dict[str, int] = dataclasses.field(default_factory=dict)
   triples: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
   copy_bytes: list[int] = dataclasses.field(default_factory=list)
+  tuned: bool = False  # the live cache is re-tuned online among its shadows' weightings
 
 
 def _retune(pt: _Point, weightings) -> None:
@@ -363,31 +365,95 @@ def sweep_checkpoint(
   Returns:
     [(triples, extra summary fields)] in the order of `capacities`.
   """
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  caches = backend == "python"
-  rep = _Replay(
+  setting = _setting_of(policy, alpha, prior, frequency)
+  return sweep_settings(
     trace,
     model,
     capacities,
     policy,
+    [setting],
     unit,
     block_size,
-    alpha,
-    prior,
-    frequency,
-    length_classes,
-    caches=caches,
-  )
+    length_classes=length_classes,
+    progress=progress,
+    backend=backend,
+  )[0]
+
+
+def _setting_of(policy: str, alpha, prior: str, frequency: bool):
+  """The one setting of `run_checkpoint`'s arguments: `adaptive`'s online re-tuning (alpha
+  None), a fixed weighting (alpha given), or plain LRU (the other rules)."""
+  rule, _ = parse_placement(policy)
+  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
+    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
+  if rule != "adaptive":
+    return (None, prior, frequency)
+  return None if alpha is None else (float(alpha), prior, frequency)
+
+
+def _check_setting(rule: str, setting) -> None:
+  """ValueError unless `setting` is None (the online re-tuning, `adaptive` only) or
+  (alpha, prior, frequency) with alpha None (plain LRU) or in [0, 100] (`adaptive` only)."""
+  if setting is None:
+    if rule != "adaptive":
+      raise ValueError(f"the online re-tuning (setting None) is adaptive's, not {rule}'s")
+    return
+  if not (isinstance(setting, tuple | list) and len(setting) == 3):
+    raise ValueError(f"a setting must be None or (alpha, prior, frequency), got {setting!r}")
+  alpha, prior, _ = setting
+  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
+    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
+  if prior not in PRIORS:
+    raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
+
+
+def sweep_settings(
+  trace: Trace,
+  model: ModelConfig,
+  capacities: Sequence[float],
+  policy: str,
+  settings: Sequence[tuple[float | None, str, bool] | None],
+  unit: int = 64,
+  block_size: int = 64,
+  length_classes: bool = False,
+  progress: Callable[[int], None] | None = None,
+  backend: str = "compiled",
+) -> list[list[tuple[list[tuple[int, int, int]], dict]]]:
+  """`sweep_checkpoint` over a grid of eviction settings x capacities in one replay: one walk
+  of the trace, and with the compiled backend one `compiled_replay.CompiledBank` holding every
+  point's caches (the capacity and alpha sweeps of issue 15, item 5, as one program with a
+  batch axis of caches).
+
+  Args:
+    settings: each None (`adaptive`'s online re-tuning) or (alpha, prior, frequency): a fixed
+      eviction weighting (`UnitCache`'s arguments; alpha None = plain LRU, the only choice of
+      the rules other than `adaptive`).
+    others: as `sweep_checkpoint`.
+
+  Returns:
+    [[(triples, extra summary fields)] per capacity, in order] per setting, in order; each
+    point equals its own `run_checkpoint` with that setting.
+  """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  settings = [tuple(st) if isinstance(st, list) else st for st in settings]
+  caches = backend == "python"
+  args = (trace, model, capacities, policy, unit, block_size, settings, length_classes)
+  rep = _Replay(*args, caches=caches)
   if not caches:
     out = _sweep_compiled(rep, trace, model, progress)
-    if out is not None:
-      return out
-    rep = _Replay(
-      trace, model, capacities, policy, unit, block_size, alpha, prior, frequency, length_classes
-    )
+    if out is None:  # FLOPs beyond int64: the Python backend
+      rep = _Replay(*args)
+  if caches or out is None:
+    out = _sweep_python(rep, trace, model, progress)
+  n = len(capacities)
+  return [out[i * n : (i + 1) * n] for i in range(len(settings))]
+
+
+def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
+  """The sequential replay on `UnitCache`s (the reference backend): every point's result."""
   trie, stats, bank, points = rep.trie, rep.stats, rep.bank, rep.points
-  tuned, weightings = rep.tuned, rep.weightings
+  weightings = rep.weightings
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   u = rep.unit
   fl = flops_table(model, u).values  # extended by each serve to the request's depth
@@ -412,7 +478,7 @@ def sweep_checkpoint(
       for i, sh in enumerate(pt.shadows):
         hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh)
         score[i] = score[i] * decay + (fl[hs // u] if hs else 0)  # = sh.flops(hs // u)
-      if tuned:
+      if pt.tuned:
         lab = weightings[pt.current][0]
         pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
         if (r + 1) % RETUNE_EVERY == 0:
@@ -422,7 +488,7 @@ def sweep_checkpoint(
     if progress is not None:
       progress(r + 1)
   wall = time.perf_counter() - t0
-  return [_summary(pt, model, trie, stats, weightings, tuned, wall) for pt in points]
+  return [_summary(pt, model, trie, stats, weightings, pt.tuned, wall) for pt in points]
 
 
 @dataclasses.dataclass
@@ -480,8 +546,8 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   if walked is None:
     return None
   tables, reach, req, cands = walked
-  u, weightings, tuned = rep.unit, rep.weightings, rep.tuned
-  sizes0 = CacheSizes.of(model, rep.capacities[0], u, rep.block_size)
+  u, weightings = rep.unit, rep.weightings
+  sizes0 = rep.specs[0][1]
   bank = compiled_replay.CompiledBank(
     len(rep.trie),
     (u, sizes0.block_size, sizes0.kv_page_bytes, sizes0.ckpt_bytes),
@@ -494,54 +560,51 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   )
   fl1 = flops_table(model, u).extend(1)
   flat_ok = fl1[1] > fl1[0]  # `UnitCache._flat_weight`
-  rows = []  # per point: (sizes, live row, shadow rows)
-  for capacity in rep.capacities:
-    sizes = CacheSizes.of(model, capacity, u, rep.block_size)
-    if tuned:
+  rows = []  # per point: (setting, sizes, live row, shadow rows)
+  for st, sizes in rep.specs:
+    if st is None:
       _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
       live = bank.add(sizes.capacity, a0, p0, f0, flat=False)
       shadows = [
         bank.add(sizes.capacity, a, pr, fr, flat=a == 0 and flat_ok) for _, a, pr, fr in weightings
       ]
     else:
-      a = float(rep.alpha) if rep.rule == "adaptive" else None
-      live = bank.add(sizes.capacity, a, rep.prior, rep.frequency, flat=a == 0 and flat_ok)
+      a, pr, fr = st
+      live = bank.add(sizes.capacity, a, pr, fr, flat=a == 0 and flat_ok)
       shadows = []
-    rows.append((sizes, live, shadows))
+    rows.append((st, sizes, live, shadows))
   bank.start()
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   n_req = len(trace.requests)
   current = [DEFAULT_WEIGHTING] * len(rows)
-  scores = [[0.0] * len(sh) for _, _, sh in rows]
+  scores = [[0.0] * len(sh) for *_, sh in rows]
   used: list[dict[str, int]] = [{} for _ in rows]
   every = np.arange(bank.ints.shape[0])
   for r0 in range(0, n_req, RETUNE_EVERY):
     r1 = min(r0 + RETUNE_EVERY, n_req)
     bank.serve(every, r0, r1)
-    if tuned:
-      for i, (_, live, shadows) in enumerate(rows):
-        scores[i] = bank.score(shadows, r0, r1, u, decay, scores[i])
-        lab = weightings[current[i]][0]
-        used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
-        if r1 % RETUNE_EVERY == 0:  # `_retune`
-          best = max(range(len(scores[i])), key=lambda j, s=scores[i]: (s[j], -j))
-          if best != current[i]:
-            current[i] = best
-            _, a, pr, fr = weightings[best]
-            bank.set_weighting(live, a, pr, fr)
-            bank.reweigh(live, r1)
+    for i, (st, _, live, shadows) in enumerate(rows):
+      if st is not None:
+        continue
+      scores[i] = bank.score(shadows, r0, r1, u, decay, scores[i])
+      lab = weightings[current[i]][0]
+      used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
+      if r1 % RETUNE_EVERY == 0:  # `_retune`
+        best = max(range(len(scores[i])), key=lambda j, s=scores[i]: (s[j], -j))
+        if best != current[i]:
+          current[i] = best
+          _, a, pr, fr = weightings[best]
+          bank.set_weighting(live, a, pr, fr)
+          bank.reweigh(live, r1)
     if progress is not None:
       progress(r1)
   wall = time.perf_counter() - t0
   out = []
   n_in = [q.num_input_tokens for q in trace.requests]
-  for i, (sizes, live, _) in enumerate(rows):
+  for i, (st, sizes, live, _) in enumerate(rows):
     hits = (bank.hits_out[live] * u).tolist()
     restores = bank.added_out[live] + (bank.hits_out[live] > 0)
-    if tuned:
-      live_alpha = weightings[current[i]][1]
-    else:
-      live_alpha = float(rep.alpha) if rep.rule == "adaptive" else None
+    live_alpha = weightings[current[i]][1] if st is None else st[0]
     pt = _Point(
       sizes,
       _LiveCounts(bank.admitted(live), bank.evicted(live), bank.used(live), live_alpha),
@@ -551,8 +614,9 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       dict(used[i]),
       [(int(h > 0), n, h) for h, n in zip(hits, n_in)],
       (restores * sizes.ckpt_bytes).tolist(),
+      tuned=st is None,
     )
-    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, tuned, wall))
+    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, st is None, wall))
   return out
 
 
@@ -560,53 +624,43 @@ class _Replay:
   """What every capacity of a replay shares (the trie, the divergence statistics, the
   placement rule) and each capacity's caches (`_Point`s, rows of one `CacheBank`)."""
 
-  def __init__(
-    self,
-    trace,
-    model,
-    capacities,
-    policy,
-    unit,
-    block_size,
-    alpha,
-    prior,
-    frequency,
-    lc,
-    caches: bool = True,
-  ):
-    """caches False: no `UnitCache`s (`points` is empty; `sweep_checkpoint`'s compiled
-    backend builds its own from `weightings`, `tuned` and the arguments)."""
+  def __init__(self, trace, model, capacities, policy, unit, block_size, settings, lc, caches=True):
+    """One point per (setting, capacity), setting-major (`sweep_settings`). caches False: no
+    `UnitCache`s (`points` is empty; the compiled backend builds its own from `specs`)."""
     rule, k = parse_placement(policy)
-    if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
-      raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
     if len(capacities) == 0:
       raise ValueError("capacities must hold at least one capacity, got none")
+    if len(settings) == 0:
+      raise ValueError("settings must hold at least one setting, got none")
+    for st in settings:
+      _check_setting(rule, st)
     sizes0 = CacheSizes.of(model, capacities[0], unit, block_size)
     self.rule, self.k, self.length_classes, self.unit = rule, k, lc, sizes0.unit
     self.recurrent = sizes0.recurrent
     trie = self.trie = SeenTrie(sizes0.unit)
     self.stats = DivergenceStats()
-    self.tuned = tuned = rule == "adaptive" and alpha is None
     self.weightings = weightings = list(SHADOW_WEIGHTINGS)
     self.points = []
-    self.model, self.block_size, self.capacities = model, block_size, list(capacities)
-    self.alpha, self.prior, self.frequency = alpha, prior, frequency
-    for capacity in capacities:  # every capacity is checked, with caches or not
-      CacheSizes.of(model, capacity, unit, block_size)
+    self.model, self.block_size = model, block_size
+    # (setting, sizes) per point; every capacity is checked, with caches or not
+    self.specs = [
+      (st, CacheSizes.of(model, capacity, unit, block_size))
+      for st in settings
+      for capacity in capacities
+    ]
     bank = self.bank = CacheBank()  # every cache's per-node state, one row each
     if not caches:
       return
-    for capacity in capacities:
-      sizes = CacheSizes.of(model, capacity, unit, block_size)
-      if tuned:
+    for st, sizes in self.specs:
+      if st is None:  # `adaptive`'s online re-tuning: a live cache and its shadows
         _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
         live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True)
         shadows = [UnitCache(trie, sizes, model, a, pr, fr, bank) for _, a, pr, fr in weightings]
       else:
-        live_alpha = float(alpha) if rule == "adaptive" else None
-        live = UnitCache(trie, sizes, model, live_alpha, prior, frequency, bank)
+        alpha, prior, frequency = st
+        live = UnitCache(trie, sizes, model, alpha, prior, frequency, bank)
         shadows = []
-      self.points.append(_Point(sizes, live, shadows, [0.0] * len(shadows)))
+      self.points.append(_Point(sizes, live, shadows, [0.0] * len(shadows), tuned=st is None))
     # the trie never outgrows the requests' computed units: reserve once (np.zeros pages are
     # only paid when touched) instead of copying [K, nodes] arrays as they double
     u = self.unit
@@ -656,20 +710,11 @@ def _run_concurrent(
   """`run_checkpoint` with replay "concurrent" (module docstring): one capacity's caches driven
   by `concurrent.replay_concurrent`, the lookup at admission (every cache of the bank in one
   gather, as the sweep), the insertion at finish."""
-  rep = _Replay(
-    trace,
-    model,
-    [capacity_bytes],
-    policy,
-    unit,
-    block_size,
-    alpha,
-    prior,
-    frequency,
-    length_classes,
-  )
-  trie, stats, tuned, weightings, bank = rep.trie, rep.stats, rep.tuned, rep.weightings, rep.bank
+  setting = _setting_of(policy, alpha, prior, frequency)
+  rep = _Replay(trace, model, [capacity_bytes], policy, unit, block_size, [setting], length_classes)
+  trie, stats, weightings, bank = rep.trie, rep.stats, rep.weightings, rep.bank
   pt = rep.points[0]
+  tuned = pt.tuned
   live, shadows, score, sizes, u = pt.live, pt.shadows, pt.score, pt.sizes, rep.unit
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   n_req = len(trace.requests)

@@ -51,6 +51,14 @@ TINY = {
     "bound_iterations = 20",
     "backend = 'reference'",
   ],
+  "adaptive_ablation": [
+    "trace = 'agentic'",
+    "fmt = 'synthetic'",
+    "capacities = (1.5e9,)",
+    "params = {'num_sessions': 3, 'sys_prompt_len': 300, 'obs_mean': 60.0, 'max_turns': 6}",
+    "block_size = 128",
+    "backend = 'reference'",
+  ],
   "capacity_sweep": [
     "trace = 'agentic'",
     "fmt = 'synthetic'",

@@ -112,3 +112,42 @@ def test_flops_beyond_int64_fall_back_to_python(monkeypatch):
   assert not calls
   reference = cp.sweep_checkpoint(trace, huge, cap, "ckpt_branch", 4, 4, backend="python")
   assert got[0][0] == reference[0][0]
+
+
+@pytest.mark.parametrize("backend", cp.BACKENDS)
+def test_settings_grid_points_equal_their_own_runs(backend, monkeypatch):
+  # capacity x eviction setting in one replay (one walk, one bank): each point is the replay
+  # of its own `run_checkpoint`
+  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  trace = agentic(seed=7, num_sessions=8, sys_prompt_len=128, min_turns=2, max_turns=6)
+  longest = max(r.num_tokens for r in trace.requests)
+  floor = TINY.state_bytes + 4 * (longest + 48) + 64
+  caps = [floor + 200, floor + 1500]
+  settings = [None, (1.0, "hits", True), (None, "none", False), (0.0, "reach", True)]
+  grid = cp.sweep_settings(trace, TINY, caps, "adaptive", settings, 16, 48, backend=backend)
+  assert [len(row) for row in grid] == [len(caps)] * len(settings)
+  for setting, row in zip(settings, grid):
+    alpha, prior, frequency = (None, "hits", True) if setting is None else setting
+    for cap, (triples, extra) in zip(caps, row):
+      if setting is not None and alpha is None:  # plain LRU under adaptive's placement
+        alone = cp.sweep_settings(trace, TINY, [cap], "adaptive", [setting], 16, 48)[0][0]
+      else:
+        alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, alpha, prior, frequency)
+      assert triples == alone[0]
+      assert _without_wall(extra) == _without_wall(alone[1])
+  lru_row, tuned_row = grid[2], grid[0]
+  assert lru_row[0][1]["alpha"] is None and tuned_row[0][1]["weighting"] is not None
+
+
+def test_settings_are_checked():
+  trace = small_chat(4)
+  with pytest.raises(ValueError, match="online re-tuning"):
+    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [None])
+  with pytest.raises(ValueError, match="alpha must be None or in"):
+    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [(1.0, "hits", True)])
+  with pytest.raises(ValueError, match="prior must be one of"):
+    cp.sweep_settings(trace, TINY, [1e6], "adaptive", [(1.0, "often", True)])
+  with pytest.raises(ValueError, match="a setting must be None or"):
+    cp.sweep_settings(trace, TINY, [1e6], "adaptive", [1.0])
+  with pytest.raises(ValueError, match="settings must hold at least one"):
+    cp.sweep_settings(trace, TINY, [1e6], "adaptive", [])
