@@ -28,8 +28,8 @@ that a later request has passed so far (`SeenTrie.reach_prior`, counted on the t
 everything seen, whether a cache kept the point or not: a prior counted on the cache's own hits
 feeds on itself, as an evicted point is never hit), hit counts and an exponent
 alpha re-tuned online: shadow caches replay the same requests with fixed weightings
-(`SHADOW_WEIGHTINGS`: plain LRU, and alpha 0 and 1 with frequency and either prior; same
-placement rule), and every `RETUNE_EVERY` requests the live cache takes the weighting whose
+(`SHADOW_WEIGHTINGS`: plain LRU, alpha 0 and 1 with frequency and either prior, and alpha 2
+alone; same placement rule), and every `RETUNE_EVERY` requests the live cache takes the weighting whose
 shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`)
 and re-weights the checkpoints it holds under it (`_retune`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
@@ -62,6 +62,7 @@ concurrent schedule depends on the capacity (refused admissions), so it replays 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -90,6 +91,10 @@ SHADOW_WEIGHTINGS = (
   ("hits/1", 1.0, "hits", True),
   ("reach/0", 0.0, "reach", True),
   ("reach/1", 1.0, "reach", True),
+  # FLOPs saved per byte only, strongly (GreedyDual-Size): the best fixed weighting on the
+  # synthetic chat trace (+3% to +12% over the tuned live cache at 8e9); as a shadow +0% to +7%
+  # there, +0.0% to +0.4% elsewhere (BENCHMARKS.md, "Ablation of `adaptive`")
+  ("none/2", 2.0, "none", False),
 )
 SHADOW_ALPHAS = tuple(w[1] for w in SHADOW_WEIGHTINGS)
 DEFAULT_WEIGHTING = 2  # the live cache's weighting before the first re-tune (hits/1)
@@ -501,6 +506,13 @@ class _LiveCounts:
   alpha: float | None
 
 
+def _cpus() -> int:
+  """The CPUs this process may run on (the compiled backend's threads)."""
+  if hasattr(os, "sched_getaffinity"):
+    return max(1, len(os.sched_getaffinity(0)))
+  return max(1, os.cpu_count() or 1)
+
+
 def _walk_all(rep: _Replay, trace: Trace):
   """The capacity-independent half of a sequential replay, for the whole trace at once (it
   reads no cache): each request's trie walk, candidate points and deepest placement, the
@@ -580,9 +592,10 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   scores = [[0.0] * len(sh) for *_, sh in rows]
   used: list[dict[str, int]] = [{} for _ in rows]
   every = np.arange(bank.ints.shape[0])
+  threads = _cpus()
   for r0 in range(0, n_req, RETUNE_EVERY):
     r1 = min(r0 + RETUNE_EVERY, n_req)
-    bank.serve(every, r0, r1)
+    bank.serve(every, r0, r1, threads)
     for i, (st, _, live, shadows) in enumerate(rows):
       if st is not None:
         continue
@@ -598,6 +611,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
           bank.reweigh(live, r1)
     if progress is not None:
       progress(r1)
+  bank.close()
   wall = time.perf_counter() - t0
   out = []
   n_in = [q.num_input_tokens for q in trace.requests]

@@ -30,6 +30,8 @@ re-tunes, and one cache's rows stay in the CPU cache).
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import numba as nb
 import numpy as np
 from numba import types
@@ -512,6 +514,7 @@ class CompiledBank:
     self.reach, self.req, self.cands = reach, req, cands
     self.rule, self.kspars = int(rule), int(kspars)
     self.configs: list[tuple[int, float | None, str, bool, bool]] = []
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
   def add(self, capacity: int, alpha: float | None, prior: str, frequency: bool, flat: bool):
     """Adds a cache (its weighting as `UnitCache`'s arguments); returns its row."""
@@ -563,13 +566,34 @@ class CompiledBank:
       self.HN,
     )  # fmt: skip
 
-  def serve(self, rows: np.ndarray, r0: int, r1: int) -> None:
+  def serve(self, rows: np.ndarray, r0: int, r1: int, threads: int = 1) -> None:
     """Replays requests r0..r1 - 1 on each cache of `rows` (hits in `hits_out[row, r]`, in
-    units; checkpoints added in `added_out[row, r]`)."""
+    units; checkpoints added in `added_out[row, r]`).
+
+    `threads` > 1 deals the rows round-robin to that many threads: the caches share nothing
+    they write (each its own rows, dicts and heap arrays) and the compiled loop releases the
+    GIL, so they run in parallel with the same results."""
+    rows = np.asarray(rows, np.int64)
+    parts = [rows[i::threads] for i in range(min(threads, len(rows)))]
+    if len(parts) <= 1:
+      self._serve_rows(rows, r0, r1)
+      return
+    if self._pool is None or self._pool._max_workers < len(parts):
+      self._pool = concurrent.futures.ThreadPoolExecutor(len(parts))
+    for f in [self._pool.submit(self._serve_rows, p, r0, r1) for p in parts]:
+      f.result()
+
+  def _serve_rows(self, rows: np.ndarray, r0: int, r1: int) -> None:
     _serve_chunk(
-      np.asarray(rows, np.int64), r0, r1, *self._state(), self.T, self.S, self.reach,
-      self.req, self.cands, self.rule, self.kspars, self.hits_out, self.added_out,
+      rows, r0, r1, *self._state(), self.T, self.S, self.reach, self.req, self.cands,
+      self.rule, self.kspars, self.hits_out, self.added_out,
     )  # fmt: skip
+
+  def close(self) -> None:
+    """Stops the worker threads of `serve` (if any)."""
+    if self._pool is not None:
+      self._pool.shutdown()
+      self._pool = None
 
   def reweigh(self, row: int, r: int) -> None:
     """`UnitCache.reweigh` of one cache after request r - 1 (the reach prior as of it)."""

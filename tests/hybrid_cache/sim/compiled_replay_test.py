@@ -151,3 +151,17 @@ def test_settings_are_checked():
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [1.0])
   with pytest.raises(ValueError, match="settings must hold at least one"):
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [])
+
+
+def test_threads_give_the_same_replay(monkeypatch):
+  # the compiled bank deals its caches to one thread per CPU: any count gives the same points
+  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  trace = agentic(seed=3, num_sessions=8, sys_prompt_len=128, min_turns=2, max_turns=6)
+  longest = max(r.num_tokens for r in trace.requests)
+  caps = [TINY.state_bytes + 4 * (longest + 48) + s for s in (100, 900, 4000)]
+  got = []
+  for threads in (1, 3, 8):
+    monkeypatch.setattr(cp, "_cpus", lambda n=threads: n)
+    out = cp.sweep_checkpoint(trace, TINY, caps, "adaptive", 16, 48)
+    got.append([(t, _without_wall(x)) for t, x in out])
+  assert got[0] == got[1] == got[2]
