@@ -135,13 +135,16 @@ def run(
   limit: int | None = None,
   params: Mapping | None = None,
   progress: bool = True,
-  processes: int | None = None,
+  processes: int | None = 1,
 ) -> dict[str, Any]:
   """`experiments.run` entry: the sweep's per-capacity summaries and the plot.
 
   `processes` > 1 deals the capacities to that many spawned worker processes
   (`sweep_in_processes`); None = one per CPU, at most one per capacity (`default_processes`).
-  Every point is the same whatever the number."""
+  Every point is the same whatever the number. Default 1: the compiled replay already runs
+  the caches on one thread per CPU, and each worker process repeats the trie walk (full
+  Mooncake conversation trace, 2 CPUs, whole `experiments.run`: 10.2-11.0 s in one process,
+  11.4-11.9 s in two; BENCHMARKS.md, "Compiled sequential replay")."""
   caps = list(capacities) if capacities is not None else capacity_grid(cap_min, cap_max, num_points)
   if processes is None:
     processes = default_processes(len(caps))
