@@ -435,7 +435,12 @@ class CacheConfig:
   @property
   def max_blocks_per_request(self) -> int:
     """Block-table width per group: enough for max_model_len at the smallest block size."""
-    return -(-self.max_model_len // min(self.group_block_sizes)) + self.num_speculative_blocks
+    return self.blocks_per_request(min(self.group_block_sizes))
+
+  def blocks_per_request(self, block_size: int) -> int:
+    """Table positions a request can fill in a group of `block_size`-token blocks: its
+    max_model_len tokens, plus the speculative lookahead blocks."""
+    return -(-self.max_model_len // block_size) + self.num_speculative_blocks
 
   @property
   def max_hash_blocks(self) -> int:

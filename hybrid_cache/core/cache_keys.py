@@ -145,7 +145,7 @@ def fine_key_entries(lay: Layout, state: CacheState, hashes, g: int, ids) -> Cac
   # the table is as wide as the smallest group's block needs (a recurrent block of U: B / U
   # times this group's blocks); only this group's own positions can hold a block (Mooncake,
   # 120 requests, B 512, U 64: 115 s -> 10.5 s per replay, 2026-11-27)
-  mb = min(ids.shape[0], -(-lay.config.max_model_len // bs) + lay.num_spec_blocks)
+  mb = min(ids.shape[0], lay.config.blocks_per_request(bs))
   ids, mh = ids[:mb], hashes.shape[0]
   k = np.arange(mb)[:, None] * s + np.arange(s - 1)[None, :]  # hash index of each boundary
   # `insert` has just given every id > 0 its key in group g

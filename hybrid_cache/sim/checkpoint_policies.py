@@ -29,9 +29,9 @@ everything seen, whether a cache kept the point or not: a prior counted on the c
 feeds on itself, as an evicted point is never hit), hit counts and an exponent
 alpha re-tuned online: shadow caches replay the same requests with fixed weightings
 (`SHADOW_WEIGHTINGS`: plain LRU, alpha 0 and 1 with frequency and either prior, and alpha 2
-alone; same placement rule), and every `RETUNE_EVERY` requests the live cache takes the weighting whose
-shadow saved the most FLOPs over the recent requests (decayed, half-life `RETUNE_HALF_LIFE`)
-and re-weights the checkpoints it holds under it (`_retune`).
+alone; same placement rule), and every `RETUNE_EVERY` requests the live cache takes the
+weighting whose shadow saved the most FLOPs over the recent requests (decayed, half-life
+`RETUNE_HALF_LIFE`) and re-weights the checkpoints it holds under it (`_retune`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
 
 Sweeps: `sweep_checkpoint` replays one trace for many capacities at once (the trie walk,
