@@ -151,7 +151,7 @@ def run(
 ) -> dict[str, Any]:
   """`experiments.run` entry: `ablate`, then FLOPs saved per arm vs capacity (first seed)."""
   seeds = (seed,) if seeds is None else tuple(seeds)
-  if fmt != "synthetic" and not os.path.isfile(trace):
+  if fmt not in ("synthetic", "sharegpt") and not os.path.isfile(trace):
     raise ValueError(f"trace file {trace!r} does not exist")
   recs = ablate(
     trace,

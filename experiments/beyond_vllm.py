@@ -44,9 +44,17 @@ def load(
   trace: str, fmt: str, seed: int, limit: int | None = None, params: Mapping | None = None
 ) -> trace_lib.Trace:
   """The trace file (or synthetic generator `trace` at `seed` with keyword `params`), first
-  `limit` requests."""
+  `limit` requests. `fmt` "sharegpt": `trace` is a ShareGPT JSON or "default" (the packaged
+  copy, extra `sharegpt`); seed k takes the k-th disjoint set of sessions
+  (`load_sharegpt(first_session=k * num_sessions)`, `params` its other keywords)."""
   if fmt == "synthetic":
     t = synthetic.generate(trace, seed=seed, **dict(params or {}))
+  elif fmt == "sharegpt":
+    from hybrid_cache.sim.sharegpt import load_sharegpt
+
+    kw = {"num_sessions": 100} | dict(params or {})
+    path = None if trace == "default" else trace
+    t = load_sharegpt(path, first_session=seed * kw["num_sessions"], **kw)
   else:
     t = trace_lib.load(trace, fmt, limit=limit)
   return t if limit is None else t.head(limit)
@@ -194,7 +202,9 @@ def run(
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--trace", required=True)
-  p.add_argument("--format", required=True, choices=("mooncake", "marconi", "synthetic"))
+  p.add_argument(
+    "--format", required=True, choices=("mooncake", "marconi", "synthetic", "sharegpt")
+  )
   p.add_argument("--capacities", type=float, nargs="+", required=True)
   p.add_argument("--seeds", type=int, nargs="+", default=[0])
   p.add_argument("--model", default="marconi_7b")

@@ -84,19 +84,23 @@ PLACEMENTS = ("ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch", "adaptive")
 REPLAYS = ("sequential", "concurrent")
 BACKENDS = ("compiled", "python")
 SPARSE_PREFIX = "ckpt_sparse:"
-# (label, alpha, prior, frequency) of the shadow caches; "lru" = every weight 1 (plain LRU)
+# (label, alpha, prior, frequency, penultimate) of the shadow caches; "lru" = every weight 1
+# (plain LRU)
 SHADOW_WEIGHTINGS = (
-  ("lru", 0.0, "none", False),
-  ("hits/0", 0.0, "hits", True),
-  ("hits/1", 1.0, "hits", True),
-  ("reach/0", 0.0, "reach", True),
-  ("reach/1", 1.0, "reach", True),
+  ("lru", 0.0, "none", False, False),
+  ("hits/0", 0.0, "hits", True, False),
+  ("hits/1", 1.0, "hits", True, False),
+  ("reach/0", 0.0, "reach", True, False),
+  ("reach/1", 1.0, "reach", True, False),
   # FLOPs saved per byte only, strongly (GreedyDual-Size): the best fixed weighting on the
   # synthetic chat trace (+3% to +12% over the tuned live cache at 8e9); as a shadow +0% to +7%
   # there, +0.0% to +0.4% elsewhere (BENCHMARKS.md, "Ablation of `adaptive`")
-  ("none/2", 2.0, "none", False),
+  ("none/2", 2.0, "none", False, False),
+  # LRU-2 on chains (`UnitCache(penultimate=True)`): sessions whose turns interleave (real
+  # ShareGPT) re-use a chain at intervals its last interval predicts (BENCHMARKS.md, "Real
+  # ShareGPT sessions")
+  ("lru2", None, "none", False, True),
 )
-SHADOW_ALPHAS = tuple(w[1] for w in SHADOW_WEIGHTINGS)
 DEFAULT_WEIGHTING = 2  # the live cache's weighting before the first re-tune (hits/1)
 RETUNE_EVERY = 256
 RETUNE_HALF_LIFE = 2048.0
@@ -256,7 +260,7 @@ def _retune(pt: _Point, weightings) -> None:
   if best != pt.current:
     pt.current = best
     live = pt.live
-    _, live.alpha, live.prior, live.frequency = weightings[best]
+    _, live.alpha, live.prior, live.frequency, live.penultimate = weightings[best]
     live.reweigh()
 
 
@@ -392,8 +396,8 @@ def _setting_of(policy: str, alpha, prior: str, frequency: bool):
   if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
     raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
   if rule != "adaptive":
-    return (None, prior, frequency)
-  return None if alpha is None else (float(alpha), prior, frequency)
+    return (None, prior, frequency, False)
+  return None if alpha is None else (float(alpha), prior, frequency, False)
 
 
 def _check_setting(rule: str, setting) -> None:
@@ -403,9 +407,13 @@ def _check_setting(rule: str, setting) -> None:
     if rule != "adaptive":
       raise ValueError(f"the online re-tuning (setting None) is adaptive's, not {rule}'s")
     return
-  if not (isinstance(setting, tuple | list) and len(setting) == 3):
-    raise ValueError(f"a setting must be None or (alpha, prior, frequency), got {setting!r}")
-  alpha, prior, _ = setting
+  if not (isinstance(setting, tuple | list) and len(setting) == 4):
+    raise ValueError(
+      f"a setting must be None or (alpha, prior, frequency[, penultimate]), got {setting!r}"
+    )
+  alpha, prior, _, penultimate = setting
+  if penultimate and rule != "adaptive":
+    raise ValueError(f"penultimate (LRU-2) is a weighting of adaptive, not of {rule}")
   if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
     raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
   if prior not in PRIORS:
@@ -417,7 +425,7 @@ def sweep_settings(
   model: ModelConfig,
   capacities: Sequence[float],
   policy: str,
-  settings: Sequence[tuple[float | None, str, bool] | None],
+  settings: Sequence[tuple | None],
   unit: int = 64,
   block_size: int = 64,
   length_classes: bool = False,
@@ -430,9 +438,10 @@ def sweep_settings(
   batch axis of caches).
 
   Args:
-    settings: each None (`adaptive`'s online re-tuning) or (alpha, prior, frequency): a fixed
-      eviction weighting (`UnitCache`'s arguments; alpha None = plain LRU, the only choice of
-      the rules other than `adaptive`).
+    settings: each None (`adaptive`'s online re-tuning) or (alpha, prior, frequency[,
+      penultimate]): a fixed eviction weighting (`UnitCache`'s arguments; alpha None = plain
+      LRU, the only choice of the rules other than `adaptive`; penultimate True = LRU-2 on
+      chains, `adaptive` only).
     others: as `sweep_checkpoint`.
 
   Returns:
@@ -441,6 +450,9 @@ def sweep_settings(
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  settings = [
+    (*st, False) if isinstance(st, tuple | list) and len(st) == 3 else st for st in settings
+  ]
   settings = [tuple(st) if isinstance(st, list) else st for st in settings]
   caches = backend == "python"
   args = (trace, model, capacities, policy, unit, block_size, settings, length_classes)
@@ -575,14 +587,15 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   rows = []  # per point: (setting, sizes, live row, shadow rows)
   for st, sizes in rep.specs:
     if st is None:
-      _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-      live = bank.add(sizes.capacity, a0, p0, f0, flat=False)
+      _, a0, p0, f0, q0 = weightings[DEFAULT_WEIGHTING]
+      live = bank.add(sizes.capacity, a0, p0, f0, q0, flat=False, retuned=True)
       shadows = [
-        bank.add(sizes.capacity, a, pr, fr, flat=a == 0 and flat_ok) for _, a, pr, fr in weightings
+        bank.add(sizes.capacity, a, pr, fr, q, flat=a == 0 and flat_ok)
+        for _, a, pr, fr, q in weightings
       ]
     else:
-      a, pr, fr = st
-      live = bank.add(sizes.capacity, a, pr, fr, flat=a == 0 and flat_ok)
+      a, pr, fr, q = st
+      live = bank.add(sizes.capacity, a, pr, fr, q, flat=a == 0 and flat_ok)
       shadows = []
     rows.append((st, sizes, live, shadows))
   bank.start()
@@ -606,8 +619,8 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
         best = max(range(len(scores[i])), key=lambda j, s=scores[i]: (s[j], -j))
         if best != current[i]:
           current[i] = best
-          _, a, pr, fr = weightings[best]
-          bank.set_weighting(live, a, pr, fr)
+          _, a, pr, fr, q = weightings[best]
+          bank.set_weighting(live, a, pr, fr, q)
           bank.reweigh(live, r1)
     if progress is not None:
       progress(r1)
@@ -667,12 +680,15 @@ class _Replay:
       return
     for st, sizes in self.specs:
       if st is None:  # `adaptive`'s online re-tuning: a live cache and its shadows
-        _, a0, p0, f0 = weightings[DEFAULT_WEIGHTING]
-        live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True)
-        shadows = [UnitCache(trie, sizes, model, a, pr, fr, bank) for _, a, pr, fr in weightings]
+        _, a0, p0, f0, q0 = weightings[DEFAULT_WEIGHTING]
+        live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True, penultimate=q0)
+        shadows = [
+          UnitCache(trie, sizes, model, a, pr, fr, bank, penultimate=q)
+          for _, a, pr, fr, q in weightings
+        ]
       else:
-        alpha, prior, frequency = st
-        live = UnitCache(trie, sizes, model, alpha, prior, frequency, bank)
+        alpha, prior, frequency, q = st
+        live = UnitCache(trie, sizes, model, alpha, prior, frequency, bank, penultimate=q)
         shadows = []
       self.points.append(_Point(sizes, live, shadows, [0.0] * len(shadows), tuned=st is None))
     # the trie never outgrows the requests' computed units: reserve once (np.zeros pages are

@@ -41,15 +41,21 @@ from numba.typed import List
 from hybrid_cache.sim.checkpoint_cache import _BRANCH
 from hybrid_cache.sim.checkpoint_cache import _CKPT
 from hybrid_cache.sim.checkpoint_cache import _COMPACT_MIN
+from hybrid_cache.sim.checkpoint_cache import NO_HISTORY
 
 # rows of `CompiledBank.ints` (per-cache int64 scalars)
 _PAGES, _NCKPT, _SEQ, _EFF_N, _ROOTC, _COMPACT_AT, _ABSENT, _EVICTED, _ADMITTED, _HSIZE = range(10)
-_NINTS = 10
-# rows of `CompiledBank.flts`
-_CLOCK, _EFF_SUM = range(2)
+_NOW = 10  # lookups so far (`UnitCache._now`)
+_NINTS = 11
+# rows of `CompiledBank.flts`: GreedyDual's clock, the FLOPs ratio's running sum, the
+# penultimate access new checkpoints of the current request get (`UnitCache._inherit`)
+_CLOCK, _EFF_SUM, _INHERIT = range(3)
+_NFLTS = 3
 # rows of `CompiledBank.cfg`: capacity bytes, prior code, frequency, plain LRU (alpha None),
-# flat weight (`UnitCache._flat_weight`)
-_CAP, _PRIOR, _FREQ, _LRU, _FLAT = range(5)
+# flat weight (`UnitCache._flat_weight`), LRU-2 (`UnitCache.penultimate`), access history kept
+# (`UnitCache._history`)
+_CAP, _PRIOR, _FREQ, _LRU, _FLAT, _PEN, _HIST = range(7)
+_NCFG = 7
 PRIOR_CODES = {"hits": 0, "reach": 1, "none": 2}
 RULE_CODES = {"ckpt_dense": 0, "ckpt_sparse": 1, "ckpt_branch": 2, "adaptive": 3}
 NUM_KINDS = 32  # kind * 8 + length class, kind < 4 (`checkpoint_policies.candidates`)
@@ -136,7 +142,8 @@ def _marks_above(flag, flat, s0, count):
 @nb.njit(**_JIT)
 def _push(C, HP, HS, HN, k, T, S, reach, n, touch, prev, a):
   """`UnitCache._push` (with `_flops_term`)."""
-  present, flag, nchild, ints, flts, cfg, alpha, kp, kh, entry, hits, kind, stamp = C
+  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+  entry, hits, kind, stamp, lastref, penult = C[9:]
   depth, home, flat, fl = T
   unit, bs, page, state = S
   seq = ints[_SEQ] + 1
@@ -147,6 +154,11 @@ def _push(C, HP, HS, HN, k, T, S, reach, n, touch, prev, a):
     stamp[n] = st
   else:
     st = stamp[n]
+  if cfg[_PEN]:
+    _heap_push(HP, HS, HN, k, ints, penult[n], seq, n)
+    if ints[_HSIZE] > ints[_COMPACT_AT]:
+      _compact(HP, HS, HN, k, ints, entry)
+    return
   if cfg[_LRU]:
     w = 1.0
   else:
@@ -184,7 +196,8 @@ def _push(C, HP, HS, HN, k, T, S, reach, n, touch, prev, a):
 def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
   """`UnitCache._drop`: drops checkpoint n; a leaf also drops its KV chain up to the nearest
   ancestor that is a checkpoint, a branch or pinned (pa[:pin_d], the one running request)."""
-  present, flag, nchild, ints, flts, cfg, alpha, kp, kh, entry, hits, kind, stamp = C
+  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+  entry, hits, kind, stamp, lastref, penult = C[9:]
   depth, home, flat, fl = T
   unit, bs, page, state = S
   flag[n] = flag[n] & _BRANCH
@@ -194,6 +207,8 @@ def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
   del hits[n]
   del kind[n]
   del stamp[n]
+  if cfg[_HIST]:
+    del penult[n]  # its last access stays (a ghost, `UnitCache._drop`)
   if nchild[n]:
     return
   dn = depth[n]
@@ -236,7 +251,8 @@ def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
 @nb.njit(**_JIT)
 def _evict_one(C, HP, HS, HN, k, T, S, reach, pa, pin_d):
   """`UnitCache._evict_one`; False when no unpinned unit is left."""
-  present, flag, nchild, ints, flts, cfg, alpha, kp, kh, entry, hits, kind, stamp = C
+  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+  entry, hits, kind, stamp, lastref, penult = C[9:]
   depth = T[0]
   held = np.empty(0, np.int64)
   nheld = 0
@@ -264,7 +280,8 @@ def _evict_one(C, HP, HS, HN, k, T, S, reach, pa, pin_d):
         continue
     if zero_state and nchild[n]:
       continue
-    flts[_CLOCK] = max(flts[_CLOCK], prio)
+    if not cfg[_PEN]:  # GreedyDual's clock (LRU-2's priorities are access times)
+      flts[_CLOCK] = max(flts[_CLOCK], prio)
     _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d)
     ok = True
     break
@@ -305,7 +322,8 @@ def _push_marked(C, HP, HS, HN, k, T, S, reach, pa, q, touch):
 def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, kspars, cq, ckd, nc):
   """`UnitCache.serve` of one request (lookup, fresh write, hit, fit, insertion, fit);
   returns (hit depth in units, checkpoints added)."""
-  present, flag, nchild, ints, flts, cfg, alpha, kp, kh, entry, hits, kind, stamp = C
+  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+  entry, hits, kind, stamp, lastref, penult = C[9:]
   unit, bs, page, state = S
   recurrent = state > 0
   n_path = pa.shape[0]
@@ -335,8 +353,19 @@ def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, ksp
   ints[_ABSENT] = first
   d = last if recurrent else f
   pin_d = d
+  hist = cfg[_HIST]
+  now = ints[_NOW]
+  if hist:
+    now += 1
+    ints[_NOW] = now
+    flts[_INHERIT] = now - NO_HISTORY
   if last:
     n = pa[last - 1]
+    if hist:
+      before = lastref[n]
+      penult[n] = before
+      flts[_INHERIT] = before
+      lastref[n] = now
     hits[n] += 1
     kd = kind[n]
     kh[kd] += 1.0
@@ -400,6 +429,10 @@ def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, ksp
         flag[n] = flag[n] | _CKPT
         kind[n] = 0
         hits[n] = 0
+        if hist:
+          before = lastref.get(n, -1)
+          penult[n] = flts[_INHERIT] if before < 0 else before
+          lastref[n] = now
         kp[0] += 1.0
         new[nnew] = q
         nnew += 1
@@ -416,6 +449,10 @@ def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, ksp
         kd = ckd[i]
         kind[n] = kd
         hits[n] = 0
+        if hist:
+          before = lastref.get(n, -1)
+          penult[n] = flts[_INHERIT] if before < 0 else before
+          lastref[n] = now
         kp[kd] += 1.0
         new[nnew] = q
         nnew += 1
@@ -444,13 +481,14 @@ def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, ksp
 @nb.njit(**_JIT)
 def _serve_chunk(
   ks, r0, r1, present, flag, nchild, ints, flts, cfg, alpha, kplaced, khit,
-  ENTRY, HITS, KIND, STAMP, HP, HS, HN, T, S, reach, req, cands, rule, kspars, hit_out, add_out,
+  ENTRY, HITS, KIND, STAMP, LAST, PEN, HP, HS, HN, T, S, reach, req, cands, rule, kspars,
+  hit_out, add_out,
 ):  # fmt: skip
   depth, home, flat, fl = T
   for k in ks:
     C = (
       present[k], flag[k], nchild[k], ints[k], flts[k], cfg[k], alpha[k : k + 1], kplaced[k],
-      khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k],
+      khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k], LAST[k], PEN[k],
     )  # fmt: skip
     for r in range(r0, r1):
       s0, n, old, cap, n_comp, rdeep, nc = (
@@ -466,12 +504,12 @@ def _serve_chunk(
 
 @nb.njit(**_JIT)
 def _reweigh(k, present, flag, nchild, ints, flts, cfg, alpha, kplaced, khit,
-             ENTRY, HITS, KIND, STAMP, HP, HS, HN, T, S, reach):  # fmt: skip
+             ENTRY, HITS, KIND, STAMP, LAST, PEN, HP, HS, HN, T, S, reach):  # fmt: skip
   """`UnitCache.reweigh` of cache k (every held checkpoint re-pushed at its stamp, in the
   order the checkpoints were first inserted)."""
   C = (
     present[k], flag[k], nchild[k], ints[k], flts[k], cfg[k], alpha[k : k + 1], kplaced[k],
-    khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k],
+    khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k], LAST[k], PEN[k],
   )  # fmt: skip
   entry = ENTRY[k]
   nodes = np.empty(len(entry), np.int64)
@@ -513,12 +551,23 @@ class CompiledBank:
     self.T = trie
     self.reach, self.req, self.cands = reach, req, cands
     self.rule, self.kspars = int(rule), int(kspars)
-    self.configs: list[tuple[int, float | None, str, bool, bool]] = []
+    self.configs: list[tuple[int, float | None, str, bool, bool, bool, bool]] = []
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
-  def add(self, capacity: int, alpha: float | None, prior: str, frequency: bool, flat: bool):
-    """Adds a cache (its weighting as `UnitCache`'s arguments); returns its row."""
-    self.configs.append((int(capacity), alpha, prior, bool(frequency), bool(flat)))
+  def add(
+    self,
+    capacity: int,
+    alpha: float | None,
+    prior: str,
+    frequency: bool,
+    penultimate: bool,
+    flat: bool,
+    retuned: bool = False,
+  ) -> int:
+    """Adds a cache (its weighting and `retuned` as `UnitCache`'s arguments); returns its row."""
+    hist = bool(penultimate or retuned)  # `UnitCache._history`
+    cfg = (int(capacity), alpha, prior, bool(frequency), bool(penultimate), bool(flat), hist)
+    self.configs.append(cfg)
     return len(self.configs) - 1
 
   def start(self) -> None:
@@ -529,22 +578,25 @@ class CompiledBank:
     self.nchild = np.zeros((k, nodes), np.int32)
     self.ints = np.zeros((k, _NINTS), np.int64)
     self.ints[:, _COMPACT_AT] = _COMPACT_MIN
-    self.flts = np.zeros((k, 2), np.float64)
-    self.cfg = np.zeros((k, 5), np.int64)
+    self.flts = np.zeros((k, _NFLTS), np.float64)
+    self.cfg = np.zeros((k, _NCFG), np.int64)
     self.alpha = np.zeros(k, np.float64)
-    for i, (cap, alpha, prior, freq, flat) in enumerate(self.configs):
-      self.set_weighting(i, alpha, prior, freq)
-      self.cfg[i, _CAP], self.cfg[i, _FLAT] = cap, int(flat)
+    for i, (cap, alpha, prior, freq, pen, flat, hist) in enumerate(self.configs):
+      self.set_weighting(i, alpha, prior, freq, pen)
+      self.cfg[i, _CAP], self.cfg[i, _FLAT], self.cfg[i, _HIST] = cap, int(flat), int(hist)
     self.kplaced = np.zeros((k, NUM_KINDS), np.float64)
     self.khit = np.zeros((k, NUM_KINDS), np.float64)
     i64, f64 = types.int64, types.float64
     self.ENTRY, self.HITS, self.KIND, self.STAMP = List(), List(), List(), List()
+    self.LAST, self.PEN = List(), List()
     self.HP, self.HS, self.HN = List(), List(), List()
     for _ in range(k):
       self.ENTRY.append(Dict.empty(i64, i64))
       self.HITS.append(Dict.empty(i64, i64))
       self.KIND.append(Dict.empty(i64, i64))
       self.STAMP.append(Dict.empty(i64, f64))
+      self.LAST.append(Dict.empty(i64, i64))
+      self.PEN.append(Dict.empty(i64, f64))
       self.HP.append(np.empty(1024, np.float64))
       self.HS.append(np.empty(1024, np.int64))
       self.HN.append(np.empty(1024, np.int64))
@@ -552,18 +604,22 @@ class CompiledBank:
     self.hits_out = np.zeros((k, r), np.int64)
     self.added_out = np.zeros((k, r), np.int64)
 
-  def set_weighting(self, row: int, alpha: float | None, prior: str, frequency: bool) -> None:
-    """`UnitCache`'s alpha / prior / frequency of one cache (None alpha: plain LRU)."""
+  def set_weighting(
+    self, row: int, alpha: float | None, prior: str, frequency: bool, penultimate: bool
+  ) -> None:
+    """`UnitCache`'s alpha / prior / frequency / penultimate of one cache (None alpha: plain
+    LRU)."""
     self.cfg[row, _LRU] = int(alpha is None)
     self.alpha[row] = 0.0 if alpha is None else float(alpha)
     self.cfg[row, _PRIOR] = PRIOR_CODES[prior]
     self.cfg[row, _FREQ] = int(frequency)
+    self.cfg[row, _PEN] = int(penultimate)
 
   def _state(self):
     return (
       self.present, self.flag, self.nchild, self.ints, self.flts, self.cfg, self.alpha,
-      self.kplaced, self.khit, self.ENTRY, self.HITS, self.KIND, self.STAMP, self.HP, self.HS,
-      self.HN,
+      self.kplaced, self.khit, self.ENTRY, self.HITS, self.KIND, self.STAMP, self.LAST,
+      self.PEN, self.HP, self.HS, self.HN,
     )  # fmt: skip
 
   def serve(self, rows: np.ndarray, r0: int, r1: int, threads: int = 1) -> None:

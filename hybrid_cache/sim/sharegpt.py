@@ -113,9 +113,18 @@ def load_sharegpt(
   sps: float = 1.0,
   max_context: int = 32768,
   tokenizer_path: str | None = None,
+  first_session: int = 0,
 ) -> Trace:
-  """Builds the multi-turn trace (module docstring); ImportError without the extra."""
-  for name, v, lo in (("num_sessions", num_sessions, 1), ("min_rounds", min_rounds, 1)):
+  """Builds the multi-turn trace (module docstring); ImportError without the extra.
+
+  `first_session`: skip that many qualifying conversations first (disjoint session sets:
+  `first_session = k * num_sessions` for k = 0, 1, ...; the packaged file holds 524 with >= 10
+  rounds). Arrival times count from the first session taken."""
+  for name, v, lo in (
+    ("num_sessions", num_sessions, 1),
+    ("min_rounds", min_rounds, 1),
+    ("first_session", first_session, 0),
+  ):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
       raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
   if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
@@ -135,9 +144,13 @@ def load_sharegpt(
 
   reqs = []
   sessions = 0
+  skipped = 0
   for _, conv in iter_conversations(data):
     rounds = rounds_of(conv)
     if len(rounds) < min_rounds:
+      continue
+    if skipped < first_session:
+      skipped += 1
       continue
     s = sessions
     sessions += 1
@@ -156,4 +169,6 @@ def load_sharegpt(
       break
   reqs.sort(key=lambda x: (x[0], x[1]))
   name = f"sharegpt_sessions={sessions}_sps={sps:g}"
+  if first_session:
+    name += f"_from={first_session}"
   return Trace(tuple(r for _, _, r in reqs), "tokens", name)

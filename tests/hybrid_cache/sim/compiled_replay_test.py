@@ -149,6 +149,8 @@ def test_settings_are_checked():
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [(1.0, "often", True)])
   with pytest.raises(ValueError, match="a setting must be None or"):
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [1.0])
+  with pytest.raises(ValueError, match="penultimate"):
+    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [(None, "none", False, True)])
   with pytest.raises(ValueError, match="settings must hold at least one"):
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [])
 
@@ -165,3 +167,24 @@ def test_threads_give_the_same_replay(monkeypatch):
     out = cp.sweep_checkpoint(trace, TINY, caps, "adaptive", 16, 48)
     got.append([(t, _without_wall(x)) for t, x in out])
   assert got[0] == got[1] == got[2]
+
+
+@pytest.mark.parametrize(
+  ("model", "seed"), [(TINY, 0), (TINY, 1), (ATTN_ONLY, 2), (SWA_ONLY, 3), (TINY, 4)]
+)
+def test_lru2_compiled_equals_python(model, seed):
+  # LRU-2 on chains (penultimate access times) and GreedyDual side by side, fixed settings
+  trace = small_chat(60, seed=seed) if seed % 2 else agentic(seed=seed, num_sessions=8)
+  longest = max(r.num_tokens for r in trace.requests)
+  floor = model.state_bytes + 4 * (longest + 48) + 64
+  caps = [floor + 100, floor + 700, floor + 3000]
+  settings = [(None, "none", False, True), (1.0, "hits", True, False), None]
+  got = [
+    [[(t, _without_wall(x)) for t, x in row] for row in cp.sweep_settings(
+      trace, model, caps, "adaptive", settings, 16, 48, backend=backend
+    )]
+    for backend in cp.BACKENDS
+  ]  # fmt: skip
+  assert got[0] == got[1]
+  lru2 = got[0][0]
+  assert any(x["states_evicted"] for _, x in lru2)

@@ -57,6 +57,8 @@ def test_bad_arguments():
     sharegpt.load_sharegpt("x.json", num_sessions=0)
   with pytest.raises(ValueError, match="sps must be"):
     sharegpt.load_sharegpt("x.json", sps=0)
+  with pytest.raises(ValueError, match="first_session must be"):
+    sharegpt.load_sharegpt("x.json", first_session=-1)
 
 
 def test_multi_turn_rule_with_the_real_tokenizer(tmp_path):
@@ -84,6 +86,10 @@ def test_multi_turn_rule_with_the_real_tokenizer(tmp_path):
   assert all(r.seq[0] == bos for r in tr.requests)
   short = sharegpt.load_sharegpt(p, num_sessions=1, min_rounds=3, max_context=60)
   assert all(r.num_tokens <= 60 for r in short.requests) and len(short) < 4
+  # first_session skips qualifying conversations: the second set of one session is c3
+  later = sharegpt.load_sharegpt(p, num_sessions=1, min_rounds=3, first_session=1)
+  assert [list(r.seq) for r in later.requests] == [list(r.seq) for r in by[1]]
+  assert later.requests[0].ts == 0.0 and "from=1" in later.name
 
 
 def test_packaged_sharegpt_trace():
