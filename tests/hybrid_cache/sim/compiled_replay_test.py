@@ -188,3 +188,20 @@ def test_lru2_compiled_equals_python(model, seed):
   assert got[0] == got[1]
   lru2 = got[0][0]
   assert any(x["states_evicted"] for _, x in lru2)
+
+
+def test_run_checkpoint_penultimate_is_the_lru2_setting():
+  trace = agentic(seed=6, num_sessions=6)
+  longest = max(r.num_tokens for r in trace.requests)
+  cap = TINY.state_bytes + 4 * (longest + 48) + 500
+  alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, penultimate=True)
+  (grid,) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [cp.LRU2[1:]], 16, 48)
+  assert alone[0] == grid[0][0] and alone[1]["alpha"] is None
+  conc = cp.run_checkpoint(
+    trace, TINY, cap, "adaptive", 16, 48, penultimate=True, replay="concurrent"
+  )
+  assert len(conc[0]) == len(trace)
+  with pytest.raises(ValueError, match="penultimate"):
+    cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, alpha=1.0, penultimate=True)
+  with pytest.raises(ValueError, match="penultimate"):
+    cp.run_checkpoint(trace, TINY, cap, "ckpt_branch", 16, 48, penultimate=True)
