@@ -126,7 +126,8 @@ def _compact(HP, HS, HN, k, ints, entry):
 @nb.njit(**_JIT)
 def _marks_above(flag, flat, s0, count):
   """(depth of the deepest checkpoint, of the deepest checkpoint or branch) among the nodes
-  flat[s0 : s0 + count] of a root path (`checkpoint_cache._marks_above`); 0 = none."""
+  flat[s0 : s0 + count] of a root path (`checkpoint_cache._marks_above`; `flat` is the walked
+  paths end to end or one path); 0 = none."""
   ck, top = 0, 0
   for i in range(count - 1, -1, -1):
     f = flag[flat[s0 + i]]
@@ -305,16 +306,7 @@ def _fit(C, HP, HS, HN, k, T, S, reach, limit, pa, pin_d):
 def _push_marked(C, HP, HS, HN, k, T, S, reach, pa, q, touch):
   """A push from `_insert`: the previous checkpoint and the nearest mark above depth q, read
   along the request's path (what `UnitCache._insert` reads from one gather)."""
-  flag = C[1]
-  prev, a = 0, 0
-  for i in range(q - 2, -1, -1):
-    f = flag[pa[i]]
-    if f:
-      if a == 0:
-        a = i + 1
-      if f & _CKPT:
-        prev = i + 1
-        break
+  prev, a = _marks_above(C[1], pa, 0, q - 1)
   _push(C, HP, HS, HN, k, T, S, reach, pa[q - 1], touch, prev, a)
 
 
