@@ -399,20 +399,19 @@ def sweep_checkpoint(
 def _setting_of(policy: str, alpha, prior: str, frequency: bool, penultimate: bool = False):
   """The one setting of `run_checkpoint`'s arguments: `adaptive`'s online re-tuning (alpha
   None), a fixed weighting (alpha given), LRU-2 (penultimate), or plain LRU (the other
-  rules)."""
+  rules); `_check_setting` validates it."""
   rule, _ = parse_placement(policy)
   if penultimate:
-    if rule != "adaptive" or alpha is not None:
-      raise ValueError(
-        f"penultimate (LRU-2) is a weighting of adaptive without alpha, got {policy!r} "
-        f"with alpha {alpha!r}"
-      )
+    if alpha is not None:
+      raise ValueError(f"penultimate (LRU-2) takes no alpha, got alpha {alpha!r}")
     return LRU2[1:]
-  if alpha is not None and (rule != "adaptive" or not 0.0 <= float(alpha) <= 100.0):
-    raise ValueError(f"alpha must be None or in [0, 100] for adaptive only, got {alpha!r}")
-  if rule != "adaptive":
-    return (None, prior, frequency, False)
-  return None if alpha is None else (float(alpha), prior, frequency, False)
+  if rule == "adaptive" and alpha is None:
+    return None
+  try:
+    alpha = None if alpha is None else float(alpha)
+  except (TypeError, ValueError):
+    raise ValueError(f"alpha must be None or a number in [0, 100], got {alpha!r}") from None
+  return (alpha, prior, frequency, False)
 
 
 def _check_setting(rule: str, setting) -> None:
@@ -465,10 +464,10 @@ def sweep_settings(
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  # (alpha, prior, frequency) reads as not LRU-2
   settings = [
     (*st, False) if isinstance(st, tuple | list) and len(st) == 3 else st for st in settings
   ]
-  settings = [tuple(st) if isinstance(st, list) else st for st in settings]
   caches = backend == "python"
   args = (trace, model, capacities, policy, unit, block_size, settings, length_classes)
   rep = _Replay(*args, caches=caches)
