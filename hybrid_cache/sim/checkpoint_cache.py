@@ -52,7 +52,7 @@ p_kind the prior that a point of its placement kind is passed later (`SeenTrie.r
 clock = the priority of the last eviction (so equal weights evict in LRU order, alpha = 0 is
 recency and frequency only, larger alpha favours FLOPs saved per byte).
 
-LRU-2 on chains (`penultimate=True`, a weighting `adaptive` may tune to): a checkpoint's
+LRU-2 on chains (`penultimate=True`, a fixed weighting of `adaptive`): a checkpoint's
 priority is the time of its penultimate access instead (O'Neil et al., SIGMOD'93: evict the
 oldest second-to-last reference). An access is a hit served by the checkpoint, or its placement;
 a checkpoint placed by a request inherits the previous access of the checkpoint that served the
@@ -512,7 +512,8 @@ class UnitCache:
     self._flops = flops_table(model, sizes.unit)
     self.retuned = retuned
     self.penultimate = penultimate
-    # LRU-2 on chains (kept when it is or may become the weighting): per checkpoint its last
+    # LRU-2 on chains (kept when it is the weighting, or may become it: a re-tuned cache, whose
+    # tuner may list an LRU-2 weighting): per checkpoint its last
     # access, also after it is evicted (LRU-K's retained history: without it a re-placed point
     # counts as new and LRU-2 starves, real ShareGPT 2e9: 1.39e15 vs 5.70e15 FLOPs saved), and
     # per held checkpoint its penultimate one (`_now` counts the lookups; a checkpoint without
