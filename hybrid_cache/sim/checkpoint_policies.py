@@ -247,6 +247,11 @@ class _Point:
   tuned: bool = False  # the live cache is re-tuned online among its shadows' weightings
 
 
+def _best_shadow(score: list[float]) -> int:
+  """The shadow with the best decayed score (ties: the first)."""
+  return max(range(len(score)), key=lambda i: (score[i], -i))
+
+
 def _retune(pt: _Point, weightings) -> None:
   """`adaptive`'s online re-tuning of one capacity: the live cache takes the weighting whose
   shadow has the best decayed score (ties: the first). On a change its held checkpoints are
@@ -257,7 +262,7 @@ def _retune(pt: _Point, weightings) -> None:
   (BENCHMARKS.md, "Re-weighting on a re-tune switch": FLOPs saved +1.0% to +5.3% on the five
   Mooncake points, -1.7% to +1.6% on the synthetic ones, +0.8% mean over 17).
   """
-  best = max(range(len(pt.score)), key=lambda i: (pt.score[i], -i))
+  best = _best_shadow(pt.score)
   if best != pt.current:
     pt.current = best
     live = pt.live
@@ -519,7 +524,7 @@ def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
     if progress is not None:
       progress(r + 1)
   wall = time.perf_counter() - t0
-  return [_summary(pt, model, trie, stats, weightings, pt.tuned, wall) for pt in points]
+  return [_summary(pt, model, trie, stats, weightings, wall) for pt in points]
 
 
 @dataclasses.dataclass
@@ -564,7 +569,7 @@ def _walk_all(rep: _Replay, trace: Trace):
     longest = max(longest, len(path))
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
-  fl = flops_table(rep.model, u).extend(longest)
+  fl = flops_table(rep.model, u).extend(max(longest, 1))  # depth 1: the flat-weight test
   if fl[-1] >= 2**63:
     return None
   tables = (
@@ -596,20 +601,15 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
     compiled_replay.RULE_CODES[rep.rule],
     rep.k,
   )
-  fl1 = flops_table(model, u).extend(1)
-  flat_ok = fl1[1] > fl1[0]  # `UnitCache._flat_weight`
   rows = []  # per point: (setting, sizes, live row, shadow rows)
   for st, sizes in rep.specs:
     if st is None:
       _, a0, p0, f0, q0 = weightings[DEFAULT_WEIGHTING]
-      live = bank.add(sizes.capacity, a0, p0, f0, q0, flat=False, retuned=True)
-      shadows = [
-        bank.add(sizes.capacity, a, pr, fr, q, flat=a == 0 and flat_ok)
-        for _, a, pr, fr, q in weightings
-      ]
+      live = bank.add(sizes.capacity, a0, p0, f0, q0, retuned=True)
+      shadows = [bank.add(sizes.capacity, a, pr, fr, q) for _, a, pr, fr, q in weightings]
     else:
       a, pr, fr, q = st
-      live = bank.add(sizes.capacity, a, pr, fr, q, flat=a == 0 and flat_ok)
+      live = bank.add(sizes.capacity, a, pr, fr, q)
       shadows = []
     rows.append((st, sizes, live, shadows))
   bank.start()
@@ -630,7 +630,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       lab = weightings[current[i]][0]
       used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
       if r1 % RETUNE_EVERY == 0:  # `_retune`
-        best = max(range(len(scores[i])), key=lambda j, s=scores[i]: (s[j], -j))
+        best = _best_shadow(scores[i])
         if best != current[i]:
           current[i] = best
           _, a, pr, fr, q = weightings[best]
@@ -657,7 +657,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       (restores * sizes.ckpt_bytes).tolist(),
       tuned=st is None,
     )
-    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, st is None, wall))
+    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, wall))
   return out
 
 
@@ -819,14 +819,15 @@ def _run_concurrent(
     "max_running": max_running,
     "arrival_scale": arrival_scale,
   }
-  return _summary(pt, model, trie, stats, weightings, tuned, time.perf_counter() - t0, fields)
+  return _summary(pt, model, trie, stats, weightings, time.perf_counter() - t0, fields)
 
 
-def _summary(pt: _Point, model, trie, stats, weightings, tuned: bool, wall: float, conc=None):
+def _summary(pt: _Point, model, trie, stats, weightings, wall: float, conc=None):
   """(triples, extra summary fields) of one capacity (see `run_checkpoint`); `conc`: the
   concurrent replay's fields (they replace the sequential TTFTs with copies). `pt.live`: the
   live cache, or its `_LiveCounts` (compiled backend)."""
   triples, copy_bytes, live, sizes = pt.triples, pt.copy_bytes, pt.live, pt.sizes
+  tuned = pt.tuned
   extra = {"checkpoint_copy_bytes": int(sum(copy_bytes))}
   if conc is None:
     ttft = model.ttft_ms(np.array([n - h for _, n, h in triples], np.int64))

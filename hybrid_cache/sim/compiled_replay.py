@@ -529,7 +529,8 @@ class CompiledBank:
     trie_nodes: nodes of the trie after the whole walk.
     sizes: (unit, block_size, kv_page_bytes, ckpt_bytes), shared by every cache.
     trie: (depth, home, flat, flops) int64 arrays: per node its depth and the offset of its
-      creating path in flat (every walked path end to end); flops[d] = F(d U).
+      creating path in flat (every walked path end to end); flops[d] = F(d U), d >= 0 up to
+      the longest path and at least 1.
     reach: float64[R, NUM_KINDS], the reach prior of each kind as of each request.
     req: int64[R, 7] per request: (offset of its path in flat, path length, units that existed
       before it, hit cap in units, computed tokens, deepest placement, candidate count).
@@ -553,11 +554,12 @@ class CompiledBank:
     prior: str,
     frequency: bool,
     penultimate: bool,
-    flat: bool,
     retuned: bool = False,
   ) -> int:
     """Adds a cache (its weighting and `retuned` as `UnitCache`'s arguments); returns its row."""
     hist = bool(penultimate or retuned)  # `UnitCache._history`
+    fl = self.T[3]  # `UnitCache._flat_weight` (the table holds depth 1)
+    flat = alpha == 0 and not retuned and bool(fl[1] > fl[0])
     cfg = (int(capacity), alpha, prior, bool(frequency), bool(penultimate), bool(flat), hist)
     self.configs.append(cfg)
     return len(self.configs) - 1
