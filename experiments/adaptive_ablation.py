@@ -1,5 +1,5 @@
 """Ablation of `adaptive` (issue 15, item 5): its gain over the best vLLM setting split into byte
-accounting, placement, granularity and eviction, per (seed, capacity).
+accounting, placement, granularity, retirement and eviction, per (seed, capacity).
 
 Arms, each adding one thing to the one before (FLOPs saved; model `model`, KV pages of
 `block_size` tokens):
@@ -10,14 +10,18 @@ Arms, each adding one thing to the one before (FLOPs saved; model `model`, KV pa
   exact_bytes       core `vllm_align_marconi` with KV pages and state slots on one byte budget
                     (`--page-layout pools`): vLLM's rules, a state costing its own bytes
   placement         `adaptive`'s placement (branch point + learned continuation point), plain
-                    LRU eviction, checkpoint unit = `block_size` (hits on the block grid)
+                    LRU eviction, checkpoint unit = `block_size` (hits on the block grid), no
+                    retirement
   granularity       the same at checkpoint unit `checkpoint_unit` (hits at its multiples)
+  retirement        + superseded checkpoints dropped while they are rarely used again
+                    (`checkpoint_policies.SupersessionStats`; chat-like traces only)
   eviction          + chain-aware GreedyDual (hits prior, frequency, alpha 1 fixed)
   adaptive          + the weighting re-tuned online (`adaptive` as `python -m hybrid_cache.sim`
                     runs it)
 
 The last three share one replay (`checkpoint_policies.sweep_settings`: one walk, one compiled
-bank of caches over settings x capacities). Each record has every arm's FLOPs saved, its step
+bank of caches over settings x capacities); placement and granularity are one replay each,
+with `retirement=False`. Each record has every arm's FLOPs saved, its step
 ratio (arm / previous arm; they multiply to adaptive / vllm_best) and the total. Plot: FLOPs
 saved per arm against capacity (first seed).
 
@@ -43,10 +47,13 @@ from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 
-ARMS = ("vllm_best", "exact_bytes", "placement", "granularity", "eviction", "adaptive")
-# `sweep_settings` settings of the arms replayed at the checkpoint unit
+ARMS = (
+  "vllm_best", "exact_bytes", "placement", "granularity", "retirement", "eviction", "adaptive"
+)  # fmt: skip
+_LRU = (None, "none", False)
+# `sweep_settings` settings of the arms replayed at the checkpoint unit with retirement
 _UNIT_ARMS = {
-  "granularity": (None, "none", False),  # plain LRU
+  "retirement": _LRU,
   "eviction": (1.0, "hits", True),
   "adaptive": None,  # the online re-tuning
 }
@@ -99,13 +106,14 @@ def ablate(
       pools = {"backend": backend, "page_layout": "pools"}
       flops[i]["exact_bytes"] = _core(tr, m, cap, block_size, pools)
       wall[i]["exact_bytes"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    (placed,) = checkpoint_policies.sweep_settings(
-      tr, m, caps, "adaptive", [(None, "none", False)], block_size, block_size
-    )
-    for i, (triples, _) in enumerate(placed):
-      flops[i]["placement"] = _flops(m, triples)
-      wall[i]["placement"] = time.perf_counter() - t0
+    for arm, unit in (("placement", block_size), ("granularity", checkpoint_unit)):
+      t0 = time.perf_counter()
+      (placed,) = checkpoint_policies.sweep_settings(
+        tr, m, caps, "adaptive", [_LRU], unit, block_size, retirement=False
+      )
+      for i, (triples, _) in enumerate(placed):
+        flops[i][arm] = _flops(m, triples)
+        wall[i][arm] = time.perf_counter() - t0
     t0 = time.perf_counter()
     grid = checkpoint_policies.sweep_settings(
       tr, m, caps, "adaptive", list(_UNIT_ARMS.values()), checkpoint_unit, block_size

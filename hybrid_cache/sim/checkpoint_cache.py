@@ -32,6 +32,16 @@ at no extra compute, so here:
   one is kept (KV past the last checkpoint cannot serve a recurrent hit and is dropped); r's
   working set is released and the cache is evicted to the capacity minus the working sets still
   running. With one request at a time (sequential) nothing else is pinned or reserved.
+- Retirement (`retire=True` at r's finish, decided by the placement rule: `adaptive` sets it
+  while the checkpoints its requests supersede are rarely used again,
+  `checkpoint_policies.SupersessionStats`): once r's new checkpoints are in, every checkpoint
+  on r's path above its deepest new one that has a single present child is *superseded* (a
+  request reaching it continues to the deeper one) and is dropped at once, its state only (its
+  KV is the deeper chain's prefix). A chat session's previous turn keeps a state that only a
+  regenerated answer would use: without retirement each session holds one state (~409 tokens of
+  KV on marconi_7b) per turn until eviction reaches it. With an access history (LRU-2, below)
+  the deepest new checkpoint takes the latest penultimate access of those it retires, so the
+  session's chain keeps its history.
 - Admission control (`can_admit`, the concurrent replay): a request waits unless the capacity
   covers the running working sets, a bound on the running requests' pinned hit paths (whole
   pages of the hit + its path's checkpoints, summed without sharing) and its own working set
@@ -509,6 +519,7 @@ class UnitCache:
     self.kind_hit: dict[int, float] = {}
     self.evicted_ckpts = 0
     self.admitted_ckpts = 0
+    self.retired_ckpts = 0  # superseded checkpoints dropped at insertion (`_retire`)
     self._flops = flops_table(model, sizes.unit)
     self.retuned = retuned
     self.penultimate = penultimate
@@ -672,16 +683,20 @@ class UnitCache:
       self._push(n, touch=False)
     return ok
 
-  def _drop(self, n: int) -> None:
-    """Drops checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
-    a checkpoint, a branch (>= 2 children) or pinned."""
-    flag, nchild = self._flag, self._nchild
-    flag[n] = flag.item(n) & _BRANCH  # scalars through .item: Python ints, no NumPy scalars
+  def _drop_state(self, n: int) -> None:
+    """Drops checkpoint n's state and per-checkpoint entries (not its KV)."""
+    self._flag[n] = self._flag.item(n) & _BRANCH  # .item: Python ints, no NumPy scalars
     self.nckpt -= 1
-    self.evicted_ckpts += 1
     del self.entry[n], self.hits[n], self.kind[n], self.stamp[n]
     if self._history:
       del self.penult[n]  # its last access stays: a ghost, read if n is placed again
+
+  def _drop(self, n: int) -> None:
+    """Evicts checkpoint n; a leaf also drops its KV chain up to the nearest ancestor that is
+    a checkpoint, a branch (>= 2 children) or pinned."""
+    flag, nchild = self._flag, self._nchild
+    self._drop_state(n)
+    self.evicted_ckpts += 1
     if nchild.item(n):
       return
     trie = self.trie
@@ -743,10 +758,11 @@ class UnitCache:
     place,
     found: tuple[int, int, int, int, int] | None = None,
     fresh: tuple[int, int] | None = None,
+    retire: bool = False,
   ) -> int:
     """Replays request r alone; returns its hit in tokens.
 
-    Same decisions as `admit(r, ..., bound=False)` then `finish(r, place, fresh)` (the two
+    Same decisions as `admit(r, ..., bound=False)` then `finish(r, place, fresh, retire)` (the two
     share `_take_hit` and `_insert`), in one call without the running-request bookkeeping,
     which nothing reads between the two when nothing else runs: the sequential replay calls
     this K times per request, and what it skips was ~10% of a call (Mooncake sweep, 2026-11-25).
@@ -765,7 +781,7 @@ class UnitCache:
       d = 0
       self.fit(room - npages * page - state)
     self._cur = -1
-    self._insert(path, pa, d, place, fresh)
+    self._insert(path, pa, d, place, fresh, retire)
     self._pins.pop(r, None)
     if self.pages * page + self.nckpt * state > room:
       self.fit(room)
@@ -857,13 +873,16 @@ class UnitCache:
     self.running[r] = (path, pa, d, work, b)
     return hit_tokens
 
-  def finish(self, r: int, place, fresh: tuple[int, int] | None = None) -> int:
+  def finish(
+    self, r: int, place, fresh: tuple[int, int] | None = None, retire: bool = False
+  ) -> int:
     """Inserts admitted request r's placements and releases it; returns the checkpoints added.
 
     `place(hit_depth)` returns the depths (1-based units, <= len(path)) that get a checkpoint,
     with their kind: a list of (depth, kind). `fresh` = (old, deepest): the units of r's path
     at depths old + 1..deepest were created by r and are already written as this call adds
-    them (`CacheBank.insert_fresh`); deepest must be this call's deepest placement.
+    them (`CacheBank.insert_fresh`); deepest must be this call's deepest placement. `retire`:
+    drop the checkpoints r's new ones supersede (module docstring, `_retire`).
     """
     path, pa, d, work, b = self.running.pop(r)
     self.reserved -= work
@@ -873,14 +892,17 @@ class UnitCache:
       self._absent = len(pa) if pres.all() else int(pres.argmin())
       self._cur_pa = pa
     self._cur = -1
-    added = self._insert(path, pa, d, place, fresh)
+    added = self._insert(path, pa, d, place, fresh, retire)
     self._pins.pop(r, None)
     self.fit(self.sizes.capacity - self.reserved)
     return added
 
-  def _insert(self, path: list[int], pa: np.ndarray, d: int, place, fresh) -> int:
+  def _insert(
+    self, path: list[int], pa: np.ndarray, d: int, place, fresh, retire: bool = False
+  ) -> int:
     """`finish`'s insertion of a request with hit depth d (see `finish`): its KV chain up to
-    the deepest placement and its new checkpoints, pushed; returns how many were added."""
+    the deepest placement and its new checkpoints, pushed, then (`retire`) the superseded
+    ones dropped; returns how many were added."""
     if self._recurrent:
       places = place(d)
     else:  # attention only: every unit is a zero-byte hit point
@@ -947,7 +969,28 @@ class UnitCache:
         prev = cks[i - 1] + 1 if i else 0
         i = bisect.bisect_left(marks, q - 1)
         self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
+    if retire and new:
+      self._retire(pa, new[-1])
     return len(new)
+
+  def _retire(self, pa: np.ndarray, e: int) -> None:
+    """Drops the states of the checkpoints superseded by the new one at depth e of path `pa`:
+    those above it with a single present child (module docstring, "Retirement"); with an
+    access history, the one at e takes the latest penultimate access among them."""
+    seg = pa[: e - 1]
+    gone = seg[((self._flag[seg] & _CKPT) != 0) & (self._nchild[seg] == 1)].tolist()
+    if not gone:
+      return
+    if self._history:
+      ne = pa.item(e - 1)
+      latest = max(self.penult[n] for n in gone)
+      if latest > self.penult[ne]:
+        self.penult[ne] = latest
+        if self.penultimate:
+          self._push(ne, touch=False)
+    for n in gone:
+      self._drop_state(n)
+    self.retired_ckpts += len(gone)
 
 
 __all__ = [

@@ -22,14 +22,20 @@ the divergences observed so far, never the future):
     (chat histories re-send the answer; Mooncake's fresh output ids never match). The
     continuation point is the last multiple of A within r's input (share < 1/2) or within its
     computed tokens (share >= 1/2).
+And retirement: while the points r's placements supersede (those above its deepest new one on
+its path) are rarely used again (`SupersessionStats`: a chat session's next turn continues at
+the last turn's end), the caches drop the superseded checkpoints as r's are inserted
+(`UnitCache`, "Retirement"): real ShareGPT +11% to +32% at 2e9-4e9 (BENCHMARKS.md, "Retiring
+superseded checkpoints").
 Eviction: GreedyDual over chain units weighted by FLOPs saved per byte (`UnitCache`), with a
 prior per placement kind and length class of the request: the share of such candidate points
 that a later request has passed so far (`SeenTrie.reach_prior`, counted on the trie of
 everything seen, whether a cache kept the point or not: a prior counted on the cache's own hits
 feeds on itself, as an evicted point is never hit), hit counts and an exponent
 alpha re-tuned online: shadow caches replay the same requests with fixed weightings
-(`SHADOW_WEIGHTINGS`: plain LRU, alpha 0 and 1 with frequency and either prior, and alpha 2
-alone; same placement rule), and every `RETUNE_EVERY` requests the live cache takes the
+(`SHADOW_WEIGHTINGS`: plain LRU, alpha 0 and 1 with frequency and either prior, alpha 2
+alone, and LRU-2 on chains, eligible only while superseded checkpoints are retired; same
+placement rule), and every `RETUNE_EVERY` requests the live cache takes the
 weighting whose shadow saved the most FLOPs over the recent requests (decayed, half-life
 `RETUNE_HALF_LIFE`) and re-weights the checkpoints it holds under it (`_retune`).
 All of it reads requests 0..r only, so a cut trace replays as the prefix of the full one.
@@ -96,12 +102,14 @@ SHADOW_WEIGHTINGS = (
   # synthetic chat trace (+3% to +12% over the tuned live cache at 8e9); as a shadow +0% to +7%
   # there, +0.0% to +0.4% elsewhere (BENCHMARKS.md, "Ablation of `adaptive`")
   ("none/2", 2.0, "none", False, False),
+  # LRU-2 on chains (`UnitCache(penultimate=True)`): eligible only while superseded
+  # checkpoints are retired (`SupersessionStats`: chains are then sessions, whose last
+  # interval predicts the next). Real ShareGPT with retirement: +1% to +25% over the other
+  # shadows alone; eligible everywhere it cost Mooncake synthetic -2.5% to -7% (the tuner's
+  # trajectory; BENCHMARKS.md, "Retiring superseded checkpoints")
+  ("lru2", None, "none", False, True),
 )
-# Not a shadow: LRU-2 on chains (`UnitCache(penultimate=True)`, a fixed setting of
-# `run_checkpoint` / `sweep_settings`), the best fixed weighting on real ShareGPT; as a sixth
-# shadow it moved ShareGPT +2% on average but Mooncake synthetic -2.5% to -7% and chat s1 8e9
-# -7% (the tuner's trajectory; BENCHMARKS.md, "Real ShareGPT sessions")
-LRU2 = ("lru2", None, "none", False, True)
+LRU2 = SHADOW_WEIGHTINGS[-1]  # also a fixed setting of `run_checkpoint` / `sweep_settings`
 DEFAULT_WEIGHTING = 2  # the live cache's weighting before the first re-tune (hits/1)
 RETUNE_EVERY = 256
 RETUNE_HALF_LIFE = 2048.0
@@ -113,6 +121,9 @@ STATE_COPY_GB_PER_S = 18 * 2**20 / 104e-6 / 1e9
 _MAX_ALIGN_LOG2 = 4
 _MIN_OBS = 16.0
 _DECAY = 0.995
+# `SupersessionStats`: retire superseded checkpoints while fewer than this share of them are
+# used again (chat-like traces measure <= 0.04, agentic and Mooncake >= 0.2)
+RETIRE_SHARE = 0.1
 
 
 _LEN_CLASSES = 8
@@ -165,6 +176,62 @@ class DivergenceStats:
     self.out = self.out * _DECAY + (1.0 if in_output else 0.0)
     for j in range(_MAX_ALIGN_LOG2 + 1):
       self.aligned[j] = self.aligned[j] * _DECAY + (1.0 if depth % (1 << j) == 0 else 0.0)
+
+
+class SupersessionStats:
+  """Whether `adaptive` retires superseded checkpoints: how often a superseded point is used.
+
+  Counted on the trie of everything seen, as if every candidate point were kept (no cache is
+  read, so every capacity and setting decides the same way, and online: request r's decision
+  reads requests 0..r-1). Request r *supersedes* a point when it places a point deeper on the
+  same path: every point above its deepest new one is then superseded (`UnitCache`'s
+  retirement drops such checkpoints), counted once until it is *used* again: r's hit in the
+  keep-everything cache (its deepest point within the units that existed before it, capped as
+  a hit) is a superseded point. The decayed share (used + 1) / (superseded + 2) below
+  `RETIRE_SHARE`, with >= `_MIN_OBS` (decayed) supersessions, retires. Measured shares (the
+  whole trace, 0.995 decay per request): real ShareGPT 0.008-0.039 and synthetic chat 0.001
+  (sessions continue at the last turn's end), synthetic agentic 0.22 (history truncation,
+  shared system prompts), Mooncake conversation 0.66 and synthetic 0.69 (shared prefixes):
+  BENCHMARKS.md, "Retiring superseded checkpoints".
+  """
+
+  def __init__(self):
+    self.superseded = 0.0
+    self.used = 0.0
+    self._point = np.zeros(1 << 12, np.bool_)  # per trie node: a candidate point
+    self._open = np.zeros(1 << 12, np.bool_)  # per trie node: superseded, not used since
+
+  def share(self) -> float:
+    return (self.used + 1.0) / (self.superseded + 2.0)
+
+  def retire(self) -> bool:
+    return self.superseded >= _MIN_OBS and self.share() < RETIRE_SHARE
+
+  def observe(self, pa: np.ndarray, seen: int, cands: list[tuple[int, int]], nodes: int) -> None:
+    """Request r with path array `pa`, `seen` leading units that existed before it (capped as
+    a hit) and candidate points `cands` [(depth, kind)]; `nodes`: the trie's size after r."""
+    if nodes > len(self._point):
+      n0 = len(self._point)
+      for name in ("_point", "_open"):
+        grown = np.zeros(max(nodes, 2 * n0), np.bool_)
+        grown[:n0] = getattr(self, name)
+        setattr(self, name, grown)
+    self.superseded *= _DECAY
+    self.used *= _DECAY
+    point, open_ = self._point, self._open
+    held = np.flatnonzero(point[pa[:seen]])
+    q = int(held[-1]) + 1 if len(held) else 0  # r's hit if every point were kept
+    if q and open_[pa[q - 1]]:
+      self.used += 1.0
+      open_[pa[q - 1]] = False
+    e = max((dq for dq, _ in cands if dq > q and not point[pa[dq - 1]]), default=0)
+    for dq, _ in cands:
+      point[pa[dq - 1]] = True
+    if e:
+      seg = pa[: e - 1]
+      fresh = seg[point[seg] & ~open_[seg]]
+      open_[fresh] = True
+      self.superseded += float(len(fresh))
 
 
 def candidates(
@@ -247,14 +314,17 @@ class _Point:
   tuned: bool = False  # the live cache is re-tuned online among its shadows' weightings
 
 
-def _best_shadow(score: list[float]) -> int:
-  """The shadow with the best decayed score (ties: the first)."""
-  return max(range(len(score)), key=lambda i: (score[i], -i))
+def _best_shadow(score: list[float], weightings, retire: bool) -> int:
+  """The shadow with the best decayed score (ties: the first) among the eligible ones: an
+  LRU-2 weighting only while superseded checkpoints are retired (`SHADOW_WEIGHTINGS`)."""
+  ok = [i for i in range(len(score)) if retire or not weightings[i][4]]
+  return max(ok, key=lambda i: (score[i], -i))
 
 
-def _retune(pt: _Point, weightings) -> None:
+def _retune(pt: _Point, weightings, retire: bool) -> None:
   """`adaptive`'s online re-tuning of one capacity: the live cache takes the weighting whose
-  shadow has the best decayed score (ties: the first). On a change its held checkpoints are
+  shadow has the best decayed score among the eligible ones (`_best_shadow`; `retire`: the
+  current request's retirement decision). On a change its held checkpoints are
   re-weighted at their stamps (`UnitCache.reweigh`), so that its heap orders every unit by
   the one weighting it now has: without it, units pushed under the old weighting kept their
   old priorities, whose scale differs (LRU's weight is 1, hits/1's a product of hit counts, a
@@ -262,7 +332,7 @@ def _retune(pt: _Point, weightings) -> None:
   (BENCHMARKS.md, "Re-weighting on a re-tune switch": FLOPs saved +1.0% to +5.3% on the five
   Mooncake points, -1.7% to +1.6% on the synthetic ones, +0.8% mean over 17).
   """
-  best = _best_shadow(pt.score)
+  best = _best_shadow(pt.score, weightings, retire)
   if best != pt.current:
     pt.current = best
     live = pt.live
@@ -450,6 +520,7 @@ def sweep_settings(
   length_classes: bool = False,
   progress: Callable[[int], None] | None = None,
   backend: str = "compiled",
+  retirement: bool = True,
 ) -> list[list[tuple[list[tuple[int, int, int]], dict]]]:
   """`sweep_checkpoint` over a grid of eviction settings x capacities in one replay: one walk
   of the trace, and with the compiled backend one `compiled_replay.CompiledBank` holding every
@@ -461,6 +532,8 @@ def sweep_settings(
       penultimate]): a fixed eviction weighting (`UnitCache`'s arguments; alpha None = plain
       LRU, the only choice of the rules other than `adaptive`; penultimate True = LRU-2 on
       chains, `adaptive` only).
+    retirement: False turns off `adaptive`'s retirement of superseded checkpoints (for
+      ablations: `SupersessionStats` still runs, every request's decision is False).
     others: as `sweep_checkpoint`.
 
   Returns:
@@ -475,11 +548,11 @@ def sweep_settings(
   ]
   caches = backend == "python"
   args = (trace, model, capacities, policy, unit, block_size, settings, length_classes)
-  rep = _Replay(*args, caches=caches)
+  rep = _Replay(*args, caches=caches, retirement=retirement)
   if not caches:
     out = _sweep_compiled(rep, trace, model, progress)
     if out is None:  # FLOPs beyond int64: the Python backend
-      rep = _Replay(*args)
+      rep = _Replay(*args, retirement=retirement)
   if caches or out is None:
     out = _sweep_python(rep, trace, model, progress)
   n = len(capacities)
@@ -495,7 +568,7 @@ def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   fl = flops_table(model, u).values  # extended by each serve to the request's depth
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
-    path, seen, cap, place, deepest = rep.prepare(req)
+    path, seen, cap, place, deepest, retire = rep.prepare(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
     pa, old = trie.path_array(path), trie.last_old
@@ -507,24 +580,24 @@ def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
     for pt in points:
       live = pt.live
       before = live.admitted_ckpts
-      h = live.serve(r, path, cap, n_comp, place, found[live.row], fresh)
+      h = live.serve(r, path, cap, n_comp, place, found[live.row], fresh, retire)
       pt.triples.append((int(h > 0), n_in, h))
       pt.copy_bytes.append((live.admitted_ckpts - before + (1 if h else 0)) * pt.sizes.ckpt_bytes)
       score = pt.score
       for i, sh in enumerate(pt.shadows):
-        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh)
+        hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh, retire)
         score[i] = score[i] * decay + (fl[hs // u] if hs else 0)  # = sh.flops(hs // u)
       if pt.tuned:
         lab = weightings[pt.current][0]
         pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
         if (r + 1) % RETUNE_EVERY == 0:
-          _retune(pt, weightings)
+          _retune(pt, weightings, retire)
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
     if progress is not None:
       progress(r + 1)
   wall = time.perf_counter() - t0
-  return [_summary(pt, model, trie, stats, weightings, wall) for pt in points]
+  return [_summary(pt, model, rep, wall) for pt in points]
 
 
 @dataclasses.dataclass
@@ -533,6 +606,7 @@ class _LiveCounts:
 
   admitted_ckpts: int
   evicted_ckpts: int
+  retired_ckpts: int
   used: int
   alpha: float | None
 
@@ -552,16 +626,16 @@ def _walk_all(rep: _Replay, trace: Trace):
   when a FLOPs value does not fit int64."""
   trie, stats, u = rep.trie, rep.stats, rep.unit
   n_req = len(trace.requests)
-  req = np.zeros((n_req, 7), np.int64)
+  req = np.zeros((n_req, 8), np.int64)
   cands = np.zeros((n_req, 2, compiled_replay.MAX_CANDS), np.int64)
   reach = np.full((n_req, compiled_replay.NUM_KINDS), 0.5)  # (0 + 1) / (0 + 2)
   longest = 0
   for r, q in enumerate(trace.requests):
     start = trie.flat_len
-    path, seen, cap, cs, deepest = rep.walk(q)
+    path, seen, cap, cs, deepest, retire = rep.walk(q)
     n_in = q.num_input_tokens
     n_comp = n_in + max(q.num_output_tokens - 1, 0)
-    req[r] = (start, len(path), trie.last_old, cap, n_comp, deepest, len(cs))
+    req[r] = (start, len(path), trie.last_old, cap, n_comp, deepest, len(cs), retire)
     for i, (depth, kind) in enumerate(cs):
       cands[r, 0, i], cands[r, 1, i] = depth, kind
     for kind, placed in trie.placed.items():
@@ -630,7 +704,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       lab = weightings[current[i]][0]
       used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
       if r1 % RETUNE_EVERY == 0:  # `_retune`
-        best = _best_shadow(scores[i])
+        best = _best_shadow(scores[i], weightings, bool(req[r1 - 1, 7]))
         if best != current[i]:
           current[i] = best
           _, a, pr, fr, q = weightings[best]
@@ -648,7 +722,9 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
     live_alpha = weightings[current[i]][1] if st is None else st[0]
     pt = _Point(
       sizes,
-      _LiveCounts(bank.admitted(live), bank.evicted(live), bank.used(live), live_alpha),
+      _LiveCounts(
+        bank.admitted(live), bank.evicted(live), bank.retired(live), bank.used(live), live_alpha
+      ),
       [],
       [],
       current[i],
@@ -657,7 +733,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       (restores * sizes.ckpt_bytes).tolist(),
       tuned=st is None,
     )
-    out.append(_summary(pt, model, rep.trie, rep.stats, weightings, wall))
+    out.append(_summary(pt, model, rep, wall))
   return out
 
 
@@ -665,9 +741,13 @@ class _Replay:
   """What every capacity of a replay shares (the trie, the divergence statistics, the
   placement rule) and each capacity's caches (`_Point`s, rows of one `CacheBank`)."""
 
-  def __init__(self, trace, model, capacities, policy, unit, block_size, settings, lc, caches=True):
+  def __init__(
+    self, trace, model, capacities, policy, unit, block_size, settings, lc, caches=True,
+    retirement=True,
+  ):  # fmt: skip
     """One point per (setting, capacity), setting-major (`sweep_settings`). caches False: no
-    `UnitCache`s (`points` is empty; the compiled backend builds its own from `specs`)."""
+    `UnitCache`s (`points` is empty; the compiled backend builds its own from `specs`).
+    retirement False: no request retires (`sweep_settings`)."""
     rule, k = parse_placement(policy)
     if len(capacities) == 0:
       raise ValueError("capacities must hold at least one capacity, got none")
@@ -680,6 +760,8 @@ class _Replay:
     self.recurrent = sizes0.recurrent
     trie = self.trie = SeenTrie(sizes0.unit)
     self.stats = DivergenceStats()
+    self.supersession = SupersessionStats()
+    self.retirement = retirement
     self.weightings = weightings = list(SHADOW_WEIGHTINGS)
     self.points = []
     self.model, self.block_size = model, block_size
@@ -715,25 +797,31 @@ class _Replay:
   def walk(self, req):
     """The trie walk and candidate points of a request (before its lookup): (path, seen, hit
     cap in units, candidates [(depth, kind)], the deepest depth every cache's `finish` inserts
-    up to: attention-only models place every unit, others `_deepest_placement`)."""
+    up to: attention-only models place every unit, others `_deepest_placement`; retire: every
+    cache's `finish` drops the checkpoints this request supersedes, `adaptive` only, by
+    `SupersessionStats` as of the requests before it)."""
     trie, u, rule = self.trie, self.unit, self.rule
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
     cap = (n_in - 1) // u
     cands = []
+    retire = False
     if rule in ("ckpt_branch", "adaptive"):
       cands = candidates(rule, self.stats, len(path), n_in // u, seen, self.length_classes)
       for q, kind in cands:
         trie.register(path[q - 1], kind)
+    if rule == "adaptive":
+      retire = self.retirement and self.recurrent and self.supersession.retire()
+      self.supersession.observe(trie.path_array(path), seen, cands, len(trie))
     n = len(path)
     deepest = _deepest_placement(rule, self.k, n, cands) if self.recurrent else n
-    return path, seen, cap, cands, deepest
+    return path, seen, cap, cands, deepest, retire
 
   def prepare(self, req):
     """`walk`, with the placement rule `place(hit depth)` instead of the candidates."""
-    path, seen, cap, cands, deepest = self.walk(req)
+    path, seen, cap, cands, deepest, retire = self.walk(req)
     self.bank.grow(len(self.trie))
-    return path, seen, cap, _placer(self.rule, self.k, len(path), cands), deepest
+    return path, seen, cap, _placer(self.rule, self.k, len(path), cands), deepest, retire
 
 
 def _run_concurrent(
@@ -774,8 +862,8 @@ def _run_concurrent(
     n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
     if not live.can_admit(n_comp):
       return None
-    path, seen, cap, place, _ = rep.prepare(req)
-    placers[r] = place
+    path, seen, cap, place, _, retire = rep.prepare(req)
+    placers[r] = place, retire
     found = bank.lookup(trie.path_array(path), cap, trie.last_old)
     hits[r] = live.admit(r, path, cap, n_comp, found[live.row])
     for i, sh in enumerate(shadows):
@@ -786,7 +874,7 @@ def _run_concurrent(
       lab = weightings[pt.current][0]
       pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
       if admitted % RETUNE_EVERY == 0:
-        _retune(pt, weightings)
+        _retune(pt, weightings, retire)
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
     restore = sizes.ckpt_bytes if hits[r] else 0
@@ -794,10 +882,10 @@ def _run_concurrent(
     return hits[r], restore
 
   def finish(r: int) -> int:
-    place = placers.pop(r)
-    written = live.finish(r, place) * sizes.ckpt_bytes
+    place, retire = placers.pop(r)
+    written = live.finish(r, place, retire=retire) * sizes.ckpt_bytes
     for sh in shadows:
-      sh.finish(r, place)
+      sh.finish(r, place, retire=retire)
     copy_bytes[r] += written
     return written
 
@@ -819,13 +907,15 @@ def _run_concurrent(
     "max_running": max_running,
     "arrival_scale": arrival_scale,
   }
-  return _summary(pt, model, trie, stats, weightings, time.perf_counter() - t0, fields)
+  return _summary(pt, model, rep, time.perf_counter() - t0, fields)
 
 
-def _summary(pt: _Point, model, trie, stats, weightings, wall: float, conc=None):
+def _summary(pt: _Point, model, rep: _Replay, wall: float, conc=None):
   """(triples, extra summary fields) of one capacity (see `run_checkpoint`); `conc`: the
   concurrent replay's fields (they replace the sequential TTFTs with copies). `pt.live`: the
   live cache, or its `_LiveCounts` (compiled backend)."""
+  trie, stats, weightings = rep.trie, rep.stats, rep.weightings
+  sup = rep.supersession if rep.rule == "adaptive" else None
   triples, copy_bytes, live, sizes = pt.triples, pt.copy_bytes, pt.live, pt.sizes
   tuned = pt.tuned
   extra = {"checkpoint_copy_bytes": int(sum(copy_bytes))}
@@ -842,10 +932,13 @@ def _summary(pt: _Point, model, trie, stats, weightings, wall: float, conc=None)
     "kv_page_bytes": sizes.kv_page_bytes,
     "states_admitted": live.admitted_ckpts,
     "states_evicted": live.evicted_ckpts,
+    "states_retired": live.retired_ckpts,
     "final_cache_bytes": live.used,
     "trie_units": len(trie),
     "learned_alignment_units": stats.alignment(),
     "learned_output_reuse": stats.output_reused(),
+    "superseded_used_share": None if sup is None else sup.share(),
+    "learned_retirement": bool(sup and rep.retirement and sizes.recurrent and sup.retire()),
     "alpha": live.alpha,
     "weighting": weightings[pt.current][0] if tuned else None,
     "alpha_requests": dict(sorted(pt.alphas_used.items())) if tuned else None,

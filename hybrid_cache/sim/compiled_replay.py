@@ -46,7 +46,8 @@ from hybrid_cache.sim.checkpoint_cache import NO_HISTORY
 # rows of `CompiledBank.ints` (per-cache int64 scalars)
 _PAGES, _NCKPT, _SEQ, _EFF_N, _ROOTC, _COMPACT_AT, _ABSENT, _EVICTED, _ADMITTED, _HSIZE = range(10)
 _NOW = 10  # lookups so far (`UnitCache._now`)
-_NINTS = 11
+_RETIRED = 11  # superseded checkpoints dropped at insertion (`UnitCache.retired_ckpts`)
+_NINTS = 12
 # rows of `CompiledBank.flts`: GreedyDual's clock, the FLOPs ratio's running sum, the
 # penultimate access new checkpoints of the current request get (`UnitCache._inherit`)
 _CLOCK, _EFF_SUM, _INHERIT = range(3)
@@ -194,22 +195,29 @@ def _push(C, HP, HS, HN, k, T, S, reach, n, touch, prev, a):
 
 
 @nb.njit(**_JIT)
-def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
-  """`UnitCache._drop`: drops checkpoint n; a leaf also drops its KV chain up to the nearest
-  ancestor that is a checkpoint, a branch or pinned (pa[:pin_d], the one running request)."""
-  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+def _drop_state(C, n):
+  """`UnitCache._drop_state`: checkpoint n's state and entries (not its KV)."""
+  flag, ints, cfg = C[1], C[3], C[5]
   entry, hits, kind, stamp, lastref, penult = C[9:]
-  depth, home, flat, fl = T
-  unit, bs, page, state = S
   flag[n] = flag[n] & _BRANCH
   ints[_NCKPT] -= 1
-  ints[_EVICTED] += 1
   del entry[n]
   del hits[n]
   del kind[n]
   del stamp[n]
   if cfg[_HIST]:
     del penult[n]  # its last access stays (a ghost, `UnitCache._drop`)
+
+
+@nb.njit(**_JIT)
+def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
+  """`UnitCache._drop`: evicts checkpoint n; a leaf also drops its KV chain up to the nearest
+  ancestor that is a checkpoint, a branch or pinned (pa[:pin_d], the one running request)."""
+  present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
+  depth, home, flat, fl = T
+  unit, bs, page, state = S
+  _drop_state(C, n)
+  ints[_EVICTED] += 1
   if nchild[n]:
     return
   dn = depth[n]
@@ -311,9 +319,38 @@ def _push_marked(C, HP, HS, HN, k, T, S, reach, pa, q, touch):
 
 
 @nb.njit(**_JIT)
-def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, kspars, cq, ckd, nc):
-  """`UnitCache.serve` of one request (lookup, fresh write, hit, fit, insertion, fit);
-  returns (hit depth in units, checkpoints added)."""
+def _retire(C, HP, HS, HN, k, T, S, reach, pa, e):
+  """`UnitCache._retire`: drops the superseded checkpoints above the new one at depth e."""
+  flag, nchild, ints, cfg = C[1], C[2], C[3], C[5]
+  penult = C[14]
+  ne = pa[e - 1]
+  latest = 0.0
+  gone = 0
+  for i in range(e - 1):
+    n = pa[i]
+    if flag[n] & _CKPT and nchild[n] == 1:
+      if cfg[_HIST] and (gone == 0 or penult[n] > latest):
+        latest = penult[n]
+      gone += 1
+  if gone == 0:
+    return
+  if cfg[_HIST] and latest > penult[ne]:
+    penult[ne] = latest
+    if cfg[_PEN]:
+      _push(C, HP, HS, HN, k, T, S, reach, ne, False, -1, -1)
+  for i in range(e - 1):
+    n = pa[i]
+    if flag[n] & _CKPT and nchild[n] == 1:
+      _drop_state(C, n)
+  ints[_RETIRED] += gone
+
+
+@nb.njit(**_JIT)
+def _serve(
+  C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, kspars, cq, ckd, nc, retire
+):  # fmt: skip
+  """`UnitCache.serve` of one request (lookup, fresh write, hit, fit, insertion, retirement,
+  fit); returns (hit depth in units, checkpoints added)."""
   present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
   entry, hits, kind, stamp, lastref, penult = C[9:]
   unit, bs, page, state = S
@@ -465,6 +502,8 @@ def _serve(C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, ksp
       _push_marked(C, HP, HS, HN, k, T, S, reach, pa, refresh, False)
     for i in range(nnew):
       _push_marked(C, HP, HS, HN, k, T, S, reach, pa, new[i], True)
+  if retire and nnew:
+    _retire(C, HP, HS, HN, k, T, S, reach, pa, new[nnew - 1])
   if ints[_PAGES] * page + ints[_NCKPT] * state > room:
     _fit(C, HP, HS, HN, k, T, S, reach, room, pa, 0)
   return d, nnew
@@ -483,12 +522,12 @@ def _serve_chunk(
       khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k], LAST[k], PEN[k],
     )  # fmt: skip
     for r in range(r0, r1):
-      s0, n, old, cap, n_comp, rdeep, nc = (
-        req[r, 0], req[r, 1], req[r, 2], req[r, 3], req[r, 4], req[r, 5], req[r, 6],
+      s0, n, old, cap, n_comp, rdeep, nc, retire = (
+        req[r, 0], req[r, 1], req[r, 2], req[r, 3], req[r, 4], req[r, 5], req[r, 6], req[r, 7],
       )  # fmt: skip
       d, added = _serve(
         C, HP, HS, HN, k, T, S, reach[r], flat[s0 : s0 + n], old, cap, n_comp, rdeep,
-        rule, kspars, cands[r, 0], cands[r, 1], nc,
+        rule, kspars, cands[r, 0], cands[r, 1], nc, retire != 0,
       )  # fmt: skip
       hit_out[k, r] = d
       add_out[k, r] = added
@@ -532,8 +571,9 @@ class CompiledBank:
       creating path in flat (every walked path end to end); flops[d] = F(d U), d >= 0 up to
       the longest path and at least 1.
     reach: float64[R, NUM_KINDS], the reach prior of each kind as of each request.
-    req: int64[R, 7] per request: (offset of its path in flat, path length, units that existed
-      before it, hit cap in units, computed tokens, deepest placement, candidate count).
+    req: int64[R, 8] per request: (offset of its path in flat, path length, units that existed
+      before it, hit cap in units, computed tokens, deepest placement, candidate count,
+      retire: 1 = drop the checkpoints it supersedes, `UnitCache._retire`).
     cands: int64[R, 2, MAX_CANDS]: candidate depths and kinds (ascending depth).
     rule, kspars: the placement rule (`RULE_CODES`) and ckpt_sparse's K.
   """
@@ -663,6 +703,9 @@ class CompiledBank:
 
   def evicted(self, row: int) -> int:
     return int(self.ints[row, _EVICTED])
+
+  def retired(self, row: int) -> int:
+    return int(self.ints[row, _RETIRED])
 
 
 __all__ = ["MAX_CANDS", "NUM_KINDS", "PRIOR_CODES", "RULE_CODES", "CompiledBank"]

@@ -1,6 +1,7 @@
 """`compiled_replay` makes `UnitCache`'s decisions bit for bit: the compiled and the plain-Python
 backends of `sweep_checkpoint` give the same triples and summaries on random traces, for every
-placement rule, eviction weighting, model kind and capacity (tight ones included)."""
+placement rule, eviction weighting, model kind and capacity (tight ones included); retirement
+of superseded checkpoints is also compared in `retirement_test.py`."""
 
 import dataclasses
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from hybrid_cache.sim import checkpoint_policies as cp
 from hybrid_cache.sim import compiled_replay
 from hybrid_cache.sim.synthetic import agentic
+from hybrid_cache.sim.synthetic import chat
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import small_chat
 
@@ -51,7 +53,7 @@ def _both(trace, model, caps, setting, unit, block):
 )
 @given(
   seed=st.integers(0, 10_000),
-  kind=st.sampled_from(["agentic", "chat"]),
+  kind=st.sampled_from(["agentic", "chat", "linear_chat"]),
   model=st.sampled_from([TINY, TINY, ATTN_ONLY, SWA_ONLY]),
   setting=st.sampled_from(SETTINGS),
   unit=st.sampled_from([4, 16]),
@@ -61,6 +63,11 @@ def _both(trace, model, caps, setting, unit, block):
 def test_compiled_equals_python(seed, kind, model, setting, unit, pages, slack, monkeypatch_retune):
   if kind == "agentic":
     trace = agentic(seed=seed, num_sessions=6, sys_prompt_len=96, min_turns=2, max_turns=6)
+  elif kind == "linear_chat":  # no truncation: `adaptive` learns to retire superseded states
+    trace = chat(
+      seed=seed, num_sessions=6, min_turns=6, max_turns=12, user_mean=12.0, out_mean=10.0,
+      vocab=50, max_context=4096,
+    )  # fmt: skip
   else:
     trace = small_chat(40, seed=seed)
   longest = max(r.num_tokens for r in trace.requests)
