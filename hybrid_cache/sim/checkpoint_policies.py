@@ -25,7 +25,8 @@ the divergences observed so far, never the future):
 And retirement: while the points r's placements supersede (those above its deepest new one on
 its path) are rarely used again (`SupersessionStats`: a chat session's next turn continues at
 the last turn's end), the caches drop the superseded checkpoints as r's are inserted
-(`UnitCache`, "Retirement"): real ShareGPT +11% to +32% at 2e9-4e9 (BENCHMARKS.md, "Retiring
+(`UnitCache`, "Retirement"): with LRU-2 then eligible as a shadow, real ShareGPT +13% to +30%
+at 2e9-4e9, synthetic chat -1% to +11%, the other traces unchanged (BENCHMARKS.md, "Retiring
 superseded checkpoints").
 Eviction: GreedyDual over chain units weighted by FLOPs saved per byte (`UnitCache`), with a
 prior per placement kind and length class of the request: the share of such candidate points
@@ -104,9 +105,10 @@ SHADOW_WEIGHTINGS = (
   ("none/2", 2.0, "none", False, False),
   # LRU-2 on chains (`UnitCache(penultimate=True)`): eligible only while superseded
   # checkpoints are retired (`SupersessionStats`: chains are then sessions, whose last
-  # interval predicts the next). Real ShareGPT with retirement: +1% to +25% over the other
-  # shadows alone; eligible everywhere it cost Mooncake synthetic -2.5% to -7% (the tuner's
-  # trajectory; BENCHMARKS.md, "Retiring superseded checkpoints")
+  # interval predicts the next). With retirement, against the other shadows alone: real
+  # ShareGPT +5% to +28%, synthetic chat -5.5% to +1.3%; eligible everywhere (session 23,
+  # without retirement) it cost Mooncake synthetic -2.5% to -7% (the tuner's trajectory;
+  # BENCHMARKS.md, "Retiring superseded checkpoints")
   ("lru2", None, "none", False, True),
 )
 LRU2 = SHADOW_WEIGHTINGS[-1]  # also a fixed setting of `run_checkpoint` / `sweep_settings`
@@ -122,7 +124,7 @@ _MAX_ALIGN_LOG2 = 4
 _MIN_OBS = 16.0
 _DECAY = 0.995
 # `SupersessionStats`: retire superseded checkpoints while fewer than this share of them are
-# used again (chat-like traces measure <= 0.04, agentic and Mooncake >= 0.2)
+# used again (chat-like traces measure <= 0.02, agentic and Mooncake >= 0.23)
 RETIRE_SHARE = 0.1
 
 
@@ -188,11 +190,12 @@ class SupersessionStats:
   retirement drops such checkpoints), counted once until it is *used* again: r's hit in the
   keep-everything cache (its deepest point within the units that existed before it, capped as
   a hit) is a superseded point. The decayed share (used + 1) / (superseded + 2) below
-  `RETIRE_SHARE`, with >= `_MIN_OBS` (decayed) supersessions, retires. Measured shares (the
-  whole trace, 0.995 decay per request): real ShareGPT 0.008-0.039 and synthetic chat 0.001
-  (sessions continue at the last turn's end), synthetic agentic 0.22 (history truncation,
-  shared system prompts), Mooncake conversation 0.66 and synthetic 0.69 (shared prefixes):
-  BENCHMARKS.md, "Retiring superseded checkpoints".
+  `RETIRE_SHARE`, with >= `_MIN_OBS` (decayed) supersessions, retires. Measured at the end of
+  each trace (U = 64, 0.995 decay per request): real ShareGPT 0.006-0.018 and synthetic chat
+  0.005 (sessions continue at the last turn's end; 96-97% of requests retire), synthetic
+  agentic 0.23-0.24 (history truncation, shared system prompts; 0-0.3% retire), Mooncake
+  conversation 0.70 and synthetic 0.85 (shared prefixes; none retire): BENCHMARKS.md,
+  "Retiring superseded checkpoints".
   """
 
   def __init__(self):

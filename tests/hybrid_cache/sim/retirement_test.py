@@ -8,6 +8,9 @@ from hybrid_cache.sim import checkpoint_policies as cp
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.metrics import flops_saved
+from hybrid_cache.sim.offline_bound import offline_bound
+from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.synthetic import chat
 from hybrid_cache.sim.testing import TINY
@@ -153,3 +156,37 @@ def test_retirement_compiled_equals_python(seed, monkeypatch):
   assert got[0] == got[1]
   assert all(x["states_retired"] > 0 for row in got[0] for _, x in row)
   assert any("lru2" in x["alpha_requests"] for _, x in got[0][0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_retiring_adaptive_stays_below_offline_bound(seed):
+  trace = _linear_chat(seed)
+  longest = max(r.num_tokens for r in trace.requests)
+  for cap in (TINY.state_bytes + 4 * longest + 64, 1_500, 6_000):
+    bound = offline_bound(trace, TINY, cap, 4, iterations=60)
+    for setting in (None, cp.LRU2[1:]):
+      (((triples, extra),),) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [setting], 4, 8)
+      assert extra["states_retired"] > 0
+      reused = np.array([t[2] for t in triples])
+      assert flops_saved(TINY, reused) <= bound.bound_flops
+
+
+@pytest.mark.parametrize("replay", cp.REPLAYS)
+def test_retirement_is_online(replay):
+  # the decision reads requests 0..r-1 only: a cut trace replays as the prefix of the full one
+  trace = _linear_chat(3)
+  cap = TINY.state_bytes + 4 * 400
+  full, extra = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, replay=replay)
+  assert extra["states_retired"] > 0
+  for n in (23, 41):
+    cut, _ = cp.run_checkpoint(trace.head(n), TINY, cap, "adaptive", 16, 48, replay=replay)
+    assert cut == full[:n]
+
+
+def test_concurrent_replay_retires_within_capacity():
+  trace = _linear_chat(4)
+  cap = TINY.state_bytes + 4 * 500
+  triples, extra = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, replay="concurrent")
+  oracle = oracle_reused(trace, 1)
+  assert extra["states_retired"] > 0 and extra["final_cache_bytes"] <= cap
+  assert all(t[2] <= o for t, o in zip(triples, oracle.tolist()))
