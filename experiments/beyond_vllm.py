@@ -17,7 +17,6 @@ plus states and hits at multiples of the checkpoint unit (`CacheConfig.fine_keys
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from experiments import plotting
+from hybrid_cache import cli_util
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.cli import simulate
@@ -56,6 +56,8 @@ def load(
     path = None if trace == "default" else trace
     t = load_sharegpt(path, first_session=seed * kw["num_sessions"], **kw)
   else:
+    if not os.path.isfile(trace):
+      raise ValueError(f"trace file {trace!r} does not exist")
     t = trace_lib.load(trace, fmt, limit=limit)
   return t if limit is None else t.head(limit)
 
@@ -200,7 +202,8 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  """Runs the comparison; returns the exit status (2 with one `error:` line on bad input)."""
+  p = cli_util.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--trace", required=True)
   p.add_argument(
     "--format", required=True, choices=("mooncake", "marconi", "synthetic", "sharegpt")
@@ -211,17 +214,27 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES))
   p.add_argument("--limit", type=int, default=None)
   p.add_argument("--out", default=None, help="write the records (JSON) here")
-  a = p.parse_args(argv)
-  recs = compare(
-    a.trace,
-    a.format,
-    a.capacities,
-    a.seeds,
-    a.model,
-    a.policies,
-    limit=a.limit,
-    progress=lambda s: print(s, file=sys.stderr, flush=True),
-  )
+  try:
+    a = p.parse_args(argv)
+  except SystemExit as e:  # usage errors (printed by the parser) and --help
+    return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
+  try:
+    recs = compare(
+      a.trace,
+      a.format,
+      a.capacities,
+      a.seeds,
+      a.model,
+      a.policies,
+      limit=a.limit,
+      progress=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+  except (ValueError, ImportError) as e:  # a trace, seed or capacity the replay rejects
+    print(f"error: {cli_util.one_line(e)}", file=sys.stderr)
+    return cli_util.USAGE_ERROR
+  except OSError as e:  # a trace file that cannot be read
+    print(f"error: trace file {a.trace!r}: {cli_util.os_error_text(e)}", file=sys.stderr)
+    return cli_util.USAGE_ERROR
   text = json.dumps(recs, indent=1)
   if a.out:
     with open(a.out, "w", encoding="utf-8") as f:

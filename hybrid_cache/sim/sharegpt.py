@@ -118,8 +118,9 @@ def load_sharegpt(
   """Builds the multi-turn trace (module docstring); ImportError without the extra.
 
   `first_session`: skip that many qualifying conversations first (disjoint session sets:
-  `first_session = k * num_sessions` for k = 0, 1, ...; the packaged file holds 524 with >= 10
-  rounds). Arrival times count from the first session taken."""
+  `first_session = k * num_sessions` for k = 0, 1, ...; the packaged file holds 355 with >= 10
+  rounds, so k <= 3 at 100 sessions, the last set 55). Arrival times count from the first
+  session taken; ValueError when no conversation is left after `first_session`."""
   for name, v, lo in (
     ("num_sessions", num_sessions, 1),
     ("min_rounds", min_rounds, 1),
@@ -167,6 +168,11 @@ def load_sharegpt(
       ctx = inp + out
     if sessions >= num_sessions:
       break
+  if sessions == 0:
+    raise ValueError(
+      f"first_session must be < {skipped}, the conversations with >= {min_rounds} rounds in "
+      f"{data!r}, got {first_session}"
+    )
   reqs.sort(key=lambda x: (x[0], x[1]))
   name = f"sharegpt_sessions={sessions}_sps={sps:g}"
   if first_session:

@@ -1,5 +1,7 @@
 """experiments.beyond_vllm: records per (seed, capacity), ratios, nothing over the bound."""
 
+import pytest
+
 from experiments import beyond_vllm
 
 PARAMS = {"num_sessions": 4, "sys_prompt_len": 300, "obs_mean": 60.0, "max_turns": 6}
@@ -53,3 +55,19 @@ def test_core_fine_keys_row_stays_under_the_bound():
   )
   rows = recs[0]["rows"]
   assert 0 < rows["core_fine_keys"]["flops_saved"] <= rows["offline_bound"]["flops_saved"]
+
+
+@pytest.mark.parametrize(
+  ("argv", "needle"),
+  [
+    (["--trace", "missing.jsonl", "--format", "mooncake"], "trace file 'missing.jsonl' does not"),
+    (["--trace", "agentic", "--format", "synthetic", "--capacities", "-1"], "capacity_bytes"),
+    (["--trace", "agentic", "--format", "bogus"], "argument --format"),
+  ],
+)
+def test_cli_bad_input_is_one_line(argv, needle, capsys):
+  if "--capacities" not in argv:
+    argv = argv + ["--capacities", "1e9"]
+  assert beyond_vllm.main(argv + ["--limit", "4"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and needle in err and err.count("\n") == 1

@@ -90,6 +90,9 @@ def test_multi_turn_rule_with_the_real_tokenizer(tmp_path):
   later = sharegpt.load_sharegpt(p, num_sessions=1, min_rounds=3, first_session=1)
   assert [list(r.seq) for r in later.requests] == [list(r.seq) for r in by[1]]
   assert later.requests[0].ts == 0.0 and "from=1" in later.name
+  # c1, c3 and c4 have >= 3 rounds: skipping all three leaves nothing
+  with pytest.raises(ValueError, match="first_session must be < 3, the conversations with >= 3"):
+    sharegpt.load_sharegpt(p, num_sessions=1, min_rounds=3, first_session=3)
 
 
 def test_packaged_sharegpt_trace():
