@@ -37,7 +37,9 @@ at no extra compute, so here:
   `checkpoint_policies.SupersessionStats`): once r's new checkpoints are in, every checkpoint
   on r's path above its deepest new one that has a single present child is *superseded* (a
   request reaching it continues to the deeper one) and is dropped at once, its state only (its
-  KV is the deeper chain's prefix). A chat session's previous turn keeps a state that only a
+  KV is the deeper chain's prefix), unless the trie saw that point reused after an earlier
+  supersession (`SeenTrie.reused_from` <= r: a shared system prompt's state, which each new
+  session passes and extends). A chat session's previous turn keeps a state that only a
   regenerated answer would use: without retirement each session holds one state (~409 tokens of
   KV on marconi_7b) per turn until eviction reaches it. With an access history (LRU-2, below)
   the deepest new checkpoint takes the latest penultimate access of those it retires, so the
@@ -102,6 +104,7 @@ from hybrid_cache.sim.trace import Request
 from hybrid_cache.sim.vllm_plus import request_tokens
 
 _MASK64 = (1 << 64) - 1
+NEVER_REUSED = np.iinfo(np.int64).max  # `SeenTrie.reused_from` of a node not reused
 _SEED = 0x5EED_C4EC  # fixed: unit hashes are identical across runs
 _ROOT = -1
 PRIORS = ("hits", "reach", "none")
@@ -150,6 +153,10 @@ class SeenTrie:
     self.flat_len = 0
     self._last: tuple[list[int] | None, np.ndarray] = (None, self.flat[:0])
     self.last_old = 0  # units of the last walked path that existed before it (a prefix)
+    # per node: the first request that was served by it in the keep-everything cache after it
+    # was superseded (`checkpoint_policies.SupersessionStats`; NEVER_REUSED until then):
+    # retirement keeps such a checkpoint from that request on (`UnitCache._retire`)
+    self.reused_from = np.full(1 << 12, NEVER_REUSED, np.int64)
     self.pending: dict[int, int] = {}  # candidate point -> kind, until a later request passes it
     self.placed: dict[int, float] = {}
     self.reached: dict[int, float] = {}
@@ -215,6 +222,10 @@ class SeenTrie:
         seen = k + 1
       path.append(nxt)
       node = nxt
+    if len(self.parent) > len(self.reused_from):
+      grown = np.full(max(len(self.parent), 2 * len(self.reused_from)), NEVER_REUSED, np.int64)
+      grown[: len(self.reused_from)] = self.reused_from
+      self.reused_from = grown
     end = start + len(path)
     if end > len(self.flat):
       grown = np.zeros(max(end, 2 * len(self.flat)), np.int64)
@@ -781,7 +792,7 @@ class UnitCache:
       d = 0
       self.fit(room - npages * page - state)
     self._cur = -1
-    self._insert(path, pa, d, place, fresh, retire)
+    self._insert(r, path, pa, d, place, fresh, retire)
     self._pins.pop(r, None)
     if self.pages * page + self.nckpt * state > room:
       self.fit(room)
@@ -892,13 +903,13 @@ class UnitCache:
       self._absent = len(pa) if pres.all() else int(pres.argmin())
       self._cur_pa = pa
     self._cur = -1
-    added = self._insert(path, pa, d, place, fresh, retire)
+    added = self._insert(r, path, pa, d, place, fresh, retire)
     self._pins.pop(r, None)
     self.fit(self.sizes.capacity - self.reserved)
     return added
 
   def _insert(
-    self, path: list[int], pa: np.ndarray, d: int, place, fresh, retire: bool = False
+    self, r: int, path: list[int], pa: np.ndarray, d: int, place, fresh, retire: bool = False
   ) -> int:
     """`finish`'s insertion of a request with hit depth d (see `finish`): its KV chain up to
     the deepest placement and its new checkpoints, pushed, then (`retire`) the superseded
@@ -970,15 +981,18 @@ class UnitCache:
         i = bisect.bisect_left(marks, q - 1)
         self._push(path[q - 1], touch, prev, marks[i - 1] + 1 if i else 0)
     if retire and new:
-      self._retire(pa, new[-1])
+      self._retire(r, pa, new[-1])
     return len(new)
 
-  def _retire(self, pa: np.ndarray, e: int) -> None:
-    """Drops the states of the checkpoints superseded by the new one at depth e of path `pa`:
-    those above it with a single present child (module docstring, "Retirement"); with an
-    access history, the one at e takes the latest penultimate access among them."""
+  def _retire(self, r: int, pa: np.ndarray, e: int) -> None:
+    """Drops the states of the checkpoints request r's new one at depth e of path `pa`
+    supersedes: those above it with a single present child, not seen reused by request r
+    (module docstring, "Retirement"); with an access history, the one at e takes the latest
+    penultimate access among them."""
     seg = pa[: e - 1]
-    gone = seg[((self._flag[seg] & _CKPT) != 0) & (self._nchild[seg] == 1)].tolist()
+    gone = seg[
+      ((self._flag[seg] & _CKPT) != 0) & (self._nchild[seg] == 1) & (self.trie.reused_from[seg] > r)
+    ].tolist()
     if not gone:
       return
     if self._history:

@@ -183,19 +183,22 @@ class DivergenceStats:
 class SupersessionStats:
   """Whether `adaptive` retires superseded checkpoints: how often a superseded point is used.
 
-  Counted on the trie of everything seen, as if every candidate point were kept (no cache is
-  read, so every capacity and setting decides the same way, and online: request r's decision
-  reads requests 0..r-1). Request r *supersedes* a point when it places a point deeper on the
-  same path: every point above its deepest new one is then superseded (`UnitCache`'s
-  retirement drops such checkpoints), counted once until it is *used* again: r's hit in the
-  keep-everything cache (its deepest point within the units that existed before it, capped as
-  a hit) is a superseded point. The decayed share (used + 1) / (superseded + 2) below
-  `RETIRE_SHARE`, with >= `_MIN_OBS` (decayed) supersessions, retires. Measured at the end of
-  each trace (U = 64, 0.995 decay per request): real ShareGPT 0.006-0.018 and synthetic chat
-  0.005 (sessions continue at the last turn's end; 96-97% of requests retire), synthetic
-  agentic 0.23-0.24 (history truncation, shared system prompts; 0-0.3% retire), Mooncake
-  conversation 0.70 and synthetic 0.85 (shared prefixes; none retire): BENCHMARKS.md,
-  "Retiring superseded checkpoints".
+  Counted on the trie of everything seen, as if every candidate point were kept (no cache is read,
+  so every capacity and setting decides the same way, and online: request r's decision reads
+  requests 0..r-1). Request r *supersedes* a point when it places a point deeper on the same path:
+  every point above its deepest new one is then superseded (`UnitCache`'s retirement drops such
+  checkpoints), counted once until it is *used* again: r's hit in the keep-everything cache (its
+  deepest point within the units that existed before it, capped as a hit) is a superseded point. A
+  used point is also marked in `SeenTrie.reused_from`, and retirement keeps it from then on: the
+  share counts events, and a few points reused often (a shared system prompt's state, passed and
+  extended by every new session) must not go with the many never reused (synthetic agentic without
+  history truncation: share 0.006, and retiring those states too cost -17% to -58%; with the mark
+  +1% to +17%). The decayed share (used + 1) / (superseded + 2) below `RETIRE_SHARE`, with >=
+  `_MIN_OBS` (decayed) supersessions, retires. Measured at the end of each trace (U = 64, 0.995
+  decay per request): real ShareGPT 0.006-0.018 and synthetic chat 0.005 (sessions continue at the
+  last turn's end; 96-97% of requests retire), synthetic agentic 0.23-0.24 (history truncation,
+  shared system prompts; 0-0.3% retire), Mooncake conversation 0.70 and synthetic 0.85 (shared
+  prefixes; none retire): BENCHMARKS.md, "Retiring superseded checkpoints".
   """
 
   def __init__(self):
@@ -210,9 +213,13 @@ class SupersessionStats:
   def retire(self) -> bool:
     return self.superseded >= _MIN_OBS and self.share() < RETIRE_SHARE
 
-  def observe(self, pa: np.ndarray, seen: int, cands: list[tuple[int, int]], nodes: int) -> None:
-    """Request r with path array `pa`, `seen` leading units that existed before it (capped as
-    a hit) and candidate points `cands` [(depth, kind)]; `nodes`: the trie's size after r."""
+  def observe(
+    self, trie: SeenTrie, r: int, pa: np.ndarray, seen: int, cands: list[tuple[int, int]]
+  ) -> None:
+    """Request r of `trie` (walked) with path array `pa`, `seen` leading units that existed
+    before it (capped as a hit) and candidate points `cands` [(depth, kind)]. A superseded
+    point r uses is marked in `trie.reused_from` (retirement keeps it from r on)."""
+    nodes = len(trie)
     if nodes > len(self._point):
       n0 = len(self._point)
       for name in ("_point", "_open"):
@@ -227,6 +234,7 @@ class SupersessionStats:
     if q and open_[pa[q - 1]]:
       self.used += 1.0
       open_[pa[q - 1]] = False
+      trie.reused_from[pa[q - 1]] = min(trie.reused_from[pa[q - 1]], r)
     e = max((dq for dq, _ in cands if dq > q and not point[pa[dq - 1]]), default=0)
     for dq, _ in cands:
       point[pa[dq - 1]] = True
@@ -571,7 +579,7 @@ def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   fl = flops_table(model, u).values  # extended by each serve to the request's depth
   t0 = time.perf_counter()
   for r, req in enumerate(trace.requests):
-    path, seen, cap, place, deepest, retire = rep.prepare(req)
+    path, seen, cap, place, deepest, retire = rep.prepare(req, r)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
     pa, old = trie.path_array(path), trie.last_old
@@ -635,7 +643,7 @@ def _walk_all(rep: _Replay, trace: Trace):
   longest = 0
   for r, q in enumerate(trace.requests):
     start = trie.flat_len
-    path, seen, cap, cs, deepest, retire = rep.walk(q)
+    path, seen, cap, cs, deepest, retire = rep.walk(q, r)
     n_in = q.num_input_tokens
     n_comp = n_in + max(q.num_output_tokens - 1, 0)
     req[r] = (start, len(path), trie.last_old, cap, n_comp, deepest, len(cs), retire)
@@ -654,6 +662,7 @@ def _walk_all(rep: _Replay, trace: Trace):
     np.asarray(trie.home, np.int64),
     trie.flat[: trie.flat_len].copy(),
     np.asarray(fl, np.int64),
+    trie.reused_from[: len(trie)].copy(),
   )
   return tables, reach, req, cands
 
@@ -797,8 +806,8 @@ class _Replay:
       sum((q.num_input_tokens + max(q.num_output_tokens - 1, 0)) // u for q in trace.requests)
     )
 
-  def walk(self, req):
-    """The trie walk and candidate points of a request (before its lookup): (path, seen, hit
+  def walk(self, req, r: int):
+    """The trie walk and candidate points of request r (before its lookup): (path, seen, hit
     cap in units, candidates [(depth, kind)], the deepest depth every cache's `finish` inserts
     up to: attention-only models place every unit, others `_deepest_placement`; retire: every
     cache's `finish` drops the checkpoints this request supersedes, `adaptive` only, by
@@ -815,14 +824,14 @@ class _Replay:
         trie.register(path[q - 1], kind)
     if rule == "adaptive":
       retire = self.retirement and self.recurrent and self.supersession.retire()
-      self.supersession.observe(trie.path_array(path), seen, cands, len(trie))
+      self.supersession.observe(trie, r, trie.path_array(path), seen, cands)
     n = len(path)
     deepest = _deepest_placement(rule, self.k, n, cands) if self.recurrent else n
     return path, seen, cap, cands, deepest, retire
 
-  def prepare(self, req):
+  def prepare(self, req, r: int):
     """`walk`, with the placement rule `place(hit depth)` instead of the candidates."""
-    path, seen, cap, cands, deepest, retire = self.walk(req)
+    path, seen, cap, cands, deepest, retire = self.walk(req, r)
     self.bank.grow(len(self.trie))
     return path, seen, cap, _placer(self.rule, self.k, len(path), cands), deepest, retire
 
@@ -865,7 +874,7 @@ def _run_concurrent(
     n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
     if not live.can_admit(n_comp):
       return None
-    path, seen, cap, place, _, retire = rep.prepare(req)
+    path, seen, cap, place, _, retire = rep.prepare(req, r)
     placers[r] = place, retire
     found = bank.lookup(trie.path_array(path), cap, trie.last_old)
     hits[r] = live.admit(r, path, cap, n_comp, found[live.row])

@@ -146,7 +146,7 @@ def _push(C, HP, HS, HN, k, T, S, reach, n, touch, prev, a):
   """`UnitCache._push` (with `_flops_term`)."""
   present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
   entry, hits, kind, stamp, lastref, penult = C[9:]
-  depth, home, flat, fl = T
+  depth, home, flat, fl, reused_from = T
   unit, bs, page, state = S
   seq = ints[_SEQ] + 1
   ints[_SEQ] = seq
@@ -214,7 +214,7 @@ def _drop(C, HP, HS, HN, k, T, S, reach, n, pa, pin_d):
   """`UnitCache._drop`: evicts checkpoint n; a leaf also drops its KV chain up to the nearest
   ancestor that is a checkpoint, a branch or pinned (pa[:pin_d], the one running request)."""
   present, flag, nchild, ints, flts, cfg, alpha, kp, kh = C[:9]
-  depth, home, flat, fl = T
+  depth, home, flat, fl, reused_from = T
   unit, bs, page, state = S
   _drop_state(C, n)
   ints[_EVICTED] += 1
@@ -319,16 +319,17 @@ def _push_marked(C, HP, HS, HN, k, T, S, reach, pa, q, touch):
 
 
 @nb.njit(**_JIT)
-def _retire(C, HP, HS, HN, k, T, S, reach, pa, e):
-  """`UnitCache._retire`: drops the superseded checkpoints above the new one at depth e."""
+def _retire(C, HP, HS, HN, k, T, S, reach, pa, e, r):
+  """`UnitCache._retire`: drops the checkpoints request r's new one at depth e supersedes."""
   flag, nchild, ints, cfg = C[1], C[2], C[3], C[5]
   penult = C[14]
+  reused_from = T[4]
   ne = pa[e - 1]
   latest = 0.0
   gone = 0
   for i in range(e - 1):
     n = pa[i]
-    if flag[n] & _CKPT and nchild[n] == 1:
+    if flag[n] & _CKPT and nchild[n] == 1 and reused_from[n] > r:
       if cfg[_HIST] and (gone == 0 or penult[n] > latest):
         latest = penult[n]
       gone += 1
@@ -340,14 +341,14 @@ def _retire(C, HP, HS, HN, k, T, S, reach, pa, e):
       _push(C, HP, HS, HN, k, T, S, reach, ne, False, -1, -1)
   for i in range(e - 1):
     n = pa[i]
-    if flag[n] & _CKPT and nchild[n] == 1:
+    if flag[n] & _CKPT and nchild[n] == 1 and reused_from[n] > r:
       _drop_state(C, n)
   ints[_RETIRED] += gone
 
 
 @nb.njit(**_JIT)
 def _serve(
-  C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, kspars, cq, ckd, nc, retire
+  C, HP, HS, HN, k, T, S, reach, pa, old, cap, n_comp, rdeep, rule, kspars, cq, ckd, nc, retire, r
 ):  # fmt: skip
   """`UnitCache.serve` of one request (lookup, fresh write, hit, fit, insertion, retirement,
   fit); returns (hit depth in units, checkpoints added)."""
@@ -503,7 +504,7 @@ def _serve(
     for i in range(nnew):
       _push_marked(C, HP, HS, HN, k, T, S, reach, pa, new[i], True)
   if retire and nnew:
-    _retire(C, HP, HS, HN, k, T, S, reach, pa, new[nnew - 1])
+    _retire(C, HP, HS, HN, k, T, S, reach, pa, new[nnew - 1], r)
   if ints[_PAGES] * page + ints[_NCKPT] * state > room:
     _fit(C, HP, HS, HN, k, T, S, reach, room, pa, 0)
   return d, nnew
@@ -515,7 +516,7 @@ def _serve_chunk(
   ENTRY, HITS, KIND, STAMP, LAST, PEN, HP, HS, HN, T, S, reach, req, cands, rule, kspars,
   hit_out, add_out,
 ):  # fmt: skip
-  depth, home, flat, fl = T
+  depth, home, flat, fl, reused_from = T
   for k in ks:
     C = (
       present[k], flag[k], nchild[k], ints[k], flts[k], cfg[k], alpha[k : k + 1], kplaced[k],
@@ -527,7 +528,7 @@ def _serve_chunk(
       )  # fmt: skip
       d, added = _serve(
         C, HP, HS, HN, k, T, S, reach[r], flat[s0 : s0 + n], old, cap, n_comp, rdeep,
-        rule, kspars, cands[r, 0], cands[r, 1], nc, retire != 0,
+        rule, kspars, cands[r, 0], cands[r, 1], nc, retire != 0, r,
       )  # fmt: skip
       hit_out[k, r] = d
       add_out[k, r] = added
@@ -567,9 +568,9 @@ class CompiledBank:
   Args:
     trie_nodes: nodes of the trie after the whole walk.
     sizes: (unit, block_size, kv_page_bytes, ckpt_bytes), shared by every cache.
-    trie: (depth, home, flat, flops) int64 arrays: per node its depth and the offset of its
-      creating path in flat (every walked path end to end); flops[d] = F(d U), d >= 0 up to
-      the longest path and at least 1.
+    trie: (depth, home, flat, flops, reused_from) int64 arrays: per node its depth and the
+      offset of its creating path in flat (every walked path end to end); flops[d] = F(d U),
+      d >= 0 up to the longest path and at least 1; per node `SeenTrie.reused_from`.
     reach: float64[R, NUM_KINDS], the reach prior of each kind as of each request.
     req: int64[R, 8] per request: (offset of its path in flat, path length, units that existed
       before it, hit cap in units, computed tokens, deepest placement, candidate count,

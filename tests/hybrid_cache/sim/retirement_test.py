@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from hybrid_cache.sim import checkpoint_policies as cp
+from hybrid_cache.sim.checkpoint_cache import NEVER_REUSED
 from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
@@ -95,20 +96,48 @@ def test_retirement_hands_the_access_history_to_the_deeper_state():
   assert c.penult[p2[5]] == 1
 
 
+class _Trie:
+  """What `SupersessionStats.observe` reads of a `SeenTrie`: its size and `reused_from`."""
+
+  def __init__(self, nodes: int):
+    self.reused_from = np.full(nodes, NEVER_REUSED, np.int64)
+
+  def __len__(self) -> int:
+    return len(self.reused_from)
+
+
 def test_supersession_counts():
   s = cp.SupersessionStats()
+  trie = _Trie(8)
   pa = np.arange(8, dtype=np.int64)
-  s.observe(pa[:4], 0, [(2, LEAF)], 8)  # request 0 places depth 2: nothing superseded
+  s.observe(trie, 0, pa[:4], 0, [(2, LEAF)])  # request 0 places depth 2: nothing superseded
   assert (s.superseded, s.used) == (0.0, 0.0)
-  s.observe(pa[:6], 4, [(6, LEAF)], 8)  # passes depth 2, places 6: depth 2 superseded
+  s.observe(trie, 1, pa[:6], 4, [(6, LEAF)])  # passes depth 2, places 6: depth 2 superseded
   assert (s.superseded, s.used) == (1.0, 0.0)
+  assert (trie.reused_from == NEVER_REUSED).all()
   branch = np.array([0, 1, 7], np.int64)
-  s.observe(branch, 2, [(3, LEAF)], 8)  # served by depth 2 (used), then superseded again
+  s.observe(trie, 2, branch, 2, [(3, LEAF)])  # served by depth 2 (used), then superseded again
   assert s.used == 1.0 and s.superseded == pytest.approx(0.995 + 1.0)
+  assert trie.reused_from[1] == 2 and (np.delete(trie.reused_from, 1) == NEVER_REUSED).all()
   assert not s.retire()  # too few supersessions
-  for _ in range(40):  # a linear session: each turn supersedes the last, nothing is used
-    s.observe(pa[:6], 6, [], 8)
+  for r in range(3, 43):  # a linear session: each turn supersedes the last, nothing is used
+    s.observe(trie, r, pa[:6], 6, [])
   assert s.share() > cp.RETIRE_SHARE and not s.retire()
+
+
+def test_a_state_seen_reused_is_kept():
+  # a system prompt's state (depth 4) that the trie saw reused by request 1 is not retired when
+  # request 2 extends it alone; request 0's superseded state would be
+  trie = SeenTrie(4)
+  c = UnitCache(trie, CacheSizes.of(TINY, 100_000, 4, 4), TINY, None)
+  turns = trace_of((T1, [17]), (T2, [25]), (T2 + [25, 26, 27, 28], [29]))
+  paths = [trie.walk(q)[0] for q in turns.requests]
+  trie.reused_from[paths[0][3]] = 1
+  for r, (q, path) in enumerate(zip(turns.requests, paths)):
+    n_comp = q.num_input_tokens + q.num_output_tokens - 1
+    c.serve(r, path, (q.num_input_tokens - 1) // 4, n_comp, _leaf_only(path), retire=True)
+  # request 1 (r = 1 >= reused_from) keeps depth 4; request 2 retires request 1's depth 6
+  assert c.ckpt[paths[0][3]] and not c.ckpt[paths[1][5]] and c.retired_ckpts == 1
 
 
 @pytest.mark.parametrize("seed", [0, 1])
