@@ -25,7 +25,7 @@ the divergences observed so far, never the future):
 And retirement: while the points r's placements supersede (those above its deepest new one on
 its path) are rarely used again (`SupersessionStats`: a chat session's next turn continues at
 the last turn's end), the caches drop the superseded checkpoints as r's are inserted
-(`UnitCache`, "Retirement"): with LRU-2 then eligible as a shadow, real ShareGPT +13% to +30%
+(`UnitCache`, "Retirement"): with LRU-2 then eligible as a shadow, real ShareGPT +14% to +30%
 at 2e9-4e9, synthetic chat -1% to +11%, the other traces unchanged (BENCHMARKS.md, "Retiring
 superseded checkpoints").
 Eviction: GreedyDual over chain units weighted by FLOPs saved per byte (`UnitCache`), with a
@@ -106,7 +106,7 @@ SHADOW_WEIGHTINGS = (
   # LRU-2 on chains (`UnitCache(penultimate=True)`): eligible only while superseded
   # checkpoints are retired (`SupersessionStats`: chains are then sessions, whose last
   # interval predicts the next). With retirement, against the other shadows alone: real
-  # ShareGPT +5% to +28%, synthetic chat -5.5% to +1.3%; eligible everywhere (session 23,
+  # ShareGPT +4% to +59%, synthetic chat -5.5% to +1.3%; eligible everywhere (session 23,
   # without retirement) it cost Mooncake synthetic -2.5% to -7% (the tuner's trajectory;
   # BENCHMARKS.md, "Retiring superseded checkpoints")
   ("lru2", None, "none", False, True),
