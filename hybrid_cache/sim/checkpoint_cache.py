@@ -119,6 +119,16 @@ def _mix64(x: np.ndarray) -> np.ndarray:
   return x ^ (x >> np.uint64(31))
 
 
+def grown(a: np.ndarray, n: int, fill=0) -> np.ndarray:
+  """`a` if it holds >= n entries, else a copy at least n long (capacity doubles), the new
+  entries `fill`: the per-node arrays that grow with the trie."""
+  if n <= len(a):
+    return a
+  out = np.full(max(n, 2 * len(a)), fill, a.dtype)
+  out[: len(a)] = a
+  return out
+
+
 def unit_hashes(tokens: np.ndarray, unit: int, weights: np.ndarray) -> list[int]:
   """64-bit hash of each whole `unit`-token chunk of `tokens` (a random linear form, mixed)."""
   n = len(tokens) // unit
@@ -222,15 +232,9 @@ class SeenTrie:
         seen = k + 1
       path.append(nxt)
       node = nxt
-    if len(self.parent) > len(self.reused_from):
-      grown = np.full(max(len(self.parent), 2 * len(self.reused_from)), NEVER_REUSED, np.int64)
-      grown[: len(self.reused_from)] = self.reused_from
-      self.reused_from = grown
+    self.reused_from = grown(self.reused_from, len(self.parent), NEVER_REUSED)
     end = start + len(path)
-    if end > len(self.flat):
-      grown = np.zeros(max(end, 2 * len(self.flat)), np.int64)
-      grown[:start] = self.flat[:start]
-      self.flat = grown
+    self.flat = grown(self.flat, end)
     self.flat[start:end] = path
     self.flat_len = end
     self._last = (path, self.flat[start:end])

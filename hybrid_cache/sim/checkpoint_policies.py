@@ -84,6 +84,7 @@ from hybrid_cache.sim.checkpoint_cache import CacheSizes
 from hybrid_cache.sim.checkpoint_cache import SeenTrie
 from hybrid_cache.sim.checkpoint_cache import UnitCache
 from hybrid_cache.sim.checkpoint_cache import flops_table
+from hybrid_cache.sim.checkpoint_cache import grown
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 
@@ -219,13 +220,8 @@ class SupersessionStats:
     """Request r of `trie` (walked) with path array `pa`, `seen` leading units that existed
     before it (capped as a hit) and candidate points `cands` [(depth, kind)]. A superseded
     point r uses is marked in `trie.reused_from` (retirement keeps it from r on)."""
-    nodes = len(trie)
-    if nodes > len(self._point):
-      n0 = len(self._point)
-      for name in ("_point", "_open"):
-        grown = np.zeros(max(nodes, 2 * n0), np.bool_)
-        grown[:n0] = getattr(self, name)
-        setattr(self, name, grown)
+    self._point = grown(self._point, len(trie))
+    self._open = grown(self._open, len(trie))
     self.superseded *= _DECAY
     self.used *= _DECAY
     point, open_ = self._point, self._open
