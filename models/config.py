@@ -4,9 +4,23 @@ A model is a stack of `num_layers` decoder blocks; block i has the mixer named b
 `layer_pattern[i % len(layer_pattern)]`:
 
   G = Gated DeltaNet (Qwen3-Next / Qwen3.5), M = Mamba2 (Nemotron-H),
-  A or F = full (causal) attention, S = sliding-window attention (`window` tokens).
+  A or F = full (causal) attention, S = sliding-window attention (`window` tokens),
+  - = an MLP-only layer (Nemotron-H's "-"; only with `block_style="single"`).
 
-Every block is `x + mixer(norm(x))` then `x + mlp(norm(x))` (SwiGLU MLP).
+How a block wires its sublayers (`block_style`):
+
+  "pre_norm" (Qwen3.5, Qwen3-Next, the tiny presets): x + mixer(norm(x)); x + mlp(norm(x)).
+  "sandwich" (Gemma 3): x + norm(mixer(norm(x))); x + norm(mlp(norm(x))).
+  "single" (Nemotron-H): one sublayer per layer, x + sublayer(norm(x)), the sublayer being the
+    mixer (G, M, A, S) or the MLP (-).
+
+The other architecture switches (all off in the tiny presets, set by `models.hf_config` from a
+Hugging Face `config.json`): RMSNorm scaling by (1 + w) (`norm_offset`), the attention's output
+gate (`attn_output_gate`), per-head q/k RMSNorm (`qk_norm`), partial or no rotary embedding
+(`rotary_dim`), the attention scale (`attn_scale`), linear RoPE scaling of the full-attention
+layers (`rope_factor`), the MLP's activation and gate (`mlp_activation`, `mlp_gated`), scaled
+embeddings (`embed_scale`), tied LM head (`tie_word_embeddings`), final-logit soft-capping
+(`final_logit_softcap`) and Mamba2's lower bound on the time step (`mamba_dt_min`).
 
 Cache groups follow vLLM's grouping by spec: all full-attention layers form the group
 "full", all sliding-window layers the group "swa", and the recurrent layers one "mamba"
@@ -31,10 +45,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-LAYER_LETTERS = "GMAFS"
+LAYER_LETTERS = "GMAFS-"
+MLP_ONLY = "-"
 _LETTER_TO_GROUP = {"G": "mamba", "M": "mamba", "A": "full", "F": "full", "S": "swa"}
 DTYPES = ("float32", "bfloat16")
 RECURRENT_GROUPINGS = ("shared", "per_kind")
+BLOCK_STYLES = ("pre_norm", "sandwich", "single")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh", "relu2")
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
@@ -74,6 +91,23 @@ class ModelConfig:
       norms, gates and logits are always fp32.
     recurrent_grouping: "shared" (G and M layers form one "mamba" cache group) or
       "per_kind" (one "mamba" cache group per recurrent kind present).
+    block_style: "pre_norm" | "sandwich" | "single" (module docstring).
+    norm_offset: RMSNorms scale by (1 + w), w initialised to 0 (Qwen3-Next / Qwen3.5 / Gemma 3),
+      instead of w initialised to 1. The GDN / Mamba2 gated norms always scale by w.
+    attn_output_gate: the query projection also emits a per-head gate g (HF layout: per head
+      [query | gate], 2 * head_dim wide) and the attention output is o * sigmoid(g).
+    qk_norm: RMSNorm (over head_dim, `norm_offset` applies) on q and k before RoPE.
+    rotary_dim: leading channels of each head that RoPE rotates (even, <= head_dim); None =
+      head_dim; 0 = no positional embedding (Nemotron-H's attention).
+    rope_factor: linear RoPE scaling of the full-attention layers (positions / factor).
+    attn_scale: softmax scale; None = head_dim ** -0.5.
+    mlp_activation: "silu" | "gelu_tanh" | "relu2" (relu(x) ** 2).
+    mlp_gated: down(act(gate(x)) * up(x)) if True, else down(act(up(x))).
+    embed_scale: embeddings are multiplied by sqrt(d_model) (cast to `dtype`), as Gemma 3.
+    tie_word_embeddings: the LM head is the embedding matrix (no separate lm_head).
+    final_logit_softcap: logits = c * tanh(logits / c) when set.
+    mamba_dt_min: Mamba2's time step is max(softplus(dt + dt_bias), mamba_dt_min)
+      (Nemotron-H's `time_step_limit`); 0 = no bound.
   """
 
   layer_pattern: str
@@ -99,6 +133,19 @@ class ModelConfig:
   norm_eps: float = 1e-6
   dtype: str = "float32"
   recurrent_grouping: str = "shared"
+  block_style: str = "pre_norm"
+  norm_offset: bool = False
+  attn_output_gate: bool = False
+  qk_norm: bool = False
+  rotary_dim: int | None = None
+  rope_factor: float = 1.0
+  attn_scale: float | None = None
+  mlp_activation: str = "silu"
+  mlp_gated: bool = True
+  embed_scale: bool = False
+  tie_word_embeddings: bool = False
+  final_logit_softcap: float | None = None
+  mamba_dt_min: float = 0.0
 
   def __post_init__(self):
     pattern = self.layer_pattern
@@ -110,7 +157,7 @@ class ModelConfig:
       if ch not in LAYER_LETTERS:
         raise ValueError(
           f"layer_pattern[{i}]={ch!r} is not a layer letter; allowed: G (GDN), M (Mamba2), "
-          "A/F (full attention), S (sliding window)"
+          "A/F (full attention), S (sliding window), - (MLP only)"
         )
     for name in (
       "num_layers",
@@ -162,11 +209,42 @@ class ModelConfig:
       raise ValueError(
         f"recurrent_grouping must be one of {RECURRENT_GROUPINGS}, got {self.recurrent_grouping!r}"
       )
+    self._check_architecture()
+
+  def _check_architecture(self) -> None:
+    """The architecture switches (see the class docstring)."""
+    if self.block_style not in BLOCK_STYLES:
+      raise ValueError(f"block_style must be one of {BLOCK_STYLES}, got {self.block_style!r}")
+    if MLP_ONLY in self.layer_kinds and self.block_style != "single":
+      raise ValueError(
+        f"layer_pattern has MLP-only layers ({MLP_ONLY!r}), which need block_style='single', "
+        f"got block_style={self.block_style!r}"
+      )
+    if not any(k != MLP_ONLY for k in self.layer_kinds):
+      raise ValueError(f"layer_pattern needs at least one mixer layer, got {self.layer_pattern!r}")
+    if self.rotary_dim is not None:
+      _check_int("rotary_dim", self.rotary_dim, minimum=0)
+      if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+        raise ValueError(
+          f"rotary_dim must be even and in [0, head_dim={self.head_dim}], got {self.rotary_dim}"
+        )
+    _check_pos_float("rope_factor", self.rope_factor)
+    if self.attn_scale is not None:
+      _check_pos_float("attn_scale", self.attn_scale)
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(
+        f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}"
+      )
+    if self.final_logit_softcap is not None:
+      _check_pos_float("final_logit_softcap", self.final_logit_softcap)
+    dt_min = self.mamba_dt_min
+    if isinstance(dt_min, bool) or not isinstance(dt_min, (int, float)) or dt_min < 0:
+      raise ValueError(f"mamba_dt_min must be a number >= 0, got {dt_min!r}")
 
   # ---- derived, static ----
   @property
   def layer_kinds(self) -> tuple[str, ...]:
-    """Mixer letter of each layer; F is normalised to A."""
+    """Mixer letter of each layer; F is normalised to A ("-" = MLP only, no mixer)."""
     p = self.layer_pattern
     return tuple("A" if p[i % len(p)] == "F" else p[i % len(p)] for i in range(self.num_layers))
 
@@ -180,6 +258,8 @@ class ModelConfig:
   def _group_keys(self) -> tuple[str, ...]:
     out: list[str] = []
     for k in self.layer_kinds:
+      if k == MLP_ONLY:
+        continue
       key = self._group_key(k)
       if key not in out:
         out.append(key)
@@ -192,9 +272,9 @@ class ModelConfig:
 
   @property
   def layer_group(self) -> tuple[int, ...]:
-    """Cache group index of each layer."""
+    """Cache group index of each layer (-1 for an MLP-only layer, which caches nothing)."""
     keys = self._group_keys
-    return tuple(keys.index(self._group_key(k)) for k in self.layer_kinds)
+    return tuple(-1 if k == MLP_ONLY else keys.index(self._group_key(k)) for k in self.layer_kinds)
 
   @property
   def recurrent_groups(self) -> tuple[int, ...]:
@@ -212,8 +292,9 @@ class ModelConfig:
 
   @property
   def layer_slot(self) -> tuple[int, ...]:
-    """Index of each layer within its cache array family (attention, GDN or Mamba2)."""
-    counters = {"attn": 0, "G": 0, "M": 0}
+    """Index of each layer within its cache array family (attention, GDN or Mamba2; the
+    MLP-only layers count among themselves)."""
+    counters = {"attn": 0, "G": 0, "M": 0, MLP_ONLY: 0}
     out = []
     for k in self.layer_kinds:
       fam = "attn" if k in "AS" else k
@@ -251,6 +332,15 @@ class ModelConfig:
   def mamba_conv_dim(self) -> int:
     """Channels of the Mamba2 conv: [x | B | C] = d_inner + 2 * G * N."""
     return self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_state_dim
+
+  @property
+  def rope_dim(self) -> int:
+    """Channels of each attention head that RoPE rotates (0 = no RoPE)."""
+    return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
+  @property
+  def softmax_scale(self) -> float:
+    return self.head_dim**-0.5 if self.attn_scale is None else self.attn_scale
 
   def replace(self, **changes: Any) -> ModelConfig:
     return dataclasses.replace(self, **changes)

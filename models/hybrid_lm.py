@@ -13,6 +13,7 @@ from flax import nnx
 from models import layers
 from models.attention import Attention
 from models.cache import ModelCache
+from models.config import MLP_ONLY
 from models.config import ModelConfig
 from models.gated_deltanet import GatedDeltaNet
 from models.mamba2 import Mamba2
@@ -20,20 +21,62 @@ from models.step_inputs import StepInputs
 
 
 class Block(nnx.Module):
-  """Pre-norm residual block: x + mixer(norm(x)); x + mlp(norm(x))."""
+  """One decoder layer, wired by `cfg.block_style` (`models.config`):
+
+  "pre_norm": x + mixer(mixer_norm(x)); then x + mlp(mlp_norm(x)).
+  "sandwich": x + post_mixer_norm(mixer(mixer_norm(x))); then
+              x + post_mlp_norm(mlp(mlp_norm(x))).
+  "single":   x + mixer(mixer_norm(x)), or x + mlp(mixer_norm(x)) for an MLP-only layer ("-").
+  Absent sublayers and norms are None.
+  """
 
   def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
     dt = cfg.dtype
     self.kind = kind
-    self.mixer_norm = layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt)
+
+    def norm():
+      return layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt, cfg.norm_offset)
+
+    def mlp():
+      return layers.MLP(
+        cfg.d_model,
+        cfg.mlp_hidden,
+        dt,
+        rngs,
+        activation=cfg.mlp_activation,
+        gated=cfg.mlp_gated,
+      )
+
+    self.mixer_norm = norm()
     if kind in "AS":
       self.mixer = Attention(cfg, sliding=kind == "S", rngs=rngs)
     elif kind == "G":
       self.mixer = GatedDeltaNet(cfg, rngs=rngs)
-    else:
+    elif kind == "M":
       self.mixer = Mamba2(cfg, rngs=rngs)
-    self.mlp_norm = layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt)
-    self.mlp = layers.MLP(cfg.d_model, cfg.mlp_hidden, dt, rngs)
+    else:
+      self.mixer = None
+    single = cfg.block_style == "single"
+    sandwich = cfg.block_style == "sandwich"
+    self.post_mixer_norm = norm() if sandwich else None
+    self.mlp_norm = None if single else norm()
+    self.mlp = mlp() if not single or kind == MLP_ONLY else None
+    self.post_mlp_norm = norm() if sandwich else None
+
+  def feed_forward(self, x: jax.Array) -> jax.Array:
+    """The residual MLP half of a pre_norm / sandwich block (identity for "single")."""
+    if self.mlp_norm is None:
+      return x
+    y = self.mlp(self.mlp_norm(x))
+    if self.post_mlp_norm is not None:
+      y = self.post_mlp_norm(y)
+    return x + y
+
+  def mixer_residual(self, x: jax.Array, y: jax.Array) -> jax.Array:
+    """x + the mixer's output y (normalised first in a sandwich block)."""
+    if self.post_mixer_norm is not None:
+      y = self.post_mixer_norm(y)
+    return x + y
 
 
 class HybridLM(nnx.Module):
@@ -54,8 +97,25 @@ class HybridLM(nnx.Module):
       rngs=rngs,
     )
     self.blocks = nnx.List([Block(cfg, k, rngs=rngs) for k in cfg.layer_kinds])
-    self.final_norm = layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt)
-    self.lm_head = layers.linear(cfg.d_model, cfg.vocab_size, dt, rngs)
+    self.final_norm = layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt, cfg.norm_offset)
+    tied = cfg.tie_word_embeddings  # the LM head is then `embed.attend`
+    self.lm_head = None if tied else layers.linear(cfg.d_model, cfg.vocab_size, dt, rngs)
+
+  def _embed(self, token_ids: jax.Array) -> jax.Array:
+    x = self.embed(token_ids)
+    if self.cfg.embed_scale:  # Gemma 3: sqrt(d_model) cast to the activation dtype first
+      x = x * jnp.asarray(self.cfg.d_model**0.5, x.dtype)
+    return x
+
+  def _logits(self, x: jax.Array) -> jax.Array:
+    """f32[T, vocab] from the last hidden states (final norm, LM head, soft-capping)."""
+    h = self.final_norm(x)
+    logits = self.embed.attend(h) if self.lm_head is None else self.lm_head(h)
+    logits = logits.astype(jnp.float32)
+    cap = self.cfg.final_logit_softcap
+    if cap is not None:
+      logits = cap * jnp.tanh(logits / cap)
+    return logits
 
   def __call__(
     self, cache: ModelCache, inputs: StepInputs, *, implementation: str | None = None
@@ -72,11 +132,14 @@ class HybridLM(nnx.Module):
       "M": [cache.mamba_state, cache.mamba_conv],
     }
     rec = {k: cfg.recurrent_index(k) for k in "GM" if k in cfg.layer_kinds}
-    x = self.embed(inputs.token_ids)
+    x = self._embed(inputs.token_ids)
     for block, kind, group, slot in zip(
       self.blocks, cfg.layer_kinds, cfg.layer_group, cfg.layer_slot, strict=True
     ):
       h = block.mixer_norm(x)
+      if kind == MLP_ONLY:
+        x = x + block.mlp(h)
+        continue
       if kind in "AS":
         y, k_all, v_all = _attend(block, h, k_all, v_all, slot, group, inputs, implementation)
       else:
@@ -94,9 +157,8 @@ class HybridLM(nnx.Module):
           implementation=implementation,
         )
         pools[kind] = [sp.at[slot].set(s_new), cp.at[slot].set(c_new)]
-      x = x + y
-      x = x + block.mlp(block.mlp_norm(x))
-    logits = self.lm_head(self.final_norm(x)).astype(jnp.float32)
+      x = block.feed_forward(block.mixer_residual(x, y))
+    logits = self._logits(x)
     new_cache = ModelCache(
       k=k_all,
       v=v_all,
@@ -132,11 +194,14 @@ class HybridLM(nnx.Module):
     }
     per_token: dict[str, list[tuple[jax.Array, jax.Array]]] = {"G": [], "M": []}
     rec = {k: cfg.recurrent_index(k) for k in "GM" if k in cfg.layer_kinds}
-    x = self.embed(inputs.token_ids)
+    x = self._embed(inputs.token_ids)
     for block, kind, group, slot in zip(
       self.blocks, cfg.layer_kinds, cfg.layer_group, cfg.layer_slot, strict=True
     ):
       h = block.mixer_norm(x)
+      if kind == MLP_ONLY:
+        x = x + block.mlp(h)
+        continue
       if kind in "AS":
         y, k_all, v_all = _attend(block, h, k_all, v_all, slot, group, inputs, implementation)
       else:
@@ -150,9 +215,8 @@ class HybridLM(nnx.Module):
           implementation=implementation,
         )
         per_token[kind].append((states, windows))
-      x = x + y
-      x = x + block.mlp(block.mlp_norm(x))
-    logits = self.lm_head(self.final_norm(x)).astype(jnp.float32)
+      x = block.feed_forward(block.mixer_residual(x, y))
+    logits = self._logits(x)
     out = {
       kind: (jnp.stack([s for s, _ in lst]), jnp.stack([w for _, w in lst]))
       for kind, lst in per_token.items()

@@ -1,4 +1,4 @@
-"""Shared building blocks: RMSNorm, gated RMSNorm, SwiGLU MLP, RoPE, initialisers.
+"""Shared building blocks: RMSNorm, gated RMSNorm, the MLP, RoPE, initialisers.
 
 Norms and gates compute in fp32 and cast back to the activation dtype.
 """
@@ -27,22 +27,30 @@ def linear(din: int, dout: int, dtype, rngs: nnx.Rngs) -> nnx.Linear:
   )
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """x / sqrt(mean(x^2) + eps) * weight over the last axis, in fp32, cast to x.dtype."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: bool = False) -> jax.Array:
+  """x / sqrt(mean(x^2) + eps) * scale over the last axis, in fp32, cast to x.dtype.
+
+  scale = weight, or 1 + weight with `offset` (Qwen3-Next / Qwen3.5 / Gemma 3's RMSNorm).
+  """
   xf = x.astype(jnp.float32)
   y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-  return (y * weight.astype(jnp.float32)).astype(x.dtype)
+  scale = weight.astype(jnp.float32)
+  if offset:
+    scale = 1.0 + scale
+  return (y * scale).astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-  """RMSNorm with a learned scale (initialised to 1) over the last axis."""
+  """RMSNorm with a learned scale over the last axis: w (initialised to 1), or 1 + w
+  (initialised to 0) with `offset`; both start as the identity scale."""
 
-  def __init__(self, dim: int, eps: float, dtype):
-    self.weight = nnx.Param(jnp.ones((dim,), dtype))
+  def __init__(self, dim: int, eps: float, dtype, offset: bool = False):
+    self.weight = nnx.Param((jnp.zeros if offset else jnp.ones)((dim,), dtype))
     self.eps = eps
+    self.offset = offset
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return rms_norm(x, self.weight[...], self.eps)
+    return rms_norm(x, self.weight[...], self.eps, self.offset)
 
 
 class GatedRMSNorm(nnx.Module):
@@ -65,31 +73,67 @@ class GatedRMSNorm(nnx.Module):
     return (xf * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
 
 
-class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+_ACTIVATIONS = {
+  "silu": jax.nn.silu,
+  "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # HF's gelu_pytorch_tanh
+  "relu2": lambda x: jnp.square(jax.nn.relu(x)),  # Nemotron-H's squared ReLU
+}
 
-  def __init__(self, d_model: int, hidden: int, dtype, rngs: nnx.Rngs):
-    self.gate = linear(d_model, hidden, dtype, rngs)
+
+class MLP(nnx.Module):
+  """Gated: down(act(gate(x)) * up(x)) (SwiGLU with silu, GeGLU with gelu_tanh); ungated:
+  down(act(up(x))) (Nemotron-H's relu2 MLP, which has no gate projection)."""
+
+  def __init__(
+    self,
+    d_model: int,
+    hidden: int,
+    dtype,
+    rngs: nnx.Rngs,
+    *,
+    activation: str = "silu",
+    gated: bool = True,
+  ):
+    self.gate = linear(d_model, hidden, dtype, rngs) if gated else None
     self.up = linear(d_model, hidden, dtype, rngs)
     self.down = linear(hidden, d_model, dtype, rngs)
+    self.activation = activation
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    act = _ACTIVATIONS[self.activation]
+    if self.gate is None:
+      return self.down(act(self.up(x)))
+    return self.down(act(self.gate(x)) * self.up(x))
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding (rotate-half convention).
+def apply_rope(
+  x: jax.Array,
+  positions: jax.Array,
+  theta: float,
+  *,
+  rotary_dim: int | None = None,
+  factor: float = 1.0,
+) -> jax.Array:
+  """Rotary embedding (rotate-half convention) on the first `rotary_dim` channels.
 
   Args:
-    x: [T, H, D] with D even.
+    x: [T, H, D].
     positions: int32[T] absolute token positions.
     theta: RoPE base.
+    rotary_dim: even number of leading channels rotated (None = D, 0 = none); the others
+      pass through (Qwen3-Next's partial rotary).
+    factor: linear scaling: angles are (position / factor) * inv_freq.
   Returns:
     [T, H, D] in x.dtype (computed in fp32).
   """
-  d = x.shape[-1]
+  d = x.shape[-1] if rotary_dim is None else rotary_dim
+  if d == 0:
+    return x
+  if d < x.shape[-1]:
+    rotated = apply_rope(x[..., :d], positions, theta, factor=factor)
+    return jnp.concatenate([rotated, x[..., d:]], axis=-1)
   half = d // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / d)
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / d) / factor
   ang = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # [T, half]
   cos = jnp.cos(ang)[:, None, :]
   sin = jnp.sin(ang)[:, None, :]

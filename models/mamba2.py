@@ -3,7 +3,9 @@
 in_proj -> [z (d_inner) | xBC (d_inner + 2 G N) | dt (H)]; causal depthwise conv over xBC
 (K taps, with bias, state carried) -> SiLU -> x [H, P], B, C [G, N]; SSD scan with
 dt = softplus(dt + dt_bias), A = -exp(A_log), D skip, initial state from the pool;
-y * silu(z) normalised per group (norm_before_gate=False); out_proj.
+y * silu(z) normalised per group (norm_before_gate=False); out_proj. With
+`ModelConfig.mamba_dt_min` > 0 the time step is max(softplus(dt + dt_bias), mamba_dt_min)
+(Nemotron-H's `time_step_limit`), computed here in fp32 and handed to the kernels as is.
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ class Mamba2(nnx.Module):
     self.D = nnx.Param(jnp.ones((self.h,), jnp.float32))
     self.norm = _GroupNormAfterGate(self.d_inner // self.g, self.g, cfg.norm_eps, dt)
     self.out_proj = layers.linear(self.d_inner, d, dt, rngs)
+    self.dt_min = float(cfg.mamba_dt_min)
+
+  def _time_step(self, dt: jax.Array) -> tuple[jax.Array, dict]:
+    """(dt, the kernels' dt keyword arguments): the raw dt with dt_bias and softplus left to
+    the kernels, or, with a lower bound, the bounded time step itself (fp32)."""
+    if self.dt_min == 0.0:
+      return dt, dict(dt_bias=self.dt_bias[...])
+    step = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])
+    return jnp.maximum(step, self.dt_min), dict(dt_bias=None, dt_softplus=False)
 
   def __call__(
     self,
@@ -101,6 +112,7 @@ class Mamba2(nnx.Module):
     b = xbc[:, self.d_inner : self.d_inner + gn].reshape(t, self.g, self.n)
     c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
     s0 = state_pool.read_states(state_pool_, state_read)
+    dt, dt_kw = self._time_step(dt)
     if decode:
       ids = state_pool.slot_ids(t)
       y, s_final = ssd_api.ssd_decode(
@@ -110,7 +122,7 @@ class Mamba2(nnx.Module):
         b,
         c,
         D=self.D[...],
-        dt_bias=self.dt_bias[...],
+        **dt_kw,
         state_pool=s0,
         read_indices=ids,
         write_indices=ids,
@@ -125,7 +137,7 @@ class Mamba2(nnx.Module):
         b,
         c,
         D=self.D[...],
-        dt_bias=self.dt_bias[...],
+        **dt_kw,
         initial_state=s0,
         cu_seqlens=query_start_loc,
         **ckpt_kw,
@@ -181,6 +193,7 @@ class Mamba2(nnx.Module):
     b = xbc[:, self.d_inner : self.d_inner + gn].reshape(nseq, window, self.g, self.n)
     c = xbc[:, self.d_inner + gn :].reshape(nseq, window, self.g, self.n)
     s0 = state_pool.read_states(state_pool_, state_read)
+    dt, dt_kw = self._time_step(dt)
     y, states = ssd_api.ssd_verify(
       xs,
       dt.reshape(nseq, window, self.h),
@@ -188,7 +201,7 @@ class Mamba2(nnx.Module):
       b,
       c,
       D=self.D[...],
-      dt_bias=self.dt_bias[...],
+      **dt_kw,
       state_pool=s0,
       read_indices=state_pool.slot_ids(nseq),
       implementation=implementation,
