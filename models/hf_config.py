@@ -121,11 +121,10 @@ def from_hf_config(raw: Mapping[str, Any], *, dtype: str | None = None) -> HFArc
     prefixes = (prefix,)
     notes = (f"{model_type}: loading the language model only; skipped {', '.join(skipped)}",)
     model_type = text_type
-  if model_type == "qwen3_5_text":
-    skipped = (*skipped, "mtp.")
+  if model_type in ("qwen3_5_text", "nemotron_h") and "mtp." not in skipped:
+    skipped = (*skipped, "mtp.")  # the multi-token-prediction head: not part of the decoder
   if model_type == "nemotron_h":
     prefixes = ("backbone.", "model.")
-    skipped = (*skipped, "mtp.")
   kw = _BUILDERS[model_type](text)
   kw["dtype"] = _dtype(text, dtype)
   return HFArchitecture(model_type, ModelConfig(**kw), prefixes, skipped, notes)

@@ -29,6 +29,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from models.config import ModelConfig
 from models.config import get_preset
+from models.hybrid_lm import HybridLM
 
 KERNEL_CHUNK = 64  # checkpoint granularity of the GDN / SSD kernels ("all" mode)
 IMPLEMENTATIONS = ("xla", "pallas", "interpret")  # kernel implementations (None = by backend)
@@ -48,17 +49,22 @@ def check_implementation(implementation: str | None) -> str | None:
   return implementation
 
 
-def resolve_model_config(model: str | ModelConfig) -> ModelConfig:
-  """A preset name or a `ModelConfig` -> `ModelConfig` (ValueError for anything else)."""
+def resolve_model_config(model: str | ModelConfig | HybridLM) -> ModelConfig:
+  """A preset name, a `ModelConfig` or a built `HybridLM` (e.g. a loaded checkpoint,
+  `models.pretrained`) -> its `ModelConfig` (ValueError for anything else)."""
   if isinstance(model, ModelConfig):
     return model
+  if isinstance(model, HybridLM):
+    return model.cfg
   if isinstance(model, str):
     return get_preset(model)
-  raise ValueError(f"model must be a preset name or a ModelConfig, got {type(model).__name__}")
+  raise ValueError(
+    f"model must be a preset name, a ModelConfig or a HybridLM, got {type(model).__name__}"
+  )
 
 
 def cache_config_for(
-  model: str | ModelConfig,
+  model: str | ModelConfig | HybridLM,
   *,
   mode: str = "align",
   block_size: int = 16,
@@ -69,7 +75,7 @@ def cache_config_for(
   """The `CacheConfig` whose groups match `model`'s layer pattern.
 
   Args:
-    model: a preset name or a `ModelConfig`.
+    model: a preset name, a `ModelConfig` or a `HybridLM`.
     mode: recurrent mode of the mamba group ("none" | "align" | "all").
     block_size: tokens per block of the attention groups (the KV page), and of every group
       unless `recurrent_block_size` is given.

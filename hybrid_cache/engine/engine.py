@@ -45,6 +45,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -73,7 +75,9 @@ from kernels.pallas.state_copy import api as state_copy_api
 from models import cache as cache_lib
 from models import runner
 from models.config import ModelConfig
+from models.hybrid_lm import HybridLM
 from models.hybrid_lm import build_model
+from models.pretrained import load_pretrained
 
 
 @dataclasses.dataclass
@@ -288,10 +292,12 @@ class Engine:
   """Continuous-batching greedy engine (see module docstring).
 
   Args:
-    model: a preset name (`models.config.PRESETS`) or a `ModelConfig`.
+    model: a preset name (`models.config.PRESETS`) or a `ModelConfig` (random weights from
+      `seed`), or a built `HybridLM` whose weights are served (`Engine.from_pretrained` loads
+      one from a Hugging Face checkpoint).
     cache_config: a `CacheConfig` whose groups match the model (`cache_config_for`); None =
       `cache_config_for(model)`.
-    seed: seed of the model's random weights.
+    seed: seed of the model's random weights (ignored for a `HybridLM`).
     mesh: a `jax.sharding.Mesh`; heads are split over its "model" axis (or its only axis).
       None = one device.
     implementation: kernel implementation (`engine_config.IMPLEMENTATIONS`: "xla", "pallas",
@@ -312,7 +318,7 @@ class Engine:
 
   def __init__(
     self,
-    model: str | ModelConfig,
+    model: str | ModelConfig | HybridLM,
     cache_config: CacheConfig | None = None,
     *,
     seed: int = 0,
@@ -371,7 +377,10 @@ class Engine:
         warnings.warn(risk, RuntimeWarning, stacklevel=2)
       self.mesh = engine_sharding.as_auto(mesh)
     self.manager = _make_manager(cache_manager, cache_config)
-    self.graphdef, params = _split_model(self.model_config, seed)
+    if isinstance(model, HybridLM):
+      self.graphdef, params = runner.split_model(model)
+    else:
+      self.graphdef, params = _split_model(self.model_config, seed)
     # Speculative decoding: one private pool id per request slot after the core's ids (pages,
     # then state slots: `CacheConfig.pool_size`). The model's cache arrays span that whole id
     # space, so with a state pool (`CacheConfig.state_slots`) the KV arrays have rows no page
@@ -391,6 +400,56 @@ class Engine:
     self._running: list[str] = []
     self._finished: dict[str, RequestOutput] = {}
     self._next_id = 0
+
+  @classmethod
+  def from_pretrained(
+    cls,
+    model_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    implementation: str | None = None,
+    cache_manager: str | Callable[[CacheConfig], CacheManager] = "jax",
+    max_num_seqs: int | None = None,
+    token_buckets: Sequence[int] | None = None,
+    seq_buckets: Sequence[int] | None = None,
+    decode_kernels: bool = True,
+    drafter: Drafter | None = None,
+    **cache_kwargs: Any,
+  ) -> Engine:
+    """An engine serving the Hugging Face checkpoint in `model_dir` (`models.pretrained`).
+
+    Args:
+      model_dir: config.json + *.safetensors (one file or an index of shards) of a supported
+        `model_type` (`models.hf_config.SUPPORTED_MODEL_TYPES`).
+      dtype: "float32" | "bfloat16" (None = the checkpoint's).
+      mesh, implementation, cache_manager, max_num_seqs, token_buckets, seq_buckets,
+        decode_kernels, drafter: as for `Engine`.
+      **cache_kwargs: the keyword arguments of `cache_config_for` (enable_prefix_caching, mode,
+        block_size, num_blocks, recurrent_block_size, max_model_len, max_num_batched_tokens,
+        marconi_junction, retention_interval, ...); the cache groups come from the config's
+        layer types.
+
+    Example::
+
+      eng = Engine.from_pretrained("ckpt/", mode="align", block_size=16, num_blocks=512)
+      outs = eng.generate(prompts, 16, return_logits=True)
+    """
+    loaded = load_pretrained(model_dir, dtype=dtype)
+    for note in loaded.arch.notes:
+      logging.info("%s", note)
+    return cls(
+      loaded.model,
+      engine_config.cache_config_for(loaded.config, **cache_kwargs),
+      mesh=mesh,
+      implementation=implementation,
+      cache_manager=cache_manager,
+      max_num_seqs=max_num_seqs,
+      token_buckets=token_buckets,
+      seq_buckets=seq_buckets,
+      decode_kernels=decode_kernels,
+      drafter=drafter,
+    )
 
   # ------------------------------------------------------------------------------------------
   # intake

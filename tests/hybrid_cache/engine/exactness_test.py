@@ -10,6 +10,12 @@ Workload: a 72-token prefix (4.5 blocks of 16) served first as a prompt of its o
 so vLLM §2.5's partial entry sits at 72), then behind three prompts with 21-token suffixes;
 budget 32 (chunked prefill), windows of 24 (SWA drops), Marconi junctions at 72.
 
+Besides our presets, the matrix serves the real architectures loaded from tiny Hugging Face
+checkpoints (`HF_MODELS`: Qwen3.5, Qwen3-Next, Nemotron-H, Gemma 3, written by `transformers`
+itself, `tests/models/hf_checkpoints.py`, and loaded with `models.pretrained`); their cells skip
+without the `hf` extra. Their cache groups equal the presets' (mamba + full, or swa + full with
+the same window), so they share the presets' core compilations.
+
 The default run holds `DEFAULT` (one jitted-core compilation per distinct cache config: the
 two GDN/Mamba2 presets share theirs); everything else runs under `-m slow`. A new cell is one
 more `Cell` row, with Engine keyword arguments in `engine` (as the speculative cell's drafter).
@@ -17,8 +23,12 @@ more `Cell` row, with Engine keyword arguments in `engine` (as the speculative c
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import importlib.util
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +36,22 @@ import numpy as np
 import pytest
 
 from hybrid_cache.engine.config import cache_config_for
+from hybrid_cache.engine.config import resolve_model_config
 from hybrid_cache.engine.drafter import NgramDrafter
 from hybrid_cache.engine.engine import Engine
-from models.config import get_preset
+from models.pretrained import load_pretrained
 
-PRESETS = ("qwen35_tiny", "nemotron_h_tiny", "gemma3_tiny", "hybrid3_tiny")
-RECURRENT = ("qwen35_tiny", "nemotron_h_tiny", "hybrid3_tiny")
+# Real architectures from Hugging Face checkpoints: matrix name -> transformers model_type.
+HF_MODELS = {
+  "hf_qwen3_5": "qwen3_5_text",
+  "hf_qwen3_next": "qwen3_next",
+  "hf_nemotron_h": "nemotron_h",
+  "hf_gemma3": "gemma3_text",
+}
+HF_RECURRENT = ("hf_qwen3_5", "hf_qwen3_next", "hf_nemotron_h")
+PRESETS = ("qwen35_tiny", "nemotron_h_tiny", "gemma3_tiny", "hybrid3_tiny", *HF_MODELS)
+RECURRENT = ("qwen35_tiny", "nemotron_h_tiny", "hybrid3_tiny", *HF_RECURRENT)
+HAS_HF = all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 BASE = dict(block_size=16, num_blocks=96, max_model_len=256, max_requests=4)
 BUDGET = 32
 PREFIX = 72
@@ -54,9 +74,7 @@ class Cell:
   cache: dict[str, Any]
   presets: tuple[str, ...] = PRESETS
   check: Callable[[list, Engine], None] | None = None
-  engine: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(
-    default_factory=dict
-  )
+  engine: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _hits(outs) -> list[int]:
@@ -94,9 +112,23 @@ def _pinned(outs, eng):
   assert eng.manager.pool_stats().num_pinned_blocks > 0
 
 
+@functools.cache
+def _model(preset: str):
+  """A preset name as is, or the HybridLM loaded from that architecture's tiny checkpoint."""
+  if preset not in HF_MODELS:
+    return preset
+  from tests.models import hf_checkpoints
+
+  directory = tempfile.mkdtemp(prefix=f"{preset}-")
+  atexit.register(shutil.rmtree, directory, ignore_errors=True)
+  hf_checkpoints.save_tiny(HF_MODELS[preset], directory)
+  return load_pretrained(directory).model
+
+
 def _ngram_drafter(preset: str) -> dict[str, Any]:
   """Speculative decoding with prompt lookup (`engine.drafter.NgramDrafter`)."""
-  return {"drafter": NgramDrafter(get_preset(preset).vocab_size, min_ngram=1)}
+  vocab = resolve_model_config(_model(preset)).vocab_size
+  return {"drafter": NgramDrafter(vocab, min_ngram=1)}
 
 
 def _speculated(outs, eng):
@@ -107,6 +139,12 @@ def _speculated(outs, eng):
 MATRIX = (
   Cell("none", dict(mode="none"), RECURRENT, _no_hits),
   Cell("align", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)),
+  # vLLM 0.33's serving configuration for hybrid models: align, junction on, retention 0.
+  Cell(
+    "vllm_default",
+    dict(mode="align", marconi_junction=True, retention_interval=0),
+    check=_prefix_hits(16),
+  ),
   Cell(
     "all",
     dict(mode="all", block_size=64, max_num_batched_tokens=64, max_model_len=512),
@@ -120,7 +158,7 @@ MATRIX = (
   Cell(
     "pinning_min_drop",
     dict(pinning=True, pin_min_drop_size=2),
-    ("gemma3_tiny", "hybrid3_tiny"),
+    ("gemma3_tiny", "hybrid3_tiny", "hf_gemma3"),
     _pinned,
   ),
   # vLLM §2.5: hash block 8 < the recurrent block 16 -> hits at 72 = 4.5 blocks, the
@@ -128,7 +166,7 @@ MATRIX = (
   Cell(
     "partial_hits",
     dict(hash_block_size=8),
-    ("qwen35_tiny", "nemotron_h_tiny"),
+    ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
     _partial_cow(PREFIX, kv=True),
   ),
   # Unequal group block sizes (one KV page for the attention groups, `engine_config`):
@@ -155,13 +193,18 @@ MATRIX = (
 )
 _BY_NAME = {c.name: c for c in MATRIX}
 
-# The default slice: 3 jitted-core compilations (qwen35 and nemotron share a config).
+# The default slice: 3 jitted-core compilations (qwen35 and nemotron share a config, and the
+# real architectures share the presets').
 DEFAULT = {
   ("partial_hits", "qwen35_tiny"),
   ("partial_hits", "nemotron_h_tiny"),
   ("unequal_lcm", "hybrid3_tiny"),
   ("pinning_min_drop", "gemma3_tiny"),
   ("speculative", "hybrid3_tiny"),
+  ("partial_hits", "hf_qwen3_5"),
+  ("partial_hits", "hf_qwen3_next"),
+  ("partial_hits", "hf_nemotron_h"),
+  ("pinning_min_drop", "hf_gemma3"),
 }
 
 
@@ -174,10 +217,10 @@ def _workload() -> list[list[int]]:
 
 def _serve(preset: str, manager: str, engine_kw: dict[str, Any], **cache: Any):
   kw = {**BASE, "max_num_batched_tokens": BUDGET, **cache}
-  cfg = cache_config_for(preset, **kw)
+  cfg = cache_config_for(_model(preset), **kw)
   budget = cfg.max_num_batched_tokens
   eng = Engine(
-    preset,
+    _model(preset),
     cfg,
     seed=0,
     cache_manager=manager,
@@ -209,6 +252,8 @@ def _params():
   for cell in MATRIX:
     for preset in cell.presets:
       marks = () if (cell.name, preset) in DEFAULT else (pytest.mark.slow,)
+      if preset in HF_MODELS and not HAS_HF:
+        marks += (pytest.mark.skip(reason="needs the hf extra (transformers, torch)"),)
       out.append(pytest.param(cell.name, preset, marks=marks, id=f"{cell.name}-{preset}"))
   return out
 
