@@ -38,6 +38,9 @@ and then pads the recurrent page to exactly B * page_1. Qwen3.5-4B shapes: page_
 state = 2,146,304 B (524 tokens of one layer's KV), so B = 528 with a = 16 (the 528 reported in
 vLLM #40696) and 576 with FlashInfer's 64-token checkpoint alignment (Hopper, align mode).
 
+Presets in `MODELS`; `hf_cost_model.py` builds a `ModelConfig` from a Hugging Face
+`config.json` (Qwen3.5 / Qwen3-Next, Nemotron-H, Gemma 3).
+
 Example (Marconi's default 7B hybrid)::
 
   m = get_model("marconi_7b")
