@@ -1,13 +1,17 @@
 """`python -m hybrid_cache.sim`: replays a trace under one policy and prints a JSON summary.
 
   python -m hybrid_cache.sim --trace FILE --format {marconi,mooncake,synthetic,sharegpt} \
-      --model NAME --capacity-bytes X --policy NAME [--block-size B|vllm] [--dump FILE]
+      (--model NAME | --model-config PATH) --capacity-bytes X --policy NAME \
+      [--block-size B|vllm] [--dump FILE]
 
 Models (`cost_model.MODELS`): marconi_7b (Marconi's default), qwen3_5_like (Qwen3.5-4B shapes,
 GDN 3:1), nemotron_h_like (Nemotron-H-8B shapes, Mamba2), qwen3_5_0_8b, qwen3_5_9b,
 nemotron_h_8b, gemma3_4b. --block-size vllm takes the attention block size vLLM 0.33 would
 pick for the model by page equality (`ModelConfig.vllm_block_size`: qwen3_5_like 576,
 nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
+--model-config PATH instead builds the cost model from a Hugging Face config.json (PATH: the file
+or a directory holding one; `hf_cost_model.py`: Qwen3.5 / Qwen3-Next dense, Nemotron-H dense,
+Gemma 3); the summary's model is PATH.
 
 With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
 seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
@@ -72,6 +76,7 @@ from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.cost_model import MODELS
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.hf_cost_model import load_cost_model
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.offline_bound import offline_bound
@@ -374,7 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--format", required=True, choices=("marconi", "mooncake", "synthetic", "sharegpt")
   )
-  p.add_argument("--model", required=True, help=f"one of {sorted(MODELS)}")
+  model = p.add_mutually_exclusive_group(required=True)
+  model.add_argument("--model", help=f"a preset, one of {sorted(MODELS)}")
+  model.add_argument(
+    "--model-config",
+    help="a Hugging Face config.json, or a directory holding one (`hf_cost_model.py`: "
+    "qwen3_5, qwen3_next, nemotron_h, gemma3)",
+  )
   p.add_argument(
     "--capacity-bytes", required=True, type=cli_util.positive_float_arg, help="finite, > 0"
   )
@@ -383,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     "--block-size",
     type=_block_size_arg,
     default=None,
-    help=">= 1, or 'vllm': the block vLLM 0.33 picks for --model by page equality",
+    help=">= 1, or 'vllm': the block vLLM 0.33 picks for the model by page equality",
   )
   p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
   p.add_argument(
@@ -546,7 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
   core_scan.enable_compile_cache()
   try:
-    model = get_model(args.model)
+    model = (
+      get_model(args.model) if args.model_config is None else load_cost_model(args.model_config)
+    )
     parse_policy(args.policy)
     block_size = args.block_size
     if block_size == "vllm":

@@ -6,8 +6,11 @@ Two FLOP conventions:
     kv bytes per token and attention layer = 2 * D * 2, one SSM layer's state
     = D N 2 + (2 D + 2 N) * 4 * 2 (SSM state + a 4-wide conv state, fp16).
 - "generic" (GQA attention, SWA, gated MLP, GDN or Mamba2 with their real state shapes):
-    attention: projections 2 L D (Hq + 2 Hkv) d + output 2 L Hq d D + scores/AV 4 L min(L, W) Hq d
-    (W = window, or L for full attention: the same non-causal count as Marconi's 4 L^2 D);
+    attention: projections 2 L D (g Hq + 2 Hkv) d + output 2 L Hq d D + scores/AV 4 L min(L, W) Hq d
+    (W = window, or L for full attention: the same non-causal count as Marconi's 4 L^2 D;
+    g = 2 with an output gate, `attn_output_gate`: Qwen3.5's / Qwen3-Next's q_proj emits the
+    query and a sigmoid gate of Hq d each; the gate's elementwise product is not counted, as no
+    norm or activation is; g = 1 otherwise);
     MLP: 2 L D d_ff * mlp_matrices;
     GDN: 2 L D (conv_dim + Hv dv + 2 Hv) + 2 L Hv dv D + 2 K conv_dim L + 6 L Hv dk dv;
     Mamba2: 2 L D (2 d_inner + 2 G N + H) + 2 L d_inner D + 2 K conv_dim L + 6 L H P N.
@@ -34,6 +37,9 @@ equal numbers of layers, so the rule is per layer, not over the whole model):
 and then pads the recurrent page to exactly B * page_1. Qwen3.5-4B shapes: page_1 = 4,096 B,
 state = 2,146,304 B (524 tokens of one layer's KV), so B = 528 with a = 16 (the 528 reported in
 vLLM #40696) and 576 with FlashInfer's 64-token checkpoint alignment (Hopper, align mode).
+
+Presets in `MODELS`; `hf_cost_model.py` builds a `ModelConfig` from a Hugging Face
+`config.json` (Qwen3.5 / Qwen3-Next, Nemotron-H, Gemma 3).
 
 Example (Marconi's default 7B hybrid)::
 
@@ -64,6 +70,9 @@ class ModelConfig:
     n_recurrent: recurrent layers of kind `recurrent` ("marconi_ssm", "gdn", "mamba2").
     n_mlp: MLP layers (d_ff wide, `mlp_matrices` weight matrices each).
     q_heads, kv_heads, head_dim: attention shapes; kv_dtype_bytes: bytes per KV element.
+    attn_output_gate: the attention's q projection also emits an output gate of Hq head_dim
+      (Qwen3.5, Qwen3-Next): counted in the projection FLOPs (module docstring). The presets
+      leave it off.
     rec_heads, rec_dk, rec_dv: GDN (Hv, dk, dv) or Mamba2 (H, N, P) state shape.
     rec_groups: Mamba2 groups G (GDN: key heads Hk); conv_kernel: K.
     state_dtype_bytes / conv_dtype_bytes: bytes per recurrent / conv state element.
@@ -84,6 +93,7 @@ class ModelConfig:
   q_heads: int = 0
   kv_heads: int = 0
   head_dim: int = 0
+  attn_output_gate: bool = False
   kv_dtype_bytes: int = 2
   rec_heads: int = 0
   rec_dk: int = 0
@@ -181,7 +191,8 @@ class ModelConfig:
 
   def _attn(self, L, ctx):
     d, hq, hkv, hd = self.d_model, self.q_heads, self.kv_heads, self.head_dim
-    return 2 * L * d * (hq + 2 * hkv) * hd + 2 * L * hq * hd * d + 4 * L * ctx * hq * hd
+    q_out = 2 * hq if self.attn_output_gate else hq  # query (+ gate) rows of q_proj, in heads
+    return 2 * L * d * (q_out + 2 * hkv) * hd + 2 * L * hq * hd * d + 4 * L * ctx * hq * hd
 
   def mlp_flops(self, L):
     if self.flops_style == "marconi":
