@@ -222,7 +222,7 @@ def _layer_letters(types: Any, mapping: Mapping[str, str], field: str) -> str:
 def _qwen(raw: Mapping[str, Any]) -> dict[str, Any]:
   """Qwen3.5 text / Qwen3-Next (dense MLP)."""
   _unsupported(raw, "attention_bias", (False, None))
-  _unsupported(raw, "hidden_act", ("silu",))
+  _unsupported(raw, "hidden_act", ("silu", None))
   if raw["model_type"] == "qwen3_next" and int(raw.get("num_experts") or 0) > 0:
     n = int(_get(raw, "num_hidden_layers", required=True))
     step = int(raw.get("decoder_sparse_step") or 1)
