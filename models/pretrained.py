@@ -16,6 +16,7 @@ Example::
   loaded = load_pretrained("/path/to/Qwen3.5-0.8B", dtype="bfloat16")
   loaded.model              # HybridLM with the checkpoint's weights
   loaded.config             # its ModelConfig (layer pattern, cache groups, ...)
+  loaded.tokenizer          # tokenizers.Tokenizer from tokenizer.json, if the directory has one
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ INDEX = "model.safetensors.index.json"
 
 @dataclasses.dataclass
 class Pretrained:
-  """A loaded checkpoint: the model with its weights and what its config mapped to."""
+  """A loaded checkpoint: the model with its weights, what its config mapped to, and its
+  `tokenizers.Tokenizer` when the directory has a `tokenizer.json` (else None)."""
 
   model: HybridLM
   arch: hf_config.HFArchitecture
+  tokenizer: Any = None
 
   @property
   def config(self) -> ModelConfig:
@@ -86,7 +89,20 @@ def load_pretrained(model_dir: str | os.PathLike, *, dtype: str | None = None) -
       f"{arch.model_type!r}: not used by this config (tensors must match config.json)"
     )
   nnx.replace_by_pure_dict(state, _unflatten(values))
-  return Pretrained(nnx.merge(graphdef, state), arch)
+  return Pretrained(nnx.merge(graphdef, state), arch, load_tokenizer(model_dir))
+
+
+def load_tokenizer(model_dir: str | os.PathLike):
+  """The `tokenizers.Tokenizer` of `model_dir/tokenizer.json`, or None when there is none."""
+  path = os.path.join(os.fspath(model_dir), "tokenizer.json")
+  if not os.path.isfile(path):
+    return None
+  from tokenizers import Tokenizer
+
+  try:
+    return Tokenizer.from_file(path)
+  except Exception as e:  # the library raises its own exception types
+    raise ValueError(f"tokenizer.json at {path} could not be read: {e}") from None
 
 
 class _TensorFiles:

@@ -394,6 +394,7 @@ class Engine:
       params = engine_sharding.shard_params(params, self.mesh)
       cache = engine_sharding.shard_cache(cache, self.mesh)
     self.params, self.cache = params, cache
+    self.tokenizer = None  # a tokenizers.Tokenizer (`from_pretrained`), for `generate_text`
     self.stats = EngineStats()
     self._reqs: dict[str, _Req] = {}
     self._waiting: collections.deque[str] = collections.deque()
@@ -438,7 +439,7 @@ class Engine:
     loaded = load_pretrained(model_dir, dtype=dtype)
     for note in loaded.arch.notes:
       logging.info("%s", note)
-    return cls(
+    engine = cls(
       loaded.model,
       engine_config.cache_config_for(loaded.config, **cache_kwargs),
       mesh=mesh,
@@ -450,6 +451,20 @@ class Engine:
       decode_kernels=decode_kernels,
       drafter=drafter,
     )
+    engine.tokenizer = loaded.tokenizer
+    return engine
+
+  def generate_text(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    """Text in, text out through `self.tokenizer` (the checkpoint's tokenizer.json): each
+    prompt encoded as the tokenizer does (its special tokens included), greedy generation as
+    `generate`, the new tokens decoded (special tokens skipped)."""
+    if self.tokenizer is None:
+      raise ValueError(
+        "generate_text needs a tokenizer: Engine.from_pretrained(dir) with a tokenizer.json"
+      )
+    ids = [self.tokenizer.encode(p).ids for p in prompts]
+    outs = self.generate(ids, max_new_tokens)
+    return [self.tokenizer.decode(o.output_tokens, skip_special_tokens=True) for o in outs]
 
   # ------------------------------------------------------------------------------------------
   # intake

@@ -139,6 +139,25 @@ def test_serves_with_caching_on_and_off_alike(qwen_dir):
     np.testing.assert_allclose(a.logits, b.logits, rtol=0, atol=1e-5 * np.abs(b.logits).max())
 
 
+def test_generate_text_through_the_checkpoints_tokenizer(qwen_dir, tmp_path):
+  from tokenizers import Tokenizer
+  from tokenizers import models as tok_models
+  from tokenizers import pre_tokenizers
+
+  with_tokenizer = _copy(qwen_dir, tmp_path)
+  vocab = {f"w{i}": i for i in range(256)}
+  tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="w0"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(os.path.join(with_tokenizer, "tokenizer.json"))
+  engine = Engine.from_pretrained(with_tokenizer, block_size=16, num_blocks=32)
+  prompt = " ".join(f"w{i}" for i in (3, 1, 4, 1, 5, 9, 2, 6))
+  (text,) = engine.generate_text([prompt], 4)
+  (want,) = engine.generate([[3, 1, 4, 1, 5, 9, 2, 6]], 4)
+  assert text.split() == [f"w{t}" for t in want.output_tokens]
+  with pytest.raises(ValueError, match="needs a tokenizer"):
+    Engine.from_pretrained(qwen_dir, block_size=16, num_blocks=32).generate_text(["w1"], 1)
+
+
 BAD = {
   "missing_tensor": (
     lambda d: _edit_tensors(d, lambda t: t.pop("model.layers.3.self_attn.q_norm.weight")),
