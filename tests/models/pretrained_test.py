@@ -158,6 +158,20 @@ def test_generate_text_through_the_checkpoints_tokenizer(qwen_dir, tmp_path):
     Engine.from_pretrained(qwen_dir, block_size=16, num_blocks=32).generate_text(["w1"], 1)
 
 
+def test_mesh_shards_the_loaded_weights_and_serves_alike(qwen_dir):
+  from hybrid_cache.engine import sharding as engine_sharding
+
+  prompts = [[7, 8, 9] * 15 + [i] for i in range(2)]
+  kw = dict(block_size=16, num_blocks=32, max_model_len=96, max_num_batched_tokens=64)
+  one = Engine.from_pretrained(qwen_dir, **kw).generate(prompts, 3, return_logits=True)
+  eng = Engine.from_pretrained(qwen_dir, mesh=engine_sharding.heads_mesh(2), **kw)
+  two = eng.generate(prompts, 3, return_logits=True)
+  assert len(eng.cache.k.sharding.device_set) == 2
+  for a, b in zip(two, one, strict=True):
+    assert a.output_tokens == b.output_tokens
+    np.testing.assert_allclose(a.logits, b.logits, rtol=0, atol=1e-5 * np.abs(b.logits).max())
+
+
 BAD = {
   "missing_tensor": (
     lambda d: _edit_tensors(d, lambda t: t.pop("model.layers.3.self_attn.q_norm.weight")),
