@@ -6,6 +6,8 @@ arguments and the updated cache is a return value. Use `models.runner` to run it
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -79,6 +81,22 @@ class Block(nnx.Module):
     return x + y
 
 
+def _numerics(method):
+  """Runs a forward method under the matmul precision of the model's numerics contract
+  (`hybrid_cache.engine.config.NUMERICS`): an fp32 model is "exact", its XLA dots run in IEEE
+  fp32 ("highest": no TF32 on GPUs; XLA:CPU is IEEE anyway) as the Pallas kernels' do for fp32
+  inputs; a bf16 model is "serving", with the backend's default (fast) dots."""
+
+  @functools.wraps(method)
+  def wrapped(self, *args, **kwargs):
+    if self.cfg.dtype != "float32":
+      return method(self, *args, **kwargs)
+    with jax.default_matmul_precision("highest"):
+      return method(self, *args, **kwargs)
+
+  return wrapped
+
+
 class HybridLM(nnx.Module):
   """Hybrid decoder LM with explicit paged caches.
 
@@ -117,6 +135,7 @@ class HybridLM(nnx.Module):
       logits = cap * jnp.tanh(logits / cap)
     return logits
 
+  @_numerics
   def __call__(
     self, cache: ModelCache, inputs: StepInputs, *, implementation: str | None = None
   ) -> tuple[jax.Array, ModelCache]:
@@ -169,6 +188,7 @@ class HybridLM(nnx.Module):
     )
     return logits, new_cache
 
+  @_numerics
   def verify(
     self,
     cache: ModelCache,

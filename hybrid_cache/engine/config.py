@@ -32,6 +32,15 @@ from models.config import get_preset
 from models.hybrid_lm import HybridLM
 
 KERNEL_CHUNK = 64  # checkpoint granularity of the GDN / SSD kernels ("all" mode)
+# The numerics contract (SPEC D) -> the model dtype that carries it:
+#   "exact":   fp32 parameters and activations, every dot IEEE fp32 (XLA precision "highest",
+#              Pallas dots `Precision.HIGHEST`: no TF32): cached == uncached within fp32 1e-5
+#              relative, Pallas == XLA, on CPU and GPU alike.
+#   "serving": bf16 parameters and activations, the backends' fast dots: a statistical bound
+#              (greedy agreement and mean KL(uncached || cached) over many prompts that hit the
+#              cache, cached recurrent states close to recomputed ones:
+#              tests/hybrid_cache/engine/serving_numerics_test.py states the bounds).
+NUMERICS = {"exact": "float32", "serving": "bfloat16"}
 IMPLEMENTATIONS = ("xla", "pallas", "interpret")  # kernel implementations (None = by backend)
 
 
@@ -47,6 +56,18 @@ def check_implementation(implementation: str | None) -> str | None:
       f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}"
     )
   return implementation
+
+
+def check_numerics(numerics: str | None) -> str | None:
+  """Returns `numerics` if it is a key of `NUMERICS` or None, else ValueError."""
+  if numerics is not None and numerics not in NUMERICS:
+    raise ValueError(f"numerics must be one of {tuple(NUMERICS)} or None, got {numerics!r}")
+  return numerics
+
+
+def numerics_of(cfg: ModelConfig) -> str:
+  """The numerics contract a model's dtype carries ("exact" for fp32, "serving" for bf16)."""
+  return {dtype: name for name, dtype in NUMERICS.items()}[cfg.dtype]
 
 
 def resolve_model_config(model: str | ModelConfig | HybridLM) -> ModelConfig:

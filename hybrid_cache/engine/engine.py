@@ -314,6 +314,9 @@ class Engine:
       False = every step through the chunked prefill kernels.
     drafter: speculative decoding with this drafter (`hybrid_cache.engine.drafter`) and
       k = cache_config.num_speculative_tokens drafts per step; None = off (k must be 0).
+    numerics: the numerics contract (`engine_config.NUMERICS`): "exact" (fp32) or "serving"
+      (bf16). A preset or `ModelConfig` is served in that dtype; a `HybridLM` must already
+      have it (`from_pretrained(numerics=...)` loads it so). None = the model's own dtype.
   """
 
   def __init__(
@@ -330,8 +333,18 @@ class Engine:
     seq_buckets: Sequence[int] | None = None,
     decode_kernels: bool = True,
     drafter: Drafter | None = None,
+    numerics: str | None = None,
   ):
     self.model_config = engine_config.resolve_model_config(model)
+    if engine_config.check_numerics(numerics) is not None:
+      dtype = engine_config.NUMERICS[numerics]
+      if isinstance(model, HybridLM) and model.cfg.dtype != dtype:
+        raise ValueError(
+          f"numerics={numerics!r} needs a {dtype} model, got a {model.cfg.dtype} HybridLM "
+          f"(load it with from_pretrained(..., numerics={numerics!r}))"
+        )
+      self.model_config = self.model_config.replace(dtype=dtype)
+    self.numerics = engine_config.numerics_of(self.model_config)
     if cache_config is None:
       cache_config = engine_config.cache_config_for(self.model_config)
     if not isinstance(cache_config, CacheConfig):
@@ -416,6 +429,7 @@ class Engine:
     seq_buckets: Sequence[int] | None = None,
     decode_kernels: bool = True,
     drafter: Drafter | None = None,
+    numerics: str | None = None,
     **cache_kwargs: Any,
   ) -> Engine:
     """An engine serving the Hugging Face checkpoint in `model_dir` (`models.pretrained`).
@@ -423,7 +437,8 @@ class Engine:
     Args:
       model_dir: config.json + *.safetensors (one file or an index of shards) of a supported
         `model_type` (`models.hf_config.SUPPORTED_MODEL_TYPES`).
-      dtype: "float32" | "bfloat16" (None = the checkpoint's).
+      dtype: "float32" | "bfloat16" (None = the checkpoint's, or the one `numerics` names).
+      numerics: "exact" (fp32) or "serving" (bf16), as for `Engine`; sets `dtype`.
       mesh, implementation, cache_manager, max_num_seqs, token_buckets, seq_buckets,
         decode_kernels, drafter: as for `Engine`.
       **cache_kwargs: the keyword arguments of `cache_config_for` (enable_prefix_caching, mode,
@@ -436,6 +451,11 @@ class Engine:
       eng = Engine.from_pretrained("ckpt/", mode="align", block_size=16, num_blocks=512)
       outs = eng.generate(prompts, 16, return_logits=True)
     """
+    if engine_config.check_numerics(numerics) is not None:
+      want = engine_config.NUMERICS[numerics]
+      if dtype not in (None, want):
+        raise ValueError(f"dtype={dtype!r} contradicts numerics={numerics!r} ({want})")
+      dtype = want
     loaded = load_pretrained(model_dir, dtype=dtype)
     for note in loaded.arch.notes:
       logging.info("%s", note)

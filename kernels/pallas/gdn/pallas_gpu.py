@@ -21,9 +21,11 @@ sequential ``inter`` kernel that also computes O inside the loop (three dots per
 Decode and verify are one fused recurrent kernel each (grid = N x H_v x d_v/BV) reading states
 from a pool by slot index; decode writes the pool in place (``input_output_aliases``).
 
-Precision: gates, norms, G and the state are fp32. On GPU the big matmuls take operands in the
-input dtype (bf16 inputs: bf16 operands, fp32 accumulation; fp32 inputs: TF32) and the inverse is
-TF32 (like fla); in interpret mode every dot is IEEE fp32 (``Precision.HIGHEST``).
+Precision: gates, norms, G and the state are fp32. The input dtype is the numerics contract
+(`hybrid_cache.engine.config.NUMERICS`): fp32 inputs ("exact") make every dot IEEE fp32
+(``Precision.HIGHEST``, no TF32), so the kernel agrees with the XLA reference within fp32
+rounding on GPU as on CPU; bf16 inputs ("serving") take bf16 operands with fp32 accumulation
+for the big matmuls and a TF32 inverse (like fla). In interpret mode every dot is IEEE fp32.
 
 Triton-backend rules followed (kernels.md §6.3): power-of-2 block shapes, no scratch memory,
 no value slicing (scalars extracted by masked reductions), state carried in ``fori_loop``.
@@ -66,9 +68,10 @@ def _params(interpret, num_warps, num_stages):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def _precisions(interpret):
-  """(inverse precision, big-matmul precision): IEEE fp32 on CPU; TF32 / default on GPU."""
-  if interpret:
+def _precisions(interpret, dtype):
+  """(inverse precision, big-matmul precision): IEEE fp32 in interpret mode and for fp32
+  inputs (the exact contract); TF32 / bf16 operands (default) for bf16 inputs on GPU."""
+  if interpret or jnp.dtype(dtype) == jnp.float32:
     return lax.Precision.HIGHEST, lax.Precision.HIGHEST
   return lax.Precision.DEFAULT, lax.Precision.DEFAULT
 
@@ -335,7 +338,7 @@ def chunk_gated_delta_rule_pallas(
   nc = lay.seq.shape[0]
   if stop_after == "layout":
     return dataclasses.astuple(lay)
-  inv_prec, mm_prec = _precisions(interpret)
+  inv_prec, mm_prec = _precisions(interpret, cdt)
   if interpret:  # dynamic slices clamp in interpret mode: give every chunk a full window.
     q, k, v, g, beta = (_pad_tokens(x, CHUNK) for x in (q, k, v, g, beta))
   full = pl.BlockSpec()

@@ -56,8 +56,15 @@ def _compiler_params(num_warps=4, num_stages=1):
 
 
 def _dot(a, b, contract_a: int, contract_b: int):
+  """fp32-accumulated dot; IEEE fp32 (no TF32) when both operands are fp32: the exact numerics
+  contract (fp32 model) holds on GPU too; bf16 operands (serving) keep the fast path."""
+  exact = a.dtype == jnp.float32 and b.dtype == jnp.float32
   return lax.dot_general(
-    a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32
+    a,
+    b,
+    (((contract_a,), (contract_b,)), ((), ())),
+    precision=lax.Precision.HIGHEST if exact else None,
+    preferred_element_type=jnp.float32,
   )
 
 
