@@ -54,9 +54,7 @@ class Cell:
   cache: dict[str, Any]
   presets: tuple[str, ...] = PRESETS
   check: Callable[[list, Engine], None] | None = None
-  engine: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(
-    default_factory=dict
-  )
+  engine: dict[str, Any] | Callable[[str], dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _hits(outs) -> list[int]:
@@ -106,14 +104,16 @@ def _speculated(outs, eng):
 
 MATRIX = (
   Cell("none", dict(mode="none"), RECURRENT, _no_hits),
-  Cell("align", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)),
+  Cell(
+    "align_dense_no_junction", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)
+  ),
   Cell(
     "all",
     dict(mode="all", block_size=64, max_num_batched_tokens=64, max_model_len=512),
     RECURRENT,
     _prefix_hits(64),
   ),
-  Cell("align_marconi", dict(mode="align", marconi_junction=True), check=_prefix_hits(16)),
+  Cell("vllm_align_dense", dict(mode="align", marconi_junction=True), check=_prefix_hits(16)),
   Cell("retention_0", dict(retention_interval=0), check=_prefix_hits(16)),
   Cell("retention_2B", dict(retention_interval=32), check=_prefix_hits(16)),
   Cell("flop_aware", dict(eviction="flop_aware", num_blocks=40), check=_prefix_hits(16)),

@@ -12,7 +12,7 @@ def test_core_policy_through_the_scan(tmp_path, capsys):
   p.write_text("".join(json.dumps(r) + "\n" for r in rows))
   dump = tmp_path / "d.json"
   argv = ["--trace", str(p), "--format", "marconi", "--model", "marconi_7b"]
-  argv += ["--capacity-bytes", "1e12", "--policy", "vllm_all", "--block-size", "8"]
+  argv += ["--capacity-bytes", "1e12", "--policy", "all_dense_no_junction", "--block-size", "8"]
   argv += ["--dump", str(dump)]
   assert cli.main(argv) == 0
   s = json.loads(capsys.readouterr().out)
