@@ -127,6 +127,10 @@ def _json_bool(field: str, value: Any) -> bool:
 class CacheConfig:
   """Frozen, hashable configuration of the cache core.
 
+  The defaults are not vLLM 0.33's serving configuration: `retention_interval` defaults to None
+  (dense) where vLLM serves 0, and the sizes are ours. `hybrid_cache.profiles.VLLM_DEFAULT`
+  lists vLLM's values (profile `vllm_default`).
+
   Attributes:
     groups: the KV-cache groups, in model order.
     num_blocks: physical blocks in the shared pool, including the null block 0 (with
