@@ -127,3 +127,13 @@ def test_gin_configs_use_profile_names():
   for path in (_ROOT / "configs").rglob("*.gin"):
     for name in re.findall(r'"([a-z_]+)"', path.read_text()):
       assert name not in profiles.ALIASES, f"{path.name} uses the old name {name!r}"
+
+
+def test_vllm_default_fits_an_attention_only_model():
+  # vLLM's _validate_prefix_cache_retention_interval (v1/core/kv_cache_coordinator.py) accepts
+  # 0 without sliding-window or Mamba groups and refuses any other interval.
+  over = {k: v for k, v in profiles.VLLM_DEFAULT.items() if k != "mode"}
+  cfg = CacheConfig(groups=(GroupSpec("full"),), num_blocks=8, block_size=4, **over)
+  assert cfg.retention_interval == 0
+  with pytest.raises(ValueError, match="retention_interval must be None or 0 without a swa"):
+    CacheConfig(groups=(GroupSpec("full"),), num_blocks=8, block_size=4, retention_interval=4)
