@@ -24,6 +24,7 @@ from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.policies import parse_policy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACE_FILES = {
@@ -44,11 +45,10 @@ DEFAULT_POLICIES = (
   "marconi_compat",
   "marconi_compat_static:1",
   "marconi_compat_vllm",
-  "align_dense",
+  "align_dense_no_junction",
   "vllm_align_dense",
-  "vllm_align",
-  "vllm_all",
-  "lru",
+  "vllm_default",
+  "all_dense_no_junction",
 )
 
 
@@ -86,7 +86,7 @@ def run_ablation(
     records.append({"trace": tname, "policy": "oracle", "capacity_bytes": None} | s)
     for pol in policies:
       for cap in capacities[tname]:
-        core = pol.startswith("vllm_") or pol in ("lru", "flop_aware")
+        core = parse_policy(pol).kind == "core"
         t0 = time.perf_counter()
         rec = {"trace": tname, "policy": pol, "capacity_bytes": cap}
         try:

@@ -4,10 +4,10 @@ accounting, placement, granularity, retirement and eviction, per (seed, capacity
 Arms, each adding one thing to the one before (FLOPs saved; model `model`, KV pages of
 `block_size` tokens):
 
-  vllm_best         max(core `vllm_align_marconi`, the same with hash block
+  vllm_best         max(core `vllm_default`, the same with hash block
                     `partial_hash_block`): states where a chunk ends on the block grid, Marconi
                     admission, a state padded to a KV page (vLLM 0.33's layout)
-  exact_bytes       core `vllm_align_marconi` with KV pages and state slots on one byte budget
+  exact_bytes       core `vllm_default` with KV pages and state slots on one byte budget
                     (`--page-layout pools`): vLLM's rules, a state costing its own bytes
   placement         `adaptive`'s placement (branch point + learned continuation point), plain
                     LRU eviction, checkpoint unit = `block_size` (hits on the block grid), no
@@ -64,7 +64,7 @@ def _flops(model, triples) -> float:
 
 
 def _core(trace, model, cap, block, core) -> float:
-  triples, _ = simulate(trace, model, cap, "vllm_align_marconi", block, core=core)
+  triples, _ = simulate(trace, model, cap, "vllm_default", block, core=core)
   return _flops(model, triples)
 
 

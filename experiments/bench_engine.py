@@ -128,7 +128,7 @@ def main(argv: Sequence[str]) -> None:
       flush=True,
     )
   prompts = engine_workload.shared_prefix_prompts(0, _NUM_PROMPTS.value, _PREFIX.value, 24)
-  arms = {k: engine_workload.STANDARD_ARMS[k] for k in ("off", "align_marconi")}
+  arms = {k: engine_workload.STANDARD_ARMS[k] for k in ("off", "vllm_default")}
   common = dict(num_blocks=512, max_num_batched_tokens=1024, max_model_len=1024, max_requests=1)
   res = engine_workload.compare_arms(
     "qwen35_tiny",
@@ -139,10 +139,10 @@ def main(argv: Sequence[str]) -> None:
     repeats=3,
     engine_kwargs=dict(max_num_seqs=1, token_buckets=(32, 512, 1024), implementation=_IMPL.value),
   )
-  off, on = res["off"], res["align_marconi"]
+  off, on = res["off"], res["vllm_default"]
   print(
     f"\nshared prefix ({_NUM_PROMPTS.value} prompts, prefix {_PREFIX.value}, qwen35_tiny): "
-    f"off {off['wall_s']:.3f}s, align+marconi {on['wall_s']:.3f}s, "
+    f"off {off['wall_s']:.3f}s, vllm_default {on['wall_s']:.3f}s, "
     f"latency ratio {on['latency_ratio_vs_off']:.3f}, cached {on['cached_tokens']} tokens, "
     f"outputs equal {on['outputs_equal_to_off']}"
   )

@@ -1,7 +1,8 @@
 """Simulator speed and hit rates on a full Mooncake trace and a 10k-request synthetic chat trace.
 
   python -m experiments.bench_sim [--trace FILE] [--capacities 1e10,4e10,8e10]
-      [--core lru,flop_aware,...] [--backend jax] [--core-block-size 512] [--chat-requests 10000]
+      [--core vllm_default,flop_aware,...] [--backend jax] [--core-block-size 512]
+      [--chat-requests 10000]
       [--compat / --no-compat]
 
 Prints one line per (trace, capacity, policy): replay wall seconds (trace parsing excluded;

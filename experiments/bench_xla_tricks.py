@@ -6,7 +6,7 @@ twin, and `plain` (all off). Each process measures
   - batch 64: `bench_scheduler.time_batches`, jitted core, 64 admissions per `schedule` call,
     µs per request (wall and process CPU time of one call);
   - scan: `bench_scheduler.bench_scan`, admissions in one `lax.scan`, µs per admission;
-  - sim: the simulator's core replay (`--policy lru` and `--policy flop_aware`, alpha 1;
+  - sim: the simulator's core replay (`--policy vllm_default` and `--policy flop_aware`, alpha 1;
     marconi_7b, B = 512) of the first `--sim_requests` requests of the Mooncake conversation
     trace, `replay_s`.
 Each metric is the minimum over `--repeats` timings in one process (two for the simulator),
@@ -33,7 +33,7 @@ from hybrid_cache.core.xla_cpu import TRICKS
 DEFAULT_TRACE = os.path.join(
   os.path.dirname(__file__), "..", "..", "shared", "traces", "mooncake_conversation_trace.jsonl"
 )
-METRICS = ("batch64_us", "batch64_cpu_us", "scan_us", "sim_lru_s", "sim_flop_aware_s")
+METRICS = ("batch64_us", "batch64_cpu_us", "scan_us", "sim_vllm_default_s", "sim_flop_aware_s")
 
 
 def _worker(args) -> dict:
@@ -54,7 +54,7 @@ def _worker(args) -> dict:
   if args.sim_requests > 0:
     tr = trace_lib.load(args.trace, "mooncake", limit=args.sim_requests)
     digest = []
-    for policy in ("lru", "flop_aware"):
+    for policy in ("vllm_default", "flop_aware"):
       runs = [simulate(tr, get_model("marconi_7b"), args.capacity, policy, 512) for _ in range(3)]
       out[f"sim_{policy}_s"] = min(extra["replay_s"] for _, extra in runs[1:])  # 0 compiles
       digest.append(repr(runs[0][0]))

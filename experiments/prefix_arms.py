@@ -1,10 +1,10 @@
 """Shared part of the shared-prefix experiments (`quickstart`, `shared_prefix_divergence`).
 
 Both serve `num_prompts` prompts that share a `prefix_len`-token prefix (each followed by its own
-`suffix_len` random tokens) under the three standard cache arms (`off`, `align`,
-`align_marconi`, see `engine_workload.STANDARD_ARMS`), side by side on the same model, and plot
-cached tokens, computed prefill tokens and wall time per arm. An experiment is its defaults
-(a dict of `ArmsSetup` overrides) plus how it reports the arms.
+`suffix_len` random tokens) under the three standard cache arms (`off`, `vllm_default`,
+`align_dense_no_junction`, see `engine_workload.STANDARD_ARMS`), side by side on the same
+model, and plot cached tokens, computed prefill tokens and wall time per arm. An experiment is
+its defaults (a dict of `ArmsSetup` overrides) plus how it reports the arms.
 """
 
 from __future__ import annotations

@@ -1,39 +1,58 @@
-"""Quickstart: the GDN preset serves a shared-prefix workload with caching off, vLLM `align`
-and `align` + Marconi admission; prints a table and saves `quickstart.png`.
+"""Quickstart: the GDN preset serves a shared-prefix workload with caching off, vLLM 0.33's
+serving default (`vllm_default`) and align without vLLM's junction (`align_dense_no_junction`);
+prints a table with the cache fields each arm sets and saves `quickstart.png`.
 
   python -m experiments.run --gin_file=configs/experiments/quickstart.gin --workdir=runs/qs
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from experiments import prefix_arms
+from hybrid_cache.engine import workload as engine_workload
 
 
-def format_table(arms: dict[str, dict[str, Any]]) -> str:
-  """The arms as a fixed-width text table (speedup = wall time of off / of the arm)."""
-  head = f"{'arm':15s}{'cached':>8s}{'computed':>10s}{'wall_s':>9s}{'speedup':>9s}{'exact':>7s}"
+def _fields(overrides: Mapping[str, Any]) -> str:
+  return ", ".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def format_table(
+  arms: dict[str, dict[str, Any]], configs: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+  """The arms as a fixed-width text table (speedup = wall time of off / of the arm), then one
+  line per arm in `configs` with the CacheConfig fields it sets."""
+  w = max(15, *(len(n) + 2 for n in arms))
+  head = f"{'arm':{w}s}{'cached':>8s}{'computed':>10s}{'wall_s':>9s}{'speedup':>9s}{'exact':>7s}"
   lines = [head, "-" * len(head)]
   off = arms["off"]["wall_s"]
   for name, a in arms.items():
     lines.append(
-      f"{name:15s}{a['cached_tokens']:8d}{a['prefill_tokens_computed']:10d}"
+      f"{name:{w}s}{a['cached_tokens']:8d}{a['prefill_tokens_computed']:10d}"
       f"{a['wall_s']:9.3f}{off / a['wall_s']:9.2f}{str(a['outputs_equal_to_off']):>7s}"
     )
+  for name in arms:
+    if configs and name in configs:
+      lines.append(f"{name}: {_fields(configs[name])}")
   return "\n".join(lines)
 
 
 def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
   """Runs the three arms; ``params`` are `prefix_arms.ArmsSetup` fields (its defaults apply).
 
-  results.json: `model`, `seed`, `arms` = {off, align, align_marconi}, each with cached_tokens,
-  prefill_tokens_computed, wall_s, outputs_equal_to_off, speedup_vs_off, ...
+  results.json: `model`, `seed`, `arms` = {off, vllm_default, align_dense_no_junction}
+  (`engine_workload.STANDARD_ARMS`), each with cached_tokens, prefill_tokens_computed, wall_s,
+  outputs_equal_to_off, speedup_vs_off, cache_fields (the CacheConfig fields the arm sets), ...
   """
   s = prefix_arms.make_setup({}, params)
   title = f"{s.model}: {s.num_prompts} prompts sharing a {s.prefix_len}-token prefix"
   arms = prefix_arms.run_arms(workdir, seed, s, "quickstart.png", title)
-  for a in arms.values():
+  for name, a in arms.items():
     a["speedup_vs_off"] = arms["off"]["wall_s"] / a["wall_s"]
-  print(format_table(arms))
+    a["cache_fields"] = dict(engine_workload.STANDARD_ARMS[name])
+  print(format_table(arms, engine_workload.STANDARD_ARMS))
+  print(
+    "vllm_default = vLLM 0.33's serving configuration for hybrid models (`hybrid_cache.profiles`)"
+  )
   return {"model": s.model, "seed": seed, "setup": prefix_arms.setup_record(s), "arms": arms}

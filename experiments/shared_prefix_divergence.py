@@ -1,12 +1,13 @@
 """Marconi-admission experiment: a long shared prefix, then prompts that diverge right after it.
 
-Requests arrive one after another. The prefill fits one chunk, so in plain `align` mode the
-only recurrent state cached per prompt is at its last block boundary, which lies in the
-divergent suffix: the recurrent group never hits and nothing is reused. With the junction cut
-(`align_marconi`) the second prompt stops a chunk at the block-aligned end of the shared
-prefix (where full attention's hit ends), its state is cached, and every later prompt hits it.
+Requests arrive one after another. The prefill fits one chunk, so in align mode without the
+junction (`align_dense_no_junction`) the only recurrent state cached per prompt is at its last
+block boundary, which lies in the divergent suffix: the recurrent group never hits and nothing is
+reused. With vLLM 0.33's junction cut (`vllm_default`) the second prompt stops a chunk at the
+block-aligned end of the shared prefix (where full attention's hit ends), its state is cached,
+and every later prompt hits it.
 
-results.json: `arms` = {off, align, align_marconi}, each with cached_tokens,
+results.json: `arms` = {off, vllm_default, align_dense_no_junction}, each with cached_tokens,
 prefill_tokens_computed, wall_s, outputs_equal_to_off, latency_ratio_vs_off, ...
 """
 
@@ -35,7 +36,7 @@ def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
   arms = prefix_arms.run_arms(workdir, seed, s, "shared_prefix_divergence.png", title)
   for name, a in arms.items():
     print(
-      f"{name:14s} cached={a['cached_tokens']:6d} computed={a['prefill_tokens_computed']:6d} "
+      f"{name:24s} cached={a['cached_tokens']:6d} computed={a['prefill_tokens_computed']:6d} "
       f"wall={a['wall_s']:.3f}s ratio={a['latency_ratio_vs_off']:.3f} "
       f"equal={a['outputs_equal_to_off']}"
     )

@@ -9,11 +9,12 @@ turn-2 requests, on the same engine (the prefix cache and the drafter's history 
 
 Arms (CacheConfig overrides; "spec" = `NgramDrafter`, k = `num_speculative_tokens`):
   nocache_nospec           caching off, no drafter: the reference outputs.
-  cache_nospec             align + Marconi junctions, dense retention.
+  cache_nospec             profile `vllm_align_dense` (align + junction, dense retention).
   nocache_spec             caching off + drafter.
-  cache_spec               align + Marconi junctions, dense retention + drafter.
-  cache_spec_vllm_default  vLLM 0.33's serving defaults (align + junction + retention
-                           interval 0: only replay boundaries and junction states are kept)
+  cache_spec               `vllm_align_dense` + drafter.
+  cache_spec_vllm_default  profile `vllm_default`, vLLM 0.33's serving default (align + junction
+                           + retention interval 0: only replay boundaries and junction states
+                           are kept)
                            + drafter (non-EAGLE, like vLLM's ngram/suffix: no EAGLE rules).
 
 Each arm's engine first serves a warm-up workload (other seed; compiles every shape), then
@@ -30,13 +31,14 @@ from typing import Any
 import numpy as np
 
 from experiments import plotting
+from hybrid_cache import profiles
 from hybrid_cache.engine import workload as engine_workload
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.drafter import NgramDrafter
 from hybrid_cache.engine.engine import Engine
 
-DENSE_MARCONI = dict(mode="align", marconi_junction=True, retention_interval=None)
-VLLM_DEFAULT = dict(mode="align", marconi_junction=True, retention_interval=0)
+DENSE_MARCONI = profiles.PROFILES["vllm_align_dense"].cache_overrides()
+VLLM_DEFAULT = profiles.PROFILES["vllm_default"].cache_overrides()
 ARMS: dict[str, tuple[dict[str, Any], bool]] = {
   "nocache_nospec": (dict(enable_prefix_caching=False), False),
   "cache_nospec": (DENSE_MARCONI, False),

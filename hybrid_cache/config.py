@@ -127,6 +127,10 @@ def _json_bool(field: str, value: Any) -> bool:
 class CacheConfig:
   """Frozen, hashable configuration of the cache core.
 
+  The defaults are not vLLM 0.33's serving configuration: `retention_interval` defaults to None
+  (dense) where vLLM serves 0, and the sizes are ours. `hybrid_cache.profiles.VLLM_DEFAULT`
+  lists vLLM's values (profile `vllm_default`).
+
   Attributes:
     groups: the KV-cache groups, in model order.
     num_blocks: physical blocks in the shared pool, including the null block 0 (with
@@ -164,7 +168,8 @@ class CacheConfig:
       Needs a full-attention group with a block larger than the hash block and every
       sliding-window group's block equal to it.
     retention_interval: None = dense, 0 = replay boundaries and junctions only,
-      k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens.
+      k * scheduler_block_size = one SWA tail / recurrent state per k*B tokens. Full-attention
+      groups ignore it (they cache densely); k > 0 needs a swa or mamba group.
     max_num_batched_tokens: token budget per scheduler step.
     max_model_len: longest sequence (prompt + generated) a request may reach.
     full_sequence_must_fit: admission reserves blocks for the whole prompt.
@@ -310,8 +315,12 @@ class CacheConfig:
         raise ValueError(
           f"retention_interval must be a multiple of scheduler_block_size={sbs}, got {r}"
         )
-      if not any(g.kind in ("swa", "mamba") for g in self.groups):
-        raise ValueError("retention_interval needs at least one swa or mamba group")
+      if r and not any(g.kind in ("swa", "mamba") for g in self.groups):
+        # vLLM 0.33 accepts 0 here (its serving default) and refuses any other interval
+        raise ValueError(
+          f"retention_interval must be None or 0 without a swa or mamba group (it applies only"
+          f" to them), got {r}"
+        )
     if self.retention != "prefix" and not (
       self.pinning and any(g.kind == "mamba" for g in self.groups)
     ):

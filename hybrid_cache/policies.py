@@ -32,7 +32,7 @@ and has no file.
              Default `prefix`: that rule.
 
 `CacheConfig(eviction=..., placement=..., admission=..., retention=...)` selects them; the
-simulator's `--policy` runs each registered eviction policy over the core's `lru` profile (and
+simulator's `--policy` runs each registered eviction policy over the `vllm_default` profile (and
 `--placement` / `--admission` / `--retention-policy` pick the other seams); the differential
 machines in `tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This
 module imports nothing heavy (the config validates names without importing jax).

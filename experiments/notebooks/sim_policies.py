@@ -15,8 +15,8 @@
 # # Simulator policies: hit rate and TTFT vs capacity, against the oracle bound
 #
 # Every simulator policy (Marconi-compat V1 / V2 / static alpha, vLLM+, and the cache-core
-# policies `align_dense`, `vllm_align_dense`, `vllm_align` (vLLM 0.33's default), `vllm_all`, `lru`,
-# `flop_aware`) on four traces
+# profiles `align_dense_no_junction`, `vllm_align_dense`, `vllm_default` (vLLM 0.33's serving
+# default), `all_dense_no_junction`, `flop_aware`; `hybrid_cache.profiles`) on four traces
 # (Mooncake conversation, Mooncake synthetic, seeded synthetic chat, real ShareGPT conversations
 # when the optional extra `sharegpt` is installed) across capacities, against the
 # infinite-cache oracle (dashed). Core policies replay through the jitted scan
@@ -43,11 +43,10 @@ POLICIES = (
   "marconi_compat",
   "marconi_compat_static:1",
   "marconi_compat_vllm",
-  "align_dense",
+  "align_dense_no_junction",
   "vllm_align_dense",
-  "vllm_align",
-  "vllm_all",
-  "lru",
+  "vllm_default",
+  "all_dense_no_junction",
   "flop_aware",
 )
 BLOCK_SIZE = None  # core policies; None = per trace (512 for Mooncake, 128 for chat, 64 else)
@@ -139,10 +138,10 @@ print(plot_fraction(records, OUT_DIR))
 # ## FLOP-aware vs LRU eviction
 #
 # Ratio of token hit rates (> 1: the FLOP-aware policy reuses more) over the same admission:
-# the cache core's `flop_aware` (static alpha 1, block pool) against its `lru`, and Marconi-compat
-# static alpha = 1 (V3) and tuned alpha (V2) against LRU leaves (V1). Contention per point: the
-# oracle's reused tokens over what the policy keeps (1 - fraction of oracle of LRU); "moderate"
-# means LRU keeps between 20% and 80% of the oracle.
+# the cache core's `flop_aware` (static alpha 1, block pool) against `vllm_default` (LRU), and
+# Marconi-compat static alpha = 1 (V3) and tuned alpha (V2) against LRU leaves (V1). Contention
+# per point: the oracle's reused tokens over what the policy keeps (1 - fraction of oracle of
+# LRU); "moderate" means LRU keeps between 20% and 80% of the oracle.
 
 
 # %%
@@ -157,7 +156,7 @@ flop_vs_lru = []
 for t in traces:
   for cap in CAPACITIES[t]:
     for base, pol in (
-      ("lru", "flop_aware"),
+      ("vllm_default", "flop_aware"),
       ("marconi_compat_sglang", "marconi_compat_static:1"),
       ("marconi_compat_sglang", "marconi_compat"),
     ):

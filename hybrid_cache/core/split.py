@@ -19,7 +19,7 @@ from hybrid_cache.core.state import floor_to
 
 
 def checkpoint_position(num_tokens, unit: int, eagle: bool):
-  """vLLM `get_mamba_prefill_checkpoint_position` (`reference.rules.checkpoint_position`):
+  """vLLM `get_mamba_prefill_checkpoint_position` (`hybrid_cache.oracle.rules.checkpoint_position`):
   floor((N-1)/unit)*unit, EAGLE floor(N/unit)*unit - unit, never below 0."""
   if eagle:
     return jnp.maximum(floor_to(num_tokens, unit) - unit, 0)
@@ -30,8 +30,8 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   """Tokens to schedule so chunk ends land where a recurrent state is cached (align mode).
 
   vLLM 0.33 `Scheduler._mamba_block_aligned_split`, the same rule as
-  `reference.rules.block_aligned_split` (see there), on the scheduler block: a chunk ending
-  before the prefill end is floored to the block unless that leaves nothing and the block is
+  `hybrid_cache.oracle.rules.block_aligned_split` (see there), on the scheduler block: a chunk
+  ending before the prefill end is floored to the block unless that leaves nothing and the block is
   wider than `max_chunk` (the entry's cap, else the configured budget); then it stops at the
   earliest of the next block boundary (a chunk starting mid-block), the last cacheable
   boundary floor((N-1)/B)*B, the partial-tail boundary floor((P-1)/HBS)*HBS (partial hits),

@@ -10,9 +10,9 @@ arm named "off" (greedy tokens equal, logits max relative difference).
 Example::
 
   prompts = shared_prefix_prompts(seed=0, num_prompts=20, prefix_len=500, suffix_len=24)
-  res = compare_arms("qwen35_tiny", {"off": dict(enable_prefix_caching=False),
-                                     "align_marconi": {}}, prompts, max_new_tokens=4)
-  res["align_marconi"]["cached_tokens"], res["align_marconi"]["wall_s"]
+  res = compare_arms("qwen35_tiny", {k: STANDARD_ARMS[k] for k in ("off", "vllm_default")},
+                     prompts, max_new_tokens=4)
+  res["vllm_default"]["cached_tokens"], res["vllm_default"]["wall_s"]
 """
 
 from __future__ import annotations
@@ -23,16 +23,27 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_cache import profiles
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.engine import Engine
 from hybrid_cache.engine.engine import RequestOutput
 
-# The three arms of the Marconi-admission experiments (CacheConfig overrides).
+# The arms of the shared-prefix experiments (CacheConfig overrides; names of
+# `hybrid_cache.profiles`): caching off, vLLM 0.33's serving default, and align mode without
+# vLLM's shared-prefix junction (what vLLM did before it: a one-chunk prefill keeps a state only
+# at its last block boundary, inside the prompt's own suffix, so siblings never hit).
+ARM_NAMES = ("off", "vllm_default", "align_dense_no_junction")
 STANDARD_ARMS: dict[str, dict[str, Any]] = {
   "off": dict(enable_prefix_caching=False),
-  "align": dict(mode="align", marconi_junction=False),
-  "align_marconi": dict(mode="align", marconi_junction=True),
+  **{n: profiles.PROFILES[n].cache_overrides() for n in ARM_NAMES[1:]},
 }
+
+
+def arm(name: str) -> dict[str, Any]:
+  """CacheConfig overrides of arm `name`: "off" or a profile name or alias (`profiles`)."""
+  if name == "off":
+    return dict(STANDARD_ARMS["off"])
+  return profiles.get(name).cache_overrides()
 
 
 def shared_prefix_prompts(

@@ -1,22 +1,25 @@
 """Replays a trace through the cache core (`types.CacheManager` protocol only).
 
-Policies (static config, `CORE_POLICY_CONFIGS`). vLLM 0.33 serves `align` with the shared-
-prefix junction always on (`KVCacheManager.get_computed_blocks` returns it, the scheduler's split
-stops there, the retention masks keep it) and `prefix_cache_retention_interval = 0` by default
-(`vllm/config/cache.py`): only the replay boundary and junction states are kept.
-  vllm_none            recurrent mode none (vLLM: no prefix caching for hybrids), LRU.
-  vllm_align           vLLM 0.33's serving default: align + junction + retention 0.
-  vllm_align_marconi   the same configuration (vLLM 0.33's default admission IS Marconi-style:
-                       junction states plus sparse retention); kept as the name experiments use.
-  vllm_align_dense     align + junction, dense retention (vLLM with the retention interval unset).
-  align_dense          align, no junction, dense retention (vLLM before the junction: this was
-                       `vllm_align` before the vLLM-exactness work; not a vLLM 0.33 setting).
-  vllm_all             mode all (a state at every block boundary = vLLM+ in block terms).
-  lru                  Marconi admission in block terms: align + junction + retention 0
-                       (replay boundary + junction states only), LRU free queue; the same
-                       configuration as `vllm_align`, named as the baseline of `flop_aware`.
-  flop_aware           as lru with `eviction="flop_aware"` (SPEC B2, core/policies/flop_aware.py).
-  <registered>         as lru with any other registered eviction policy (`hybrid_cache.policies`).
+Policies: the named profiles of `hybrid_cache.profiles` (one name per configuration, shared with
+the engine's arms; `CORE_POLICY_CONFIGS`), and their old names as aliases. vLLM 0.33 serves
+`align` with the shared-prefix junction always on (`KVCacheManager.get_computed_blocks` returns
+it, the scheduler's split stops there, the retention masks keep it) and
+`prefix_cache_retention_interval = 0` by default (`vllm/config/cache.py`): only the replay
+boundary and junction states are kept.
+  vllm_default             vLLM 0.33's serving default: align + junction + retention 0, LRU
+                           (old names: vllm_align, vllm_align_marconi, lru).
+  vllm_align_dense         align + junction, dense retention (vLLM with the retention interval
+                           None).
+  vllm_none                recurrent mode none (vLLM's mamba_cache_mode "none": no recurrent
+                           state is cached).
+  align_dense_no_junction  align, no junction, dense retention (vLLM before the junction; not a
+                           vLLM 0.33 setting; old name align_dense).
+  all_dense_no_junction    mode all (a state at every block boundary = vLLM+ in block terms; not
+                           a vLLM 0.33 setting; old name vllm_all).
+  flop_aware               vllm_default with `eviction="flop_aware"` (SPEC B2,
+                           core/policies/flop_aware.py).
+  <registered>             vllm_default with any other registered eviction policy
+                           (`hybrid_cache.policies`).
 `retention` overrides the retention interval (None = dense, 0, or k * block size); `pinning`
 turns on the SWA/prefix pinned tier (SPEC B1).
 
@@ -63,9 +66,9 @@ import numpy as np
 
 from hybrid_cache import factory
 from hybrid_cache import pools
+from hybrid_cache import profiles
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.policies import EVICTION_POLICIES
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.trace import Trace
 from hybrid_cache.sim.vllm_plus import request_tokens
@@ -74,29 +77,8 @@ from hybrid_cache.types import ScheduleEntry
 BACKENDS = ("jax", "jax_protocol", "reference")
 
 
-@dataclasses.dataclass(frozen=True)
-class CorePolicy:
-  mode: str
-  marconi_junction: bool
-  retention: int | None
-  eviction: str = "lru"
-
-
-CORE_POLICY_CONFIGS = {
-  "vllm_none": CorePolicy("none", False, None),
-  "vllm_align": CorePolicy("align", True, 0),
-  "vllm_align_marconi": CorePolicy("align", True, 0),
-  "vllm_align_dense": CorePolicy("align", True, None),
-  "align_dense": CorePolicy("align", False, None),
-  "vllm_all": CorePolicy("all", False, None),
-  "lru": CorePolicy("align", True, 0),
-  "flop_aware": CorePolicy("align", True, 0, "flop_aware"),
-  # every other registered eviction policy (`hybrid_cache.policies`): lru's profile with it
-  **{
-    p: CorePolicy("align", True, 0, p) for p in EVICTION_POLICIES if p not in ("lru", "flop_aware")
-  },
-}
-
+# policy name -> `profiles.Profile` (mode, marconi_junction, retention_interval, eviction)
+CORE_POLICY_CONFIGS = profiles.PROFILES
 
 LAYOUTS = ("model", "vllm", "pools")
 
@@ -271,8 +253,9 @@ def build_config(
   state per U of every scheduled chunk while it runs (Mooncake, 1,500 requests at 2e11: 44x
   slower than align and fewer hits, 2026-11-27); align holds about three.
   """
-  if policy not in CORE_POLICY_CONFIGS:
+  if policy not in CORE_POLICY_CONFIGS and policy not in profiles.ALIASES:
     raise ValueError(f"policy must be one of {tuple(CORE_POLICY_CONFIGS)}, got {policy!r}")
+  policy = profiles.resolve(policy)
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
   if not capacity_bytes > 0:
@@ -363,7 +346,7 @@ def build_config(
   budget = mml if token_budget is None else token_budget
   if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
     raise ValueError(f"token_budget must be None or an integer >= {block_size}, got {budget!r}")
-  ret = p.retention if retention == "policy" else retention
+  ret = p.retention_interval if retention == "policy" else retention
   if retention == "policy" and not any(g.kind in ("swa", "mamba") for g in groups):
     ret = None  # a policy's retention only concerns window and recurrent groups (vLLM)
   cfg = CacheConfig(

@@ -13,12 +13,17 @@ adaptive                checkpoints placed by value at multiples of the checkpoi
 ckpt_dense, ckpt_sparse:K, ckpt_branch
                         checkpoints every U, every K U, or at branch points and leaves (Marconi at U
                         granularity), LRU eviction (`checkpoint_policies.py`).
-vllm_none, vllm_align, vllm_align_marconi, vllm_align_dense, align_dense, vllm_all, lru,
-flop_aware              policies over the cache core (`core_sim.py`: JaxCacheManager, or
-                        ReferencePolicy with --backend reference), any block size; `vllm_align`
-                        = vLLM 0.33's serving default (see `core_sim.py`).
-deepest_first, ...      every other registered eviction policy (`hybrid_cache.policies`): the
-                        `lru` profile with that eviction.
+vllm_default, vllm_align_dense, vllm_none, align_dense_no_junction, all_dense_no_junction,
+flop_aware, deepest_first, ...
+                        the named profiles of the cache core (`hybrid_cache.profiles`, the
+                        engine's arms use the same names): `core_sim.py` replays them through
+                        JaxCacheManager, or ReferencePolicy with --backend reference, any block
+                        size. `vllm_default` = vLLM 0.33's serving default; an eviction policy's
+                        name = `vllm_default` with that eviction.
+vllm_align, vllm_align_marconi, lru, align_marconi, align_dense, vllm_all
+                        old names, aliases of the profiles above (`profiles.ALIASES`): they
+                        replay the same configuration under the new name and warn with its
+                        meaning.
 """
 
 from __future__ import annotations
@@ -26,18 +31,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 
-from hybrid_cache.policies import EVICTION_POLICIES
+from hybrid_cache import profiles
 
-CORE_POLICIES = (
-  "vllm_none",
-  "vllm_align",
-  "vllm_align_marconi",
-  "vllm_align_dense",
-  "align_dense",
-  "vllm_all",
-  "lru",
-  "flop_aware",
-) + tuple(p for p in EVICTION_POLICIES if p not in ("lru", "flop_aware"))
+CORE_POLICIES = tuple(profiles.PROFILES)
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
 CKPT_POLICIES = ("adaptive", "ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch")
@@ -84,6 +80,8 @@ def parse_policy(name: str) -> Policy:
     return Policy(name, "bound")
   if name in CORE_POLICIES:
     return Policy(name, "core")
+  if name in profiles.ALIASES:
+    return Policy(profiles.resolve(name), "core")
   if name in ("adaptive", "ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
     from hybrid_cache.sim.checkpoint_policies import parse_placement
 

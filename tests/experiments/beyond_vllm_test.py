@@ -26,14 +26,14 @@ def test_compare_records_and_ratios():
   ]
   for r in recs:
     rows = r["rows"]
-    assert set(rows) == {"lru", *beyond_vllm.DEFAULT_POLICIES}
-    vbest = max(rows["vllm_align_marconi"]["flops_saved"], rows["vllm_partial"]["flops_saved"])
+    assert set(rows) == set(beyond_vllm.DEFAULT_POLICIES)
+    vbest = max(rows["vllm_default"]["flops_saved"], rows["vllm_partial"]["flops_saved"])
     assert r["vllm_best_flops"] == vbest
     bound = rows["offline_bound"]["flops_saved"]
-    for p in ("lru", "vllm_align_marconi", "vllm_partial", "adaptive"):
+    for p in ("vllm_default", "vllm_partial", "adaptive"):
       assert rows[p]["flops_saved"] <= bound
     assert rows["offline_bound"]["clairvoyant_flops_saved"] <= bound
-    assert 0.0 <= r["lru_of_token_oracle"] <= 1.0
+    assert 0.0 <= r["vllm_default_of_token_oracle"] <= 1.0
     if vbest:
       assert r["adaptive_over_vllm"] == rows["adaptive"]["flops_saved"] / vbest
     assert r["adaptive_of_bound"] == rows["adaptive"]["flops_saved"] / bound

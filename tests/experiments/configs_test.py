@@ -117,11 +117,11 @@ def test_experiment_smoke_runs_at_tiny_size(path, tmp_path):
   assert list(tmp_path.glob("*.png"))
   if path.stem in ("quickstart", "shared_prefix_divergence"):
     arms = saved["arms"]
-    assert set(arms) == {"off", "align", "align_marconi"}
+    assert set(arms) == {"off", "vllm_default", "align_dense_no_junction"}
     for a in arms.values():
       assert a["outputs_equal_to_off"] is True
       for k in ("cached_tokens", "prefill_tokens_computed", "wall_s"):
         assert k in a
     assert arms["off"]["cached_tokens"] == 0
-    assert arms["align_marconi"]["cached_tokens"] > 0
+    assert arms["vllm_default"]["cached_tokens"] > 0
   assert results["gin_bindings"] == binds

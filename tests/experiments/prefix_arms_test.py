@@ -8,6 +8,7 @@ import pytest
 from experiments import prefix_arms
 from experiments import quickstart
 from experiments import shared_prefix_divergence
+from hybrid_cache.engine import workload as engine_workload
 
 
 def test_make_setup_layers_defaults_and_params():
@@ -33,11 +34,15 @@ def test_unknown_parameter_raises(params):
 
 def test_quickstart_table():
   arm = dict(cached_tokens=0, prefill_tokens_computed=100, wall_s=2.0, outputs_equal_to_off=True)
-  arms = {"off": arm, "align_marconi": dict(arm, cached_tokens=64, wall_s=1.0)}
-  lines = quickstart.format_table(arms).splitlines()
+  arms = {"off": arm, "vllm_default": dict(arm, cached_tokens=64, wall_s=1.0)}
+  lines = quickstart.format_table(arms, engine_workload.STANDARD_ARMS).splitlines()
   assert lines[0].split() == ["arm", "cached", "computed", "wall_s", "speedup", "exact"]
   assert lines[2].split() == ["off", "0", "100", "2.000", "1.00", "True"]
-  assert lines[3].split() == ["align_marconi", "64", "100", "1.000", "2.00", "True"]
+  assert lines[3].split() == ["vllm_default", "64", "100", "1.000", "2.00", "True"]
+  assert lines[4] == "off: enable_prefix_caching=False"
+  assert lines[5] == (
+    "vllm_default: mode=align, marconi_junction=True, retention_interval=0, eviction=lru"
+  )
 
 
 def test_setup_record_has_every_field_json_ready():

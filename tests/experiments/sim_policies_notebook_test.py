@@ -42,7 +42,7 @@ def test_sim_policies_notebook_tiny(tmp_path):
         "marconi_compat_sglang",
         "marconi_compat_static:1",
         "marconi_compat_vllm",
-        "lru",
+        "vllm_default",
       ),
       "BACKEND": "reference",  # the scan's compile per capacity is too slow for a unit test
       "OUT_DIR": str(tmp_path),

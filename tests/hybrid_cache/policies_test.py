@@ -146,7 +146,7 @@ def test_simulator_runs_every_registered_policy(tmp_path, name):
   trace = tmp_path / "trace.jsonl"
   _write_trace(trace)
   out = {}
-  for policy in ("lru", name):
+  for policy in ("vllm_default", name):
     cmd = [
       sys.executable,
       "-m",

@@ -144,8 +144,11 @@ def test_group_spec_errors(kw, match):
 
 
 def test_retention_needs_swa_or_mamba():
+  # As vLLM 0.33 (kv_cache_coordinator._validate_prefix_cache_retention_interval): 0, its
+  # serving default, is accepted without window or recurrent groups; any other interval is not.
+  assert CacheConfig(groups=(FULL,), num_blocks=8, retention_interval=0).retention_interval == 0
   with pytest.raises(ValueError, match="swa or mamba"):
-    CacheConfig(groups=(FULL,), num_blocks=8, retention_interval=0)
+    CacheConfig(groups=(FULL,), num_blocks=8, retention_interval=16)
 
 
 def test_from_dict_rejects_unknown_keys():

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hybrid_cache import profiles
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.config import resolve_model_config
 from hybrid_cache.engine.drafter import NgramDrafter
@@ -138,11 +139,13 @@ def _speculated(outs, eng):
 
 MATRIX = (
   Cell("none", dict(mode="none"), RECURRENT, _no_hits),
-  Cell("align", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)),
-  # vLLM 0.33's serving configuration for hybrid models: align, junction on, retention 0.
+  Cell(
+    "align_dense_no_junction", dict(mode="align", marconi_junction=False), check=_prefix_hits(16)
+  ),
+  # vLLM 0.33's serving configuration for hybrid models (`hybrid_cache.profiles.VLLM_DEFAULT`).
   Cell(
     "vllm_default",
-    dict(mode="align", marconi_junction=True, retention_interval=0),
+    profiles.get("vllm_default").cache_overrides(),
     check=_prefix_hits(16),
   ),
   Cell(
@@ -151,7 +154,7 @@ MATRIX = (
     RECURRENT,
     _prefix_hits(64),
   ),
-  Cell("align_marconi", dict(mode="align", marconi_junction=True), check=_prefix_hits(16)),
+  Cell("vllm_align_dense", dict(mode="align", marconi_junction=True), check=_prefix_hits(16)),
   Cell("retention_0", dict(retention_interval=0), check=_prefix_hits(16)),
   Cell("retention_2B", dict(retention_interval=32), check=_prefix_hits(16)),
   Cell("flop_aware", dict(eviction="flop_aware", num_blocks=40), check=_prefix_hits(16)),

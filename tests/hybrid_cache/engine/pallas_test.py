@@ -104,4 +104,4 @@ def test_gin_binding_reaches_the_engine(tmp_path):
   saved = json.loads((tmp_path / "results.json").read_text())
   assert saved["setup"]["implementation"] == KERNELS
   assert all(a["outputs_equal_to_off"] for a in saved["arms"].values())
-  assert saved["arms"]["align_marconi"]["cached_tokens"] > 0
+  assert saved["arms"]["vllm_default"]["cached_tokens"] > 0

@@ -172,7 +172,7 @@ def test_nothing_exceeds_offline_bound(seed):
           reused = np.array([t[2] for t in triples])
           assert flops_saved(TINY, reused) <= bound.bound_flops, (policy, cap, unit, block)
           assert int(reused.sum()) <= bound.bound_tokens
-      for policy in ("lru", "vllm_align_marconi"):
+      for policy in ("vllm_default",):
         if cap < 1_000:
           continue  # the core needs pages for the longest request per group
         triples, _ = simulate(trace, TINY, cap, policy, 4, core={"backend": "reference"})

@@ -47,7 +47,7 @@ def test_core_replay_that_cannot_progress_writes_nothing(tmp_path, monkeypatch, 
   monkeypatch.setattr(core_sim, "replay", fail)
   dump = tmp_path / "d.json"
   argv = ["--trace", str(p), "--format", "marconi", "--model", "marconi_7b"]
-  argv += ["--capacity-bytes", "1e12", "--policy", "lru", "--block-size", "8"]
+  argv += ["--capacity-bytes", "1e12", "--policy", "vllm_default", "--block-size", "8"]
   argv += ["--dump", str(dump)]
   assert cli.main(argv) == 2
   assert "request 1 made no progress" in capsys.readouterr().err

@@ -69,7 +69,9 @@ def test_core_policy_reference_backend(tmp_path):
   assert s["marconi_junction"] and s["retention_interval"] is None
   # row 1 records the junction at 512 and caches the state there: rows 2-7 reuse block 0
   assert [t[2] for t in json.loads(dump.read_text())] == [0, 0] + [512] * 6
-  r = _run(*_base("lru"), "--block-size", "512", "--backend", "reference", "--retention", "1024")
+  r = _run(
+    *_base("vllm_default"), "--block-size", "512", "--backend", "reference", "--retention", "1024"
+  )
   assert r.returncode == 0, r.stderr
   assert json.loads(r.stdout)["retention_interval"] == 1024
 
@@ -84,7 +86,7 @@ def test_core_policy_reference_backend(tmp_path):
   ],
 )
 def test_core_bad_input(args, needle):
-  argv = _base("lru") + ["--block-size", "512", "--backend", "reference"]
+  argv = _base("vllm_default") + ["--block-size", "512", "--backend", "reference"]
   for k, v in zip(args[::2], args[1::2]):
     if k in argv:
       argv[argv.index(k) + 1] = v

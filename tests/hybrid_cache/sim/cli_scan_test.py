@@ -12,12 +12,13 @@ def test_core_policy_through_the_scan(tmp_path, capsys):
   p.write_text("".join(json.dumps(r) + "\n" for r in rows))
   dump = tmp_path / "d.json"
   argv = ["--trace", str(p), "--format", "marconi", "--model", "marconi_7b"]
-  argv += ["--capacity-bytes", "1e12", "--policy", "vllm_all", "--block-size", "8"]
+  argv += ["--capacity-bytes", "1e12", "--policy", "all_dense_no_junction", "--block-size", "8"]
   argv += ["--dump", str(dump)]
   assert cli.main(argv) == 0
   s = json.loads(capsys.readouterr().out)
   assert s["backend"] == "jax_scan" and s["requests"] == 4 and s["steps"] >= 4
-  # vllm_all keeps a state at every block boundary: requests 1-3 reuse the 32 shared tokens
+  # all_dense_no_junction keeps a state at every block boundary: requests 1-3 reuse the 32
+  # shared tokens
   assert json.loads(dump.read_text()) == [[0, 37, 0]] + [[1, 37, 32]] * 3
   assert s["fraction_of_oracle"] == 1.0
   assert s.get("states_admitted", 1) > 0

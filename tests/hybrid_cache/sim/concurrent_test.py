@@ -152,7 +152,10 @@ def test_cli_concurrent_fields_and_refusals(tmp_path, capsys):
   assert out["ttft_p95_ms"] >= out["ttft_p50_ms"] > 0 and out["steps"] > 0
   assert "ttft_mean_ms_with_copies" not in out
   for argv, needle in (
-    (["--policy", "lru", "--replay", "concurrent"], "replay 'concurrent' supports the checkpoint"),
+    (
+      ["--policy", "vllm_default", "--replay", "concurrent"],
+      "replay 'concurrent' supports the checkpoint",
+    ),
     (["--policy", "adaptive", "--step-tokens", "64"], "apply to replay 'concurrent' only"),
     (["--policy", "adaptive", "--arrival-scale", "2"], "apply to replay 'concurrent' only"),
     (["--policy", "adaptive", "--replay", "concurrent", "--arrival-scale", "0"], "--arrival-scale"),

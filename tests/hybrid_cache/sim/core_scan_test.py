@@ -92,10 +92,10 @@ def _reused(tri):
 @pytest.mark.parametrize(
   "policy, make, cap",
   [
-    ("lru", lambda: small_chat(48), 34 * 60),
-    ("vllm_all", lambda: small_chat(48, seed=2), 34 * 70),
+    ("vllm_default", lambda: small_chat(48), 34 * 60),
+    ("all_dense_no_junction", lambda: small_chat(48, seed=2), 34 * 70),
     ("vllm_align_dense", lambda: _agent(36), 34 * 90),
-    ("align_dense", lambda: _agent(36, seed=3), 34 * 90),
+    ("align_dense_no_junction", lambda: _agent(36, seed=3), 34 * 90),
   ],
 )
 def test_scan_matches_protocol_on_synthetic_traces(policy, make, cap):
@@ -113,7 +113,7 @@ def test_scan_matches_protocol_on_synthetic_traces(policy, make, cap):
 def test_scan_matches_both_protocol_backends_on_a_mooncake_excerpt():
   tr = _mooncake(24)
   # 64-token blocks divide Mooncake's 512-token hash blocks; capacity forces evictions
-  cfg, _ = core_sim.build_config(tr, TINY, 256 * 100, "lru", 64)
+  cfg, _ = core_sim.build_config(tr, TINY, 256 * 100, "vllm_default", 64)
   a, _ = core_sim.run_core(tr, cfg, "reference")
   j, cj = core_sim.run_core(tr, cfg, "jax")
   b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)
@@ -125,7 +125,7 @@ def test_scan_matches_both_protocol_backends_on_a_mooncake_excerpt():
 def test_replay_routes_backends(monkeypatch):
   monkeypatch.setattr(core_scan, "DEFAULT_CHUNK", CHUNK)
   tr = small_chat(48)  # same config and shapes as the lru case above: no new compile
-  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)
   a, ca = core_sim.replay(tr, cfg, "jax")
   b, cb = core_sim.replay(tr, cfg, "reference")
   assert a == b and ca["backend"] == "jax_scan" and cb["backend"] == "reference"
@@ -140,7 +140,7 @@ def test_states_admitted_and_evicted_match_the_protocol_core():
   if core_scan.counter_index("C_REC_ADMITTED") is None:
     pytest.skip("core has no C_REC_ADMITTED counter yet")
   tr = small_chat(48)
-  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)
   _, cp = core_sim.run_core(tr, cfg, "jax")
   _, cs = core_scan.run_scan(tr, cfg, chunk=CHUNK)
   assert cs["states_admitted"] == cp["states_admitted"] > 0
@@ -153,7 +153,7 @@ def test_states_admitted_and_evicted_match_the_protocol_core():
 
 def test_request_that_cannot_progress_raises():
   tr = small_chat(8)
-  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)
   small = dataclasses.replace(cfg, num_blocks=4)
   with pytest.raises(ValueError, match="request 0 made no progress"):
     core_scan.run_scan(tr, small, chunk=CHUNK)
@@ -163,7 +163,7 @@ def test_request_that_cannot_progress_raises():
 
 def _soak(n, chunk):
   tr = small_chat(n, seed=7)
-  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "vllm_default", 4)
   bad = []
 
   def check(i, state):
@@ -198,7 +198,7 @@ def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
   cfg = _flop_config(tr, 34 * 60)
   assert len(cfg.eviction_flops_linear) == 2 and cfg.eviction_block_bytes == (34.0, 34.0)
   lru, _ = core_scan.run_scan(
-    tr, core_sim.build_config(tr, TINY, 34 * 60, "lru", 4)[0], chunk=CHUNK
+    tr, core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)[0], chunk=CHUNK
   )
   zero, _ = core_scan.run_scan(tr, cfg, chunk=CHUNK, alpha=0.0)
   assert zero == lru
@@ -214,7 +214,7 @@ def test_scan_matches_protocol_with_swa_and_pinning():
   # full + sliding window (8 tokens) + recurrent groups, the pinned tier on, under pressure
   model = dataclasses.replace(TINY, name="tiny_swa", n_swa=1, swa_window=8)
   tr = small_chat(40, seed=6)
-  cfg, sizing = core_sim.build_config(tr, model, 34 * 90, "vllm_align_marconi", 4, pinning=True)
+  cfg, sizing = core_sim.build_config(tr, model, 34 * 90, "vllm_default", 4, pinning=True)
   assert sizing["groups"] == ["full", "swa", "mamba"] and cfg.pinning
   a, ca = core_sim.run_core(tr, cfg, "reference")
   b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)

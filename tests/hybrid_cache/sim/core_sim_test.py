@@ -30,12 +30,11 @@ SHARED = trace_of(
   "policy, model, expected",
   [
     ("vllm_none", TINY, [0, 0, 0]),  # no recurrent state is ever cached
-    ("align_dense", TINY, [0, 0, 0]),  # states only at 12 and 16 (R0), 12 and 16 (R1)
+    ("align_dense_no_junction", TINY, [0, 0, 0]),  # states only at 12 and 16 (R0), 12 and 16 (R1)
     ("vllm_align_dense", TINY, [0, 0, 8]),  # R1 cuts a chunk at the junction 8
-    ("vllm_align", TINY, [0, 0, 8]),  # vLLM 0.33 default: junction + sparse retention
-    ("lru", TINY, [0, 0, 8]),  # same admission, sparse retention
-    ("vllm_all", TINY, [0, 8, 8]),  # a state at every block boundary
-    ("vllm_align", ATTN_ONLY, [0, 8, 8]),  # attention only: longest block prefix
+    ("vllm_default", TINY, [0, 0, 8]),  # vLLM 0.33 default: junction + sparse retention
+    ("all_dense_no_junction", TINY, [0, 8, 8]),  # a state at every block boundary
+    ("vllm_default", ATTN_ONLY, [0, 8, 8]),  # attention only: longest block prefix
   ],
 )
 def test_hand_checked_hits(policy, model, expected):
@@ -45,23 +44,23 @@ def test_hand_checked_hits(policy, model, expected):
 
 
 def test_sizing_pages_and_padding():
-  cfg, sizing = core_sim.build_config(SHARED, TINY, 34 * 100 + 33, "lru", 4)
+  cfg, sizing = core_sim.build_config(SHARED, TINY, 34 * 100 + 33, "vllm_default", 4)
   # page = max(KV 4 B x 4 tokens = 16, state 34) = 34 B -> 100 pages + the null block.
   assert cfg.num_blocks == 101 and sizing["page_bytes"] == 34
   assert sizing["groups"] == ["full", "mamba"]
   assert sizing["page_padding"] == pytest.approx([1 - 16 / 34, 0.0])
   assert cfg.retention_interval == 0 and cfg.marconi_junction
-  cfg2, _ = core_sim.build_config(SHARED, TINY, 3400, "align_dense", 4, retention=8)
+  cfg2, _ = core_sim.build_config(SHARED, TINY, 3400, "align_dense_no_junction", 4, retention=8)
   assert cfg2.retention_interval == 8 and not cfg2.marconi_junction
   with pytest.raises(ValueError, match="capacity_bytes must be >="):
-    core_sim.build_config(SHARED, TINY, 34 * 5, "vllm_all", 4)
+    core_sim.build_config(SHARED, TINY, 34 * 5, "all_dense_no_junction", 4)
   with pytest.raises(ValueError, match="policy must be one of"):
     core_sim.build_config(SHARED, TINY, 3400, "magic", 4)
   with pytest.raises(ValueError, match="backend must be one of"):
     core_sim.make_manager(cfg, "gpu")
 
 
-@pytest.mark.parametrize("policy", ["vllm_align_marconi", "lru"])
+@pytest.mark.parametrize("policy", ["vllm_default", "vllm_align_dense"])
 def test_jax_and_reference_backends_agree(policy):
   tr = small_chat(40)
   cap = 34 * 60  # forces evictions
@@ -73,7 +72,7 @@ def test_jax_and_reference_backends_agree(policy):
 
 
 @pytest.mark.parametrize(
-  "policy", ["align_dense", "vllm_align", "vllm_align_dense", "vllm_all", "lru"]
+  "policy", ["align_dense_no_junction", "vllm_default", "vllm_align_dense", "all_dense_no_junction"]
 )
 def test_bounded_by_oracle(policy):
   tr = small_chat(120, seed=3)
@@ -91,7 +90,7 @@ def test_flop_aware_reference_backend_bounded_by_oracle():
 
 def _soak(n):
   tr = small_chat(n, seed=7)
-  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "lru", 4)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 70, "vllm_default", 4)
   bad = []
 
   def check(i, m):

@@ -14,7 +14,7 @@ from hybrid_cache.sim.trace import write_marconi
 
 def test_build_config_puts_states_on_the_unit():
   trace = small_chat(30)
-  cfg, sizing = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 8, checkpoint_unit=4)
+  cfg, sizing = core_sim.build_config(trace, TINY, 1e6, "vllm_default", 8, checkpoint_unit=4)
   assert cfg.fine_keys and cfg.partial_hits and cfg.resolved_hash_block_size == 4
   assert [(g.kind, g.block_size, g.mode) for g in cfg.resolved_groups] == [
     ("full", 8, "align"),
@@ -28,7 +28,7 @@ def test_hits_fall_on_the_unit_inside_kv_blocks():
   """With room for everything, every hit is a multiple of U = 4, some are not multiples of the
   KV block 8 (a state inside a cached KV block), and the twins agree."""
   trace = small_chat(30)
-  cfg, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 8, checkpoint_unit=4)
+  cfg, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_default", 8, checkpoint_unit=4)
   ref, _ = core_sim.replay(trace, cfg, "reference")
   jax, _ = core_sim.replay(trace, cfg, "jax")
   assert ref == jax
@@ -48,7 +48,7 @@ def test_hits_fall_on_the_unit_inside_kv_blocks():
 )
 def test_build_config_rejects_bad_units(kw, match):
   with pytest.raises(ValueError, match=match):
-    core_sim.build_config(small_chat(5), TINY, 1e6, "vllm_align_marconi", 8, **kw)
+    core_sim.build_config(small_chat(5), TINY, 1e6, "vllm_default", 8, **kw)
 
 
 def test_cli_fine_keys(tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_cli_fine_keys(tmp_path, capsys):
   write_marconi(small_chat(12), path)
   base = ["--trace", str(path), "--format", "marconi", "--model", "marconi_7b"]
   base += ["--capacity-bytes", "2e10", "--block-size", "512", "--backend", "reference"]
-  assert main(base + ["--policy", "vllm_align_marconi", "--fine-keys"]) == 0
+  assert main(base + ["--policy", "vllm_default", "--fine-keys"]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["fine_keys"] and out["checkpoint_unit"] == 64 and out["hit_granularity"] == 64
   assert out["partial_hits"] and out["hash_block_size"] == 64

@@ -37,11 +37,11 @@ def test_vllm_groups_and_pages_by_hand():
 def test_build_config_sizing_and_same_hits_with_room():
   model = dataclasses.replace(TINY, n_recurrent=3)  # 1 attention + 3 recurrent layers
   trace = small_chat(30)
-  cfg, sizing = core_sim.build_config(trace, model, 1e6, "vllm_align_marconi", 4, layout="vllm")
+  cfg, sizing = core_sim.build_config(trace, model, 1e6, "vllm_default", 4, layout="vllm")
   assert sizing["groups"] == ["full", "mamba", "mamba", "mamba"]
   assert sizing["page_bytes"] == max(4 * 4, 34) and sizing["layers_per_group"] == 1
   assert sizing["num_blocks"] == int(1e6 // 34) + 1
-  base, _ = core_sim.build_config(trace, model, 1e6, "vllm_align_marconi", 4)
+  base, _ = core_sim.build_config(trace, model, 1e6, "vllm_default", 4)
   t_vllm, _ = core_sim.replay(trace, cfg, "reference")
   t_model, _ = core_sim.replay(trace, base, "reference")
   assert t_vllm == t_model and any(t[2] for t in t_vllm)
@@ -52,7 +52,7 @@ def test_cli_page_layout(tmp_path, capsys):
   write_marconi(small_chat(12), path)
   base = ["--trace", str(path), "--format", "marconi", "--model", "qwen3_5_like"]
   base += ["--capacity-bytes", "2e9", "--block-size", "vllm", "--backend", "reference"]
-  assert main(base + ["--policy", "vllm_align_marconi", "--page-layout", "vllm"]) == 0
+  assert main(base + ["--policy", "vllm_default", "--page-layout", "vllm"]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["page_layout"] == "vllm" and out["page_bytes"] == 18_874_368
   assert out["groups"] == ["full", "mamba", "mamba", "mamba"]
@@ -66,42 +66,38 @@ def test_pools_share_or_split_the_bytes_and_pad_nothing():
   pages (+ the null block) and 1,000 // 34 slots. With `state_fraction` 0.5: 500 // 16 = 31
   pages (+ null) and 500 // 34 = 14 slots, each limited by its ids. No padding either way."""
   trace = small_chat(30)
-  cfg, sizing = core_sim.build_config(trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools")
+  cfg, sizing = core_sim.build_config(trace, TINY, 1000, "vllm_default", 4, layout="pools")
   assert (cfg.num_blocks, cfg.state_slots) == (63, 29)
   assert (cfg.byte_budget, cfg.page_bytes, cfg.slot_bytes) == (1000, 16, 34)
   assert sizing["page_bytes"] == 16 and sizing["slot_bytes"] == 34
   assert sizing["page_padding"] == [0.0, 0.0] and sizing["state_fraction"] is None
   cfg2, sizing2 = core_sim.build_config(
-    trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.5
+    trace, TINY, 1000, "vllm_default", 4, layout="pools", state_fraction=0.5
   )
   assert (cfg2.num_blocks, cfg2.state_slots, cfg2.byte_budget) == (32, 14, None)
   assert sizing2["state_fraction"] == 0.5
   # the longest request (73 tokens) holds 20 pages and, in align mode, 3 states
   with pytest.raises(ValueError, match="capacity_bytes must be >= 422"):
-    core_sim.build_config(trace, TINY, 400, "vllm_align_marconi", 4, layout="pools")
+    core_sim.build_config(trace, TINY, 400, "vllm_default", 4, layout="pools")
   with pytest.raises(ValueError, match="too small for the pages"):
-    core_sim.build_config(
-      trace, TINY, 200, "vllm_align_marconi", 4, layout="pools", state_fraction=0.5
-    )
+    core_sim.build_config(trace, TINY, 200, "vllm_default", 4, layout="pools", state_fraction=0.5)
   with pytest.raises(ValueError, match="too small for the state slots"):
-    core_sim.build_config(
-      trace, TINY, 1000, "vllm_align_marconi", 4, layout="pools", state_fraction=0.05
-    )
+    core_sim.build_config(trace, TINY, 1000, "vllm_default", 4, layout="pools", state_fraction=0.05)
   attn_only = dataclasses.replace(TINY, n_recurrent=0)
   with pytest.raises(ValueError, match="needs a model with attention and recurrent layers"):
-    core_sim.build_config(trace, attn_only, 1000, "lru", 4, layout="pools")
+    core_sim.build_config(trace, attn_only, 1000, "vllm_default", 4, layout="pools")
 
 
 def test_pools_hit_like_one_pool_with_room_and_backends_agree_under_pressure():
   trace = small_chat(40)
-  roomy, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 4, layout="pools")
-  one, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_align_marconi", 4)
+  roomy, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_default", 4, layout="pools")
+  one, _ = core_sim.build_config(trace, TINY, 1e6, "vllm_default", 4)
   t_pools, _ = core_sim.replay(trace, roomy, "reference")
   t_one, _ = core_sim.replay(trace, one, "reference")
   assert t_pools == t_one and any(t[2] for t in t_pools)
   for fraction in (None, 0.5):  # one shared byte budget, a fixed split
     tight, _ = core_sim.build_config(
-      trace, TINY, 34 * 30, "lru", 4, layout="pools", state_fraction=fraction
+      trace, TINY, 34 * 30, "vllm_default", 4, layout="pools", state_fraction=fraction
     )
     ref, ref_extra = core_sim.replay(trace, tight, "reference")
     jax_, jax_extra = core_sim.replay(trace, tight, "jax")
@@ -115,11 +111,11 @@ def test_cli_state_fraction(tmp_path, capsys):
   write_marconi(small_chat(12), path)
   base = ["--trace", str(path), "--format", "marconi", "--model", "qwen3_5_like"]
   base += ["--capacity-bytes", "2e9", "--block-size", "576", "--backend", "reference"]
-  pools = ["--policy", "vllm_align_marconi", "--page-layout", "pools"]
+  pools = ["--policy", "vllm_default", "--page-layout", "pools"]
   assert main(base + pools + ["--state-fraction", "0.3"]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["page_layout"] == "pools" and out["state_fraction"] == 0.3 and out["state_slots"] > 0
-  assert main(base + ["--policy", "lru", "--state-fraction", "0.3"]) == 2
+  assert main(base + ["--policy", "vllm_default", "--state-fraction", "0.3"]) == 2
   assert "state_fraction needs --page-layout pools" in capsys.readouterr().err
   assert main(base + pools + ["--state-fraction", "1.5"]) == 2
   assert "state fraction must be a number in (0, 1)" in capsys.readouterr().err
