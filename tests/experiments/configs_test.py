@@ -69,6 +69,17 @@ TINY = {
     "block_size = 64",
     "progress = False",
   ],
+  "numerics_divergence": [
+    "num_layers = 4",
+    "d_model = 128",
+    "vocab_size = 256",
+    "num_prompts = 2",
+    "prefix_len = 40",
+    "suffix_len = 8",
+    "max_new_tokens = 2",
+    "block_size = 16",
+    "chunk = 64",
+  ],
   "swa_pinning_sweep": [
     "num_prefixes = (1, 2)",
     "prefix_len = 40",
