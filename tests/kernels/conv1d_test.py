@@ -78,12 +78,20 @@ def test_conv_matches_oracle(case, impl, dtype):
   np.testing.assert_array_equal(counts, co)
 
 
+def _assert_fp32_contract(got, want):
+  """SPEC C / D: two differently compiled fp32 programs agree within 1e-5 relative (not bit for
+  bit: XLA may fuse or reassociate them differently; a fresh clone once saw 6e-8)."""
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  scale = max(float(np.max(np.abs(want))), 1e-30)
+  assert float(np.max(np.abs(got - want))) / scale <= 1e-5
+
+
 def test_no_state_means_zero_state():
   inp = _inputs(1, 12, 16, 4, 1)
   zero = dict(inp, conv_state=jnp.zeros_like(inp["conv_state"]))
   none = dict(inp)
   none.pop("conv_state")
-  np.testing.assert_array_equal(_run(zero, "xla")[0], _run(none, "xla")[0])
+  _assert_fp32_contract(_run(zero, "xla")[0], _run(none, "xla")[0])
 
 
 @pytest.mark.parametrize("impl", ["xla", "interpret"])
@@ -96,8 +104,9 @@ def test_state_continuity_split_equals_whole(impl, split):
   y1, f1, _ = _run(first, impl)
   rest = dict(inp, x=inp["x"][split:], conv_state=f1)
   y2, f2, _ = _run(rest, impl)
-  np.testing.assert_array_equal(np.asarray(jnp.concatenate([y1, y2])), np.asarray(y))
-  np.testing.assert_array_equal(np.asarray(f2), np.asarray(final))
+  # A split off the kernels' chunk grid: the contract is fp32 1e-5, not bit equality.
+  _assert_fp32_contract(jnp.concatenate([y1, y2]), y)
+  _assert_fp32_contract(f2, final)
 
 
 @pytest.mark.parametrize("impl", ["xla", "interpret"])
