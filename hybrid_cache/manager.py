@@ -1,5 +1,10 @@
 """`JaxCacheManager`: the host wrapper of the jitted core (implements `types.CacheManager`).
 
+The core runs on the host's CPU device whatever the default device is (its state is committed
+there, so every jitted call runs there): on a GPU or TPU machine the model runs on the
+accelerator and the cache core beside it on the CPU, as vLLM's manager runs in host Python,
+without small scatter/gather programs and a device-to-host read per step on the accelerator.
+
 Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
 map request names to state slots, pad schedule batches to powers of two, pull each call's
 results once with `np.asarray`, and build the `types` records: the recurrent state slots of
@@ -19,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from hybrid_cache import hashing
@@ -89,7 +95,7 @@ class JaxCacheManager:
     self.config = config
     self._lay = layout(config)
     self._columns = outputs.entry_columns(self._lay)
-    self.state: CacheState = init_state(config)
+    self.state: CacheState = jax.device_put(init_state(config), jax.devices("cpu")[0])
     self._reqs: dict[str, _Req] = {}
     self._free_slots = list(range(config.max_requests - 1, -1, -1))
     self._stats = self._to_stats(scheduler.pool_stats(config, self.state))

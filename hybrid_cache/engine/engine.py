@@ -131,8 +131,16 @@ class EngineStats:
   draft_tokens: int = 0  # drafts verified (speculative decoding)
   accepted_tokens: int = 0  # drafts accepted
   verify_windows: int = 0  # verify windows run (one per decoding request and step)
+  # Where a step's time goes (host seconds; `forward_s` waits for the device's results):
+  # schedule_s = intake + the cache core's schedule call; model_s = everything after it, of
+  # which prepare_s = building the step's inputs and copy plans, forward_s = the jitted model
+  # step until its tokens / logits are on the host, commit_s = appending tokens and finishing
+  # requests. The engine's own (non-model) part of a step is wall_s - forward_s.
   schedule_s: float = 0.0
   model_s: float = 0.0
+  prepare_s: float = 0.0
+  forward_s: float = 0.0
+  commit_s: float = 0.0
   wall_s: float = 0.0
 
   def as_dict(self) -> dict[str, Any]:
@@ -833,6 +841,7 @@ class Engine:
       self.manager.append_tokens(r.rid, tokens)
 
   def _run_model(self, seqs, sched, copies, finished) -> None:
+    t_prepare = time.perf_counter()
     cfg = self.cache_config
     total = sum(n for _, _, n in sched)
     decode = self.decode_kernels and total == len(seqs)
@@ -877,6 +886,8 @@ class Engine:
     args = (jnp.asarray(src), jnp.asarray(dst), inputs, jnp.asarray(sample_idx))
     if self.mesh is not None:
       args = engine_sharding.replicate(args, self.mesh)
+    t_forward = time.perf_counter()
+    self.stats.prepare_s += t_forward - t_prepare
     toks, logits, self.cache = _model_step(
       self.graphdef,
       self.params,
@@ -888,6 +899,7 @@ class Engine:
     )
     toks, logits = np.asarray(toks), np.asarray(logits)
     now = time.perf_counter()
+    self.stats.forward_s += now - t_forward
     for i, (r, start, n) in enumerate(sched):
       end = start + n
       decode = n == 1 and start == r.num_tokens - 1 and start >= len(r.prompt)
@@ -905,6 +917,7 @@ class Engine:
       if r.return_logits:
         r.logits.append(logits[i].copy())
       self._commit_tokens(r, [tok], now, finished)
+    self.stats.commit_s += time.perf_counter() - now
 
   def _preempt_newest(self) -> None:
     if not self._running:
