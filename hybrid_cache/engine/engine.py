@@ -897,7 +897,10 @@ class Engine:
       mesh=self.mesh,
       **kv_args,
     )
-    toks, logits = np.asarray(toks), np.asarray(logits)
+    # the logits leave the device only when a request asked for them (np.asarray rather than
+    # jax.device_get: ~10x less host overhead on CPU, as in `JaxCacheManager.schedule`)
+    toks = np.asarray(toks)
+    logits = np.asarray(logits) if any(r.return_logits for r, _, _ in sched) else None
     now = time.perf_counter()
     self.stats.forward_s += now - t_forward
     for i, (r, start, n) in enumerate(sched):
