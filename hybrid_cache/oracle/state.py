@@ -68,7 +68,8 @@ class OracleState:
 
   Static (fixed by the config, the twin of `core/layout.py`'s `Layout`):
     groups, caching, bs, mode, sbs, hbs, partial, fine_keys, align, spec_s, split_bs,
-    spec_groups, group_pool, and the policy objects evict, placement, admission, retention.
+    spec_groups, group_pool; and the policy objects evict, placement, admission, retention
+    (built from the config; an eviction order or admission policy keeps its own tables).
   Mutable (the twin of `CacheState`; lists are indexed by block id, length pool_size):
     ref, key, pinned, free, pinned_free, key_end, hits, chain, index, extra, cow,
     cached_this_step, reqs.
