@@ -15,14 +15,14 @@ every scheduler step, unless the policy's `active(order)` is false (flop_aware: 
 `reorder` returns a `StampedFree` list that records appends, so the policy must keep using the
 returned list as its free list.
 
-Hook (in `ReferencePolicy`): keep `_key_end[b]` = token end of block b's key when registered,
-`_hits[b]` / `_chain[b]` = its hits and chain start (`FreeBlocks`), build
-`order = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
-`schedule`:
+Hook (in the oracle's `OracleState`, `oracle/state.py`): keep `key_end[b]` = token end of
+block b's key when registered, `hits[b]` / `chain[b]` = its hits and chain start (`FreeBlocks`),
+build `evict = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
+each step (`oracle/scheduler.py`, `schedule_step`):
 
-  groups = [None if k is None else k[1] for k in self._key]
-  dead = dead_states(self.config, self._key, self._key_end, self._index)
-  self._free = order.reorder(self._free, groups, self._key_end, dead, self._hits, self._chain)
+  groups = [None if k is None else k[1] for k in s.key]
+  dead = dead_states(s.config, s.key, s.key_end, s.index)
+  s.free = s.evict.reorder(s.free, groups, s.key_end, dead, s.hits, s.chain)
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ class FreeBlocks:
 
   `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`), as in the core, which
-  maintains them only then. `ReferencePolicy` keeps them for every policy (plain Python, no
-  speed to save); the machines compare them only where the core maintains them.
+  maintains them only then. The oracle (`OracleState`) keeps them for every policy (plain
+  Python, no speed to save); the machines compare them only where the core maintains them.
   """
 
   candidates: tuple[int, ...]

@@ -2,7 +2,8 @@
 
 Everything here is a small function over plain ints and lists, so the rules can be tested
 one by one (reference §7: S06 scan table, S07 freeing sequence, S21/S22 masks, S30 copies,
-S32 admission counts) and shared by `ReferencePolicy`.
+S32 admission counts) and shared by the oracle's rule modules (`coordinator`, `admission`,
+`allocate`, `cache_keys`, `release`, `step`).
 
 Conventions: a "hit entry list" is position-indexed; entry i is `None` (null block) or the
 tuple of block ids of the member groups of one spec group for group-block i. `cached(i)`

@@ -1,0 +1,45 @@
+"""Releasing a request's blocks when it finishes or is preempted (§1.6, SPEC B1), plain Python.
+
+Jitted twin: `core/release.py` (`pin_finished`, `release`). A finished (not preempted) request
+first pins what keeps its prefix hittable (`rules.finish_pin_indices`, or the retention policy's
+pick), then frees its blocks tail first, one batch per group in group order.
+"""
+
+from __future__ import annotations
+
+from hybrid_cache.oracle import block_pool
+from hybrid_cache.oracle import rules
+from hybrid_cache.oracle.state import NULL
+from hybrid_cache.oracle.state import OracleState
+from hybrid_cache.oracle.state import Request
+
+
+def pin_finished(s: OracleState, r: Request) -> None:
+  """Flags the blocks that keep a finishing request's prefix hittable (SPEC B1), or those the
+  retention policy picks (`hybrid_cache.policies`, seam `retention`)."""
+  keyed, sel, kinds = [], [], []
+  for gid, row in enumerate(r.rows):
+    g = s.groups[gid]
+    keyed.append([i for i, b in enumerate(row) if b != NULL and s.key[b] is not None])
+    need = rules.swa_need(g.window, s.bs[gid], g.eagle) if g.kind == "swa" else 1
+    sel.append(rules.finish_pin_indices(g.kind, keyed[-1], need))
+    kinds.append((g.kind, s.bs[gid], need))
+  if s.retention is not None:
+    sel = s.retention.pin(s.config, kinds, keyed, sel, r.num_prompt_tokens, s.align)
+  for row, idx in zip(r.rows, sel):
+    for i in idx:
+      s.pinned[row[i]] = True
+
+
+def release(s: OracleState, r: Request, finished: bool) -> None:
+  """Frees a request's blocks tail first, group by group; a finished one pins first."""
+  if finished and s.config.pinning:
+    pin_finished(s, r)
+  for row in r.rows:
+    block_pool.free_blocks(s, list(reversed(row)))
+  r.rows = []
+  r.num_cached = None
+  r.last_state.clear()
+  r.state_col.clear()
+  r.partial.clear()
+  r.chain.clear()
