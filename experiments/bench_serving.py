@@ -38,7 +38,9 @@ from models.config import ModelConfig
 from models.hybrid_lm import build_model
 
 
-def _qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
+def qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
+  """Qwen3.5-like `ModelConfig` fields: GGGA, 128-wide heads (GDN heads = attention heads,
+  4 query heads per KV head), MLP 3 x d."""
   return dict(
     layer_pattern="GGGA",
     num_layers=layers,
@@ -73,11 +75,12 @@ def _nemotron_h_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, A
 
 
 # Named model sizes (random weights): "mid" ones fit a 2-core CPU, the others are realistic
-# (parameters counted by `num_params`: qwen35_like_1p5b ~1.5e9, nemotron_h_like_1b ~1.1e9).
+# (parameters counted by `num_params`: qwen35_like_1p5b 1.48e9, nemotron_h_like_1b 1.60e9;
+# the mid ones 6.2e7 and 6.4e7).
 SIZES = {
-  "qwen35_like_mid": _qwen35_like(8, 512, 4, 32768),
+  "qwen35_like_mid": qwen35_like(8, 512, 4, 32768),
   "nemotron_h_like_mid": _nemotron_h_like(8, 512, 4, 32768),
-  "qwen35_like_1p5b": _qwen35_like(24, 2048, 16, 32768),
+  "qwen35_like_1p5b": qwen35_like(24, 2048, 16, 32768),
   "nemotron_h_like_1b": _nemotron_h_like(24, 2048, 16, 32768),
 }
 ARMS = ("off", "vllm_default", "vllm_align_dense", "flop_aware")

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments import bench_serving
 from hybrid_cache import profiles
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.engine import Engine
@@ -32,22 +33,8 @@ from models.hybrid_lm import build_model
 
 
 def _model_config(num_layers: int, d_model: int, vocab_size: int, dtype: str) -> ModelConfig:
-  heads = d_model // 128
-  return ModelConfig(
-    layer_pattern="GGGA",
-    num_layers=num_layers,
-    vocab_size=vocab_size,
-    d_model=d_model,
-    mlp_hidden=3 * d_model,
-    num_heads=heads,
-    num_kv_heads=max(1, heads // 4),
-    head_dim=128,
-    gdn_num_k_heads=heads,
-    gdn_num_v_heads=heads,
-    gdn_head_k_dim=128,
-    gdn_head_v_dim=128,
-    dtype=dtype,
-  )
+  fields = bench_serving.qwen35_like(num_layers, d_model, d_model // 128, vocab_size)
+  return ModelConfig(**fields, dtype=dtype)
 
 
 def _serve(model, prompts, max_new_tokens, cache: dict[str, Any]):
