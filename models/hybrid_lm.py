@@ -137,8 +137,19 @@ class HybridLM(nnx.Module):
 
   @_numerics
   def __call__(
-    self, cache: ModelCache, inputs: StepInputs, *, implementation: str | None = None
+    self,
+    cache: ModelCache,
+    inputs: StepInputs,
+    *,
+    implementation: str | None = None,
+    logits_rows: jax.Array | None = None,
   ) -> tuple[jax.Array, ModelCache]:
+    """One step: (logits f32[T, vocab], new cache).
+
+    `logits_rows` (int32[R]): compute the final norm and the LM head for these token rows only
+    and return f32[R, vocab] (the engine samples one row per sequence: the head over every
+    prefill token is ~30% of a step's FLOPs at a 32k vocabulary, `BENCHMARKS.md` §9).
+    """
     cfg = self.cfg
     if inputs.decode and inputs.num_tokens != inputs.num_seqs:
       raise ValueError(
@@ -177,6 +188,8 @@ class HybridLM(nnx.Module):
         )
         pools[kind] = [sp.at[slot].set(s_new), cp.at[slot].set(c_new)]
       x = block.feed_forward(block.mixer_residual(x, y))
+    if logits_rows is not None:
+      x = x[logits_rows]
     logits = self._logits(x)
     new_cache = ModelCache(
       k=k_all,

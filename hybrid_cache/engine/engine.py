@@ -269,10 +269,9 @@ def _model_step(
     cache = _copy_kv_pages(cache, kv_src, kv_dst)
   cache = _apply_copies(cache, copy_src, copy_dst, implementation)
   model = nnx.merge(graphdef, params)
-  logits, cache = model(cache, inputs, implementation=implementation)
+  sel, cache = model(cache, inputs, implementation=implementation, logits_rows=sample_idx)
   if mesh is not None:
     cache = engine_sharding.constrain_cache(cache, mesh)
-  sel = logits[sample_idx]
   return jnp.argmax(sel, axis=-1).astype(jnp.int32), sel, cache
 
 
