@@ -38,11 +38,11 @@ from models.config import ModelConfig
 from models.hybrid_lm import build_model
 
 
-def qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
-  """Qwen3.5-like `ModelConfig` fields: GGGA, 128-wide heads (GDN heads = attention heads,
-  4 query heads per KV head), MLP 3 x d."""
+def _hybrid_like(pattern: str, layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
+  """The fields both families share: 128-wide attention heads, 4 query heads per KV head,
+  MLP 3 x d."""
   return dict(
-    layer_pattern="GGGA",
+    layer_pattern=pattern,
     num_layers=layers,
     vocab_size=vocab,
     d_model=d,
@@ -50,6 +50,13 @@ def qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
     num_heads=heads,
     num_kv_heads=max(1, heads // 4),
     head_dim=128,
+  )
+
+
+def qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
+  """Qwen3.5-like `ModelConfig` fields: GGGA, GDN heads = attention heads, all 128 wide."""
+  return dict(
+    _hybrid_like("GGGA", layers, d, heads, vocab),
     gdn_num_k_heads=heads,
     gdn_num_v_heads=heads,
     gdn_head_k_dim=128,
@@ -58,15 +65,9 @@ def qwen35_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
 
 
 def _nemotron_h_like(layers: int, d: int, heads: int, vocab: int) -> dict[str, Any]:
+  """Nemotron-H-like fields: MMMA, Mamba2 with 2 d / 64 heads of 64, state 128."""
   return dict(
-    layer_pattern="MMMA",
-    num_layers=layers,
-    vocab_size=vocab,
-    d_model=d,
-    mlp_hidden=3 * d,
-    num_heads=heads,
-    num_kv_heads=max(1, heads // 4),
-    head_dim=128,
+    _hybrid_like("MMMA", layers, d, heads, vocab),
     mamba_num_heads=2 * d // 64,
     mamba_head_dim=64,
     mamba_state_dim=128,
