@@ -48,12 +48,11 @@ import numpy as np
 from flax import nnx
 
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.engine import model_step
 from hybrid_cache.engine.drafter import Drafter
 from models.cache import ModelCache
 from models.config import ModelConfig
 from models.step_inputs import StepInputs
-
-_FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
 
 
 def check_speculative(
@@ -252,7 +251,7 @@ def commit_states(
   reach = (boundary_offset >= 0) & (boundary_offset <= accepted)
   b_idx = jnp.maximum(boundary_offset, 0)
   changes = {}
-  for kind, s_name, c_name in _FAMILIES:
+  for kind, s_name, c_name in model_step.FAMILIES:
     if kind not in per_token:
       continue
     r = cfg.recurrent_index(kind)
@@ -302,9 +301,7 @@ def verify_step(
 
   Returns (target int32[N, S], accepted int32[N], logits f32[N, S, V], cache).
   """
-  from hybrid_cache.engine import engine  # noqa: PLC0415 (engine imports this module)
-
-  cache = engine._apply_copies(cache, copy_src, copy_dst, implementation)
+  cache = model_step.apply_copies(cache, copy_src, copy_dst, implementation)
   model = nnx.merge(graphdef, params)
   logits, cache, per_token = model.verify(
     cache, inputs, window=window, implementation=implementation
