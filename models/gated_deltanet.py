@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.pallas.gdn import api as gdn_api
+from models import decode_split
 from models import layers
 from models import short_conv
 from models import state_pool
@@ -59,6 +60,7 @@ class GatedDeltaNet(nnx.Module):
     ckpt_write: jax.Array,
     ckpt_every: int | None,
     decode: bool = False,
+    num_decodes: int = 0,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools).
@@ -66,6 +68,8 @@ class GatedDeltaNet(nnx.Module):
     `decode` (static): every sequence has exactly one token (T == N); the conv and the
     delta rule then run the decode kernels on the gathered states instead of the chunked
     prefill kernels (same recurrence; no checkpoints can fall inside one token).
+    `num_decodes` (static, D): a mixed step whose first D sequences have one token each; those
+    run the decode kernels, the rest the chunked ones (`decode_split`).
     """
     t = x.shape[0]
     mixed = self.in_proj_qkv(x)
@@ -77,6 +81,7 @@ class GatedDeltaNet(nnx.Module):
       None,
       conv0,
       decode=decode,
+      num_decodes=num_decodes,
       query_start_loc=query_start_loc,
       ckpt_kw=ckpt_kw,
       implementation=implementation,
@@ -89,9 +94,10 @@ class GatedDeltaNet(nnx.Module):
     a = self.in_proj_a(x).astype(jnp.float32)
     g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])
     s0 = state_pool.read_states(state_pool_, state_read)
-    if decode:
-      ids = state_pool.slot_ids(t)
-      o, s_final = gdn_api.fused_recurrent_gated_delta_rule_decode(
+
+    def recurrent(q, k, v, g, beta, s0):
+      ids = state_pool.slot_ids(q.shape[0])
+      return gdn_api.fused_recurrent_gated_delta_rule_decode(
         q,
         k,
         v,
@@ -103,26 +109,37 @@ class GatedDeltaNet(nnx.Module):
         scale=self.dk**-0.5,
         implementation=implementation,
       )
-      state_out = (s_final, (None, None))
-    else:
-      o, s_final, s_ckpts = gdn_api.chunk_gated_delta_rule(
+
+    def chunked(q, k, v, g, beta, s0, cu_seqlens):
+      return gdn_api.chunk_gated_delta_rule(
         q,
         k,
         v,
         g,
         beta,
         initial_state=s0,
-        cu_seqlens=query_start_loc,
+        cu_seqlens=cu_seqlens,
         **ckpt_kw,
         scale=self.dk**-0.5,
         implementation=implementation,
       )
+
+    if decode:
+      o, s_final = recurrent(q, k, v, g, beta, s0)
+      state_out = (s_final, (None, None))
+    elif num_decodes:
+      o, s_final, s_ckpts = decode_split.split_decodes(
+        num_decodes, query_start_loc, [q, k, v, g, beta], [s0], recurrent, chunked
+      )
+      state_out = (s_final, s_ckpts)
+    else:
+      o, s_final, s_ckpts = chunked(q, k, v, g, beta, s0, query_start_loc)
       state_out = (s_final, s_ckpts)
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,
       state_write,
-      ckpt_write,
+      ckpt_write[num_decodes:],
       state_out,
       conv_out,
       checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,

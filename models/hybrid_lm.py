@@ -156,6 +156,11 @@ class HybridLM(nnx.Module):
         f"inputs.decode needs one token per sequence, got {inputs.num_tokens} tokens for "
         f"{inputs.num_seqs} sequences"
       )
+    d = inputs.num_decodes
+    if d and (inputs.decode or not 0 < d < inputs.num_seqs):
+      raise ValueError(
+        f"inputs.num_decodes must be in [0, {inputs.num_seqs}) and 0 with decode, got {d}"
+      )
     k_all, v_all = cache.k, cache.v
     pools = {
       "G": [cache.gdn_state, cache.gdn_conv],
@@ -184,6 +189,7 @@ class HybridLM(nnx.Module):
           ckpt_write=inputs.ckpt_write[rec[kind]],
           ckpt_every=inputs.ckpt_every,
           decode=inputs.decode,
+          num_decodes=d,
           implementation=implementation,
         )
         pools[kind] = [sp.at[slot].set(s_new), cp.at[slot].set(c_new)]

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.pallas.ssd import api as ssd_api
+from models import decode_split
 from models import layers
 from models import short_conv
 from models import state_pool
@@ -83,12 +84,15 @@ class Mamba2(nnx.Module):
     ckpt_write: jax.Array,
     ckpt_every: int | None,
     decode: bool = False,
+    num_decodes: int = 0,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [T, d_model]; pools [NB, H, P, N] / [NB, conv_dim, K-1]. Returns (y, pools).
 
     `decode` (static): every sequence has exactly one token (T == N); the conv and the SSD
     run the decode kernels on the gathered states instead of the chunked prefill kernels.
+    `num_decodes` (static, D): a mixed step whose first D sequences have one token each; those
+    run the decode kernels, the rest the chunked ones (`decode_split`).
     """
     t = x.shape[0]
     proj = self.in_proj(x)
@@ -103,6 +107,7 @@ class Mamba2(nnx.Module):
       self.conv_bias[...],
       conv0,
       decode=decode,
+      num_decodes=num_decodes,
       query_start_loc=query_start_loc,
       ckpt_kw=ckpt_kw,
       implementation=implementation,
@@ -113,12 +118,14 @@ class Mamba2(nnx.Module):
     c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
     s0 = state_pool.read_states(state_pool_, state_read)
     dt, dt_kw = self._time_step(dt)
-    if decode:
-      ids = state_pool.slot_ids(t)
-      y, s_final = ssd_api.ssd_decode(
+    a = -jnp.exp(self.A_log[...])
+
+    def recurrent(xs, dt, b, c, s0):
+      ids = state_pool.slot_ids(xs.shape[0])
+      return ssd_api.ssd_decode(
         xs,
         dt,
-        -jnp.exp(self.A_log[...]),
+        a,
         b,
         c,
         D=self.D[...],
@@ -128,27 +135,38 @@ class Mamba2(nnx.Module):
         write_indices=ids,
         implementation=implementation,
       )
-      state_out = (s_final, (None, None))
-    else:
-      y, s_final, s_ckpts = ssd_api.chunk_scan(
+
+    def chunked(xs, dt, b, c, s0, cu_seqlens):
+      return ssd_api.chunk_scan(
         xs,
         dt,
-        -jnp.exp(self.A_log[...]),
+        a,
         b,
         c,
         D=self.D[...],
         **dt_kw,
         initial_state=s0,
-        cu_seqlens=query_start_loc,
+        cu_seqlens=cu_seqlens,
         **ckpt_kw,
         implementation=implementation,
       )
+
+    if decode:
+      y, s_final = recurrent(xs, dt, b, c, s0)
+      state_out = (s_final, (None, None))
+    elif num_decodes:
+      y, s_final, s_ckpts = decode_split.split_decodes(
+        num_decodes, query_start_loc, [xs, dt, b, c], [s0], recurrent, chunked
+      )
+      state_out = (s_final, s_ckpts)
+    else:
+      y, s_final, s_ckpts = chunked(xs, dt, b, c, s0, query_start_loc)
       state_out = (s_final, s_ckpts)
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,
       state_write,
-      ckpt_write,
+      ckpt_write[num_decodes:],
       state_out,
       conv_out,
       checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,

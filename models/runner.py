@@ -36,6 +36,7 @@ __all__ = [
   "SeqStep",
   "StepInputs",
   "build_step_inputs",
+  "padding_decode",
   "forward",
   "recurrent_state_ids",
   "split_model",
@@ -87,6 +88,7 @@ class SeqStep:
   state_read: int | Sequence[int] = -1
   state_write: int | Sequence[int] = -1
   ckpt_write: Sequence[int] | Sequence[Sequence[int]] = ()
+  padding: bool = False  # an inert sequence (`padding_decode`): no KV writes, not validated
 
   def recurrent_ids(self, rows: int) -> tuple[list[int], list[int], list[list[int]]]:
     """(read[R], write[R], ckpts[R][...]) with R = `rows`; int ids apply to every group."""
@@ -161,6 +163,7 @@ def build_step_inputs(
   pad_tokens: int | None = None,
   pad_seqs: int | None = None,
   decode: bool | None = None,
+  num_decodes: int = 0,
 ) -> StepInputs:
   """Packs `seqs` into a `StepInputs` (host-side numpy, then device arrays).
 
@@ -179,6 +182,10 @@ def build_step_inputs(
       padding sequences get one token each (T == N == pad_seqs; pad_tokens, if given, must
       equal pad_seqs). None = decode iff every sequence has one token and no padding is
       asked for, or pad_tokens == pad_seqs.
+    num_decodes: D, a mixed step's leading one-token sequences (`StepInputs.num_decodes`):
+      seqs[:D] must have one token each and at least one sequence (padding included) must
+      follow them; 0 with a decode step. Padding one-token sequences are the caller's to add
+      (`padding_decode`).
   Raises:
     ValueError: a sequence without tokens, a table too short, or a new token whose block is
       the null block.
@@ -194,6 +201,15 @@ def build_step_inputs(
         f"seqs[{i}].block_tables must have one table per cache group {groups}, "
         f"got {len(s.block_tables)}"
       )
+  if num_decodes:
+    padded = pad_seqs is not None or pad_tokens is not None  # padding sequences follow
+    if num_decodes < 0 or num_decodes >= len(seqs) + padded:
+      raise ValueError(
+        f"num_decodes must be in [0, {len(seqs)}) (sequences must follow the decodes), "
+        f"got {num_decodes}"
+      )
+    if any(len(s.token_ids) != 1 for s in seqs[:num_decodes]):
+      raise ValueError(f"num_decodes={num_decodes} needs one token in each of seqs[:{num_decodes}]")
   n_user = len(seqs)
   n_real = sum(len(s.token_ids) for s in seqs)
   one_each = all(len(s.token_ids) == 1 for s in seqs)
@@ -201,6 +217,8 @@ def build_step_inputs(
     decode = one_each and (
       (pad_tokens is None and pad_seqs is None) or (pad_seqs is not None and pad_tokens == pad_seqs)
     )
+  if decode and num_decodes:
+    raise ValueError(f"num_decodes must be 0 in a decode step, got {num_decodes}")
   if decode:
     if not one_each:
       raise ValueError("decode=True needs exactly one token in every sequence")
@@ -245,7 +263,7 @@ def build_step_inputs(
       tab[i, : len(row)] = row
       if kind == "mamba":
         continue
-      if i >= n_user:
+      if i >= n_user or s.padding:
         continue
       need = -(-int(seq_lens[i]) // block_size)
       if len(row) < need:
@@ -289,4 +307,12 @@ def build_step_inputs(
     ckpt_write=jnp.asarray(ck),
     ckpt_every=ckpt_every if m > 0 else None,
     decode=bool(decode),
+    num_decodes=int(num_decodes),
   )
+
+
+def padding_decode(cfg: ModelConfig) -> SeqStep:
+  """A one-token padding sequence (null tables, no KV or state reads or writes): fills a mixed
+  step's decode part up to its static bucket (`StepInputs.num_decodes`); its logits are
+  garbage."""
+  return SeqStep([0], 0, [[] for _ in cfg.cache_groups], padding=True)

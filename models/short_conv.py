@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.pallas.conv1d import api as conv_api
+from models import decode_split
 from models import state_pool
 
 
@@ -27,15 +28,19 @@ def causal_conv(
   query_start_loc: jax.Array,
   ckpt_kw: dict,
   implementation: str | None,
+  num_decodes: int = 0,
 ) -> tuple[jax.Array, tuple[jax.Array, tuple[jax.Array | None, jax.Array | None]]]:
   """x [T, C], conv0 [N, C, K-1] (the sequences' states). Returns (y [T, C], conv_out).
 
   `conv_out` = (final states [N, C, K-1], (checkpoints, counts)) as `state_pool.write_recurrent`
-  takes it; a decode step has no checkpoints (None, None).
+  takes it; a decode step has no checkpoints (None, None). With `num_decodes` = D > 0 (a mixed
+  step, `decode_split`), sequences [0, D) run the update kernel and the checkpoints are those
+  of sequences D.. (written with `ckpt_write[D:]`).
   """
-  if decode:
+
+  def update(x, conv0):
     ids = state_pool.slot_ids(x.shape[0])
-    y, final = conv_api.causal_conv1d_update(
+    return conv_api.causal_conv1d_update(
       x,
       weight,
       bias,
@@ -45,17 +50,28 @@ def causal_conv(
       activation="silu",
       implementation=implementation,
     )
+
+  def chunked(x, conv0, cu_seqlens):
+    return conv_api.causal_conv1d(
+      x,
+      weight,
+      bias,
+      conv_state=conv0,
+      cu_seqlens=cu_seqlens,
+      **ckpt_kw,
+      activation="silu",
+      implementation=implementation,
+    )
+
+  if decode:
+    y, final = update(x, conv0)
     return y, (final, (None, None))
-  y, final, ckpts = conv_api.causal_conv1d(
-    x,
-    weight,
-    bias,
-    conv_state=conv0,
-    cu_seqlens=query_start_loc,
-    **ckpt_kw,
-    activation="silu",
-    implementation=implementation,
-  )
+  if num_decodes:
+    y, final, ckpts = decode_split.split_decodes(
+      num_decodes, query_start_loc, [x], [conv0], update, chunked
+    )
+    return y, (final, ckpts)
+  y, final, ckpts = chunked(x, conv0, query_start_loc)
   return y, (final, ckpts)
 
 

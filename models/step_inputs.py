@@ -30,6 +30,10 @@ Shapes (T packed tokens, N sequences, G cache groups, MB_g blocks per row of gro
 * decode          static bool: every sequence (padding included) has exactly one token
                   (T == N, query_start_loc == 0..N). Recurrent layers then run the decode
                   kernels (one recurrence step per sequence) instead of the chunked ones.
+* num_decodes     static int D (0 <= D < N; 0 with `decode`): a mixed step whose first D
+                  sequences own one token each (query_start_loc[:D+1] == 0..D). Recurrent
+                  layers run those through the decode kernels and the rest through the
+                  chunked ones (`models.decode_split`); D > 0 must leave >= 1 sequence after.
 
 Reading and writing different blocks replaces vLLM's pre-forward state copy (§5.2): the
 engine passes the previous state block as `state_read` and the new one as `state_write`.
@@ -57,6 +61,7 @@ class StepInputs:
   ckpt_write: jax.Array
   ckpt_every: int | None = flax.struct.field(pytree_node=False, default=None)
   decode: bool = flax.struct.field(pytree_node=False, default=False)
+  num_decodes: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
   def num_tokens(self) -> int:

@@ -111,8 +111,9 @@ class Engine:
       one padding sequence); None = powers of two (T >= 16, N >= 2). Fewer buckets = fewer
       compilations.
     decode_kernels: run steps whose sequences all have one token (pure decode steps) through
-      the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket);
-      False = every step through the chunked prefill kernels.
+      the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket), and
+      a mixed step's one-token sequences too, ordered first (`StepInputs.num_decodes`,
+      `model_step.decodes_first`); False = every step through the chunked prefill kernels.
     drafter: speculative decoding with this drafter (`hybrid_cache.engine.drafter`) and
       k = cache_config.num_speculative_tokens drafts per step; None = off (k must be 0).
     numerics: the numerics contract (`engine_config.NUMERICS`): "exact" (fp32) or "serving"

@@ -166,6 +166,29 @@ def copy_arrays(
   return src, dst
 
 
+def decodes_first(cfg, seqs: list[runner.SeqStep]) -> tuple[list[runner.SeqStep], list[int], int]:
+  """A mixed step's chunks with the one-token ones first (`models.decode_split`): (the step's
+  sequences, the position of each of `seqs` in it, num_decodes D).
+
+  D is bucketed to a power of two (one compilation per bucket, not per count) by padding
+  one-token sequences (`runner.padding_decode`, ~ one decode's cost each); D = 0 when no chunk
+  has one token. A one-token prefill chunk counts as a decode: the same recurrence step.
+  """
+  ones = [i for i, s in enumerate(seqs) if len(s.token_ids) == 1]
+  if not ones:
+    return seqs, list(range(len(seqs))), 0
+  rest = [i for i, s in enumerate(seqs) if len(s.token_ids) != 1]
+  d = bucket(len(ones), None, 1)
+  padding = [runner.padding_decode(cfg)] * (d - len(ones))
+  out = [seqs[i] for i in ones] + padding + [seqs[i] for i in rest]
+  position = [0] * len(seqs)
+  for p, i in enumerate(ones):
+    position[i] = p
+  for p, i in enumerate(rest):
+    position[i] = d + p
+  return out, position, d
+
+
 def run_model(
   eng: Engine,
   seqs: list[runner.SeqStep],
@@ -181,13 +204,22 @@ def run_model(
   cfg = eng.cache_config
   total = sum(n for _, _, n in sched)
   decode = eng.decode_kernels and total == len(seqs)
+  # where each scheduled chunk sits in the model's step (a mixed step reorders them)
+  position = list(range(len(seqs)))
+  num_decodes = 0
   if decode:
     # One token per sequence: the recurrent layers run their decode kernels; every padding
     # sequence holds one token too (T == N).
     pad_n = pad_t = bucket(len(seqs), eng.seq_buckets, 2)
   else:
-    pad_t = bucket(total, eng.token_buckets, 16)
-    pad_n = bucket(len(seqs) + 1, eng.seq_buckets, 2)
+    if eng.decode_kernels:
+      n_real = len(seqs)
+      seqs, position, num_decodes = decodes_first(eng.model_config, seqs)
+      eng.stats.mixed_step_decodes += sum(position[i] < num_decodes for i in range(n_real))
+    pad_t = bucket(sum(len(s.token_ids) for s in seqs), eng.token_buckets, 16)
+    # the chunked kernels give every sequence after the decodes a chunk slot, padding ones
+    # included (`kernels.pallas.packing`): the seq bucket counts those sequences only
+    pad_n = num_decodes + bucket(len(seqs) - num_decodes + 1, eng.seq_buckets, 2)
   src, dst = copy_arrays(copies, eng._family_group, eng.max_num_seqs)
   kv_groups = {g for g, kind in enumerate(eng.model_config.cache_groups) if kind != "mamba"}
   kv = chain_copies([(c.src_block, c.dst_block) for c in copies if c.group in kv_groups])
@@ -215,10 +247,11 @@ def run_model(
     pad_tokens=pad_t,
     pad_seqs=pad_n,
     decode=decode,
+    num_decodes=num_decodes,
   )
   qsl = np.asarray(inputs.query_start_loc)
   sample_idx = np.zeros((pad_n,), np.int32)
-  sample_idx[: len(seqs)] = qsl[1 : len(seqs) + 1] - 1
+  sample_idx[: len(position)] = qsl[np.asarray(position) + 1] - 1  # in `sched` order
   args = (jnp.asarray(src), jnp.asarray(dst), inputs, jnp.asarray(sample_idx))
   if eng.mesh is not None:
     args = engine_sharding.replicate(args, eng.mesh)

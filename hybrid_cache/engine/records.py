@@ -70,6 +70,8 @@ class EngineStats:
   draft_tokens: int = 0  # drafts verified (speculative decoding)
   accepted_tokens: int = 0  # drafts accepted
   verify_windows: int = 0  # verify windows run (one per decoding request and step)
+  # one-token chunks of mixed steps run through the decode kernels (`decode_split`)
+  mixed_step_decodes: int = 0
   # Where a step's time goes (host seconds; `forward_s` waits for the device's results):
   # schedule_s = intake + the cache core's schedule call; model_s = everything after it, of
   # which prepare_s = building the step's inputs and copy plans, forward_s = the jitted model

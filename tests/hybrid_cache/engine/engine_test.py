@@ -116,6 +116,21 @@ def test_all_mode_equals_uncached():
   assert eng.stats.state_copies == 0
 
 
+@pytest.mark.parametrize("preset, mode", [("qwen35_tiny", "all"), ("nemotron_h_tiny", "align")])
+def test_mixed_steps_through_decode_kernels_equal_chunked(preset, mode):
+  """A mixed step's one-token chunks run the decode kernels (`StepInputs.num_decodes`, the
+  model-level equivalence: `tests/models/decode_split_test.py`): outputs equal caching off
+  run without the split."""
+  prompts = _prompts(4, 4, 128, 70)
+  kw = dict(block_size=64, num_blocks=64, max_model_len=512, budget=128)
+  off, eng_off = _run(
+    preset, prompts, 6, enable_prefix_caching=False, engine_kw=dict(decode_kernels=False), **kw
+  )
+  on, eng = _run(preset, prompts, 6, mode=mode, **kw)
+  _assert_exact(on, off)
+  assert eng.stats.mixed_step_decodes > 0 and eng_off.stats.mixed_step_decodes == 0
+
+
 @pytest.mark.parametrize("manager", ["reference", "jax"])
 def test_state_pool_equals_uncached(manager):
   """Recurrent states in their own pool (`state_slots`): 6 slots for 4 requests of 93 tokens
