@@ -20,11 +20,11 @@ import time
 
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import summarize
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import parse_policy
+from hybrid_cache.sim.simulate import simulate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACE_FILES = {

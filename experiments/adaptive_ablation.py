@@ -14,7 +14,7 @@ Arms, each adding one thing to the one before (FLOPs saved; model `model`, KV pa
                     retirement
   granularity       the same at checkpoint unit `checkpoint_unit` (hits at its multiples)
   retirement        + superseded checkpoints dropped while they are rarely used again
-                    (`checkpoint_policies.SupersessionStats`; chat-like traces only)
+                    (`adaptive_stats.SupersessionStats`; chat-like traces only)
   eviction          + chain-aware GreedyDual (hits prior, frequency, alpha 1 fixed)
   adaptive          + the weighting re-tuned online (`adaptive` as `python -m hybrid_cache.sim`
                     runs it)
@@ -42,10 +42,10 @@ import numpy as np
 from experiments import plotting
 from experiments.beyond_vllm import load
 from hybrid_cache.sim import checkpoint_policies
-from hybrid_cache.sim.cli import check_capacity
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
+from hybrid_cache.sim.simulate import check_capacity
+from hybrid_cache.sim.simulate import simulate
 
 ARMS = (
   "vllm_best", "exact_bytes", "placement", "granularity", "retirement", "eviction", "adaptive"

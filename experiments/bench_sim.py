@@ -26,10 +26,10 @@ import time
 from hybrid_cache.sim import core_scan
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import CORE_POLICIES
+from hybrid_cache.sim.simulate import simulate
 
 POLICIES = (
   "oracle",

@@ -42,8 +42,8 @@ def _worker(args) -> dict:
   from experiments import bench_scheduler
   from hybrid_cache.factory import make_manager
   from hybrid_cache.sim import trace as trace_lib
-  from hybrid_cache.sim.cli import simulate
   from hybrid_cache.sim.cost_model import get_model
+  from hybrid_cache.sim.simulate import simulate
 
   cfg = bench_scheduler.make_config(max_requests=64)
   prompts = bench_scheduler.make_prompts(512, seed=0)

@@ -1,7 +1,7 @@
 """Beyond vLLM (issue 15): `adaptive` vs the best vLLM setting vs `offline_bound`, per capacity.
 
 For one trace (a file, or a synthetic generator over several seeds) and a list of capacities,
-replays every policy through `hybrid_cache.sim.cli.simulate` in one process and reports per
+replays every policy through `hybrid_cache.sim.simulate.simulate` in one process and reports per
 (seed, capacity): FLOPs saved and token hit rate of each policy, `vllm_default`'s share of the
 token-level infinite cache (`oracle_reused(trace, 1)`, which picks the capacities: the issue asks
 for 20-60%), vLLM best = max(`vllm_default`, `vllm_default` with hash block
@@ -31,11 +31,11 @@ from experiments import plotting
 from hybrid_cache import cli_util
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import CORE_POLICIES
+from hybrid_cache.sim.simulate import simulate
 
 DEFAULT_POLICIES = ("vllm_default", "vllm_partial", "adaptive", "offline_bound")
 

@@ -29,9 +29,9 @@ from experiments import plotting
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.checkpoint_policies import sweep_checkpoint
-from hybrid_cache.sim.cli import check_capacity
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import summarize
+from hybrid_cache.sim.simulate import check_capacity
 
 POINT_FIELDS = ("states_admitted", "states_evicted", "final_cache_bytes", "weighting")
 

@@ -11,6 +11,9 @@ Example (the scenario format's three-group config)::
       block_size=4, num_blocks=64)
   cfg.scheduler_block_size  # 4 = lcm of the group block sizes
   cfg.hash_block_size       # 4 = gcd of the group block sizes
+
+The groups are `group_spec.GroupSpec`s (re-exported here with `ResolvedGroup`: the core, the
+engine and the scenarios import them from this module); the field checks are `config_checks.py`.
 """
 
 from __future__ import annotations
@@ -21,24 +24,15 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from hybrid_cache.config_checks import _check_int
+from hybrid_cache.config_checks import _json_bool
+from hybrid_cache.group_spec import GroupSpec
+from hybrid_cache.group_spec import ResolvedGroup
 from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import EVICTION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
 from hybrid_cache.policies import RETENTION_POLICIES
 
-GROUP_KINDS = ("full", "swa", "mamba")
-_KIND_ALIASES = {
-  "full": "full",
-  "full_attention": "full",
-  "attention": "full",
-  "swa": "swa",
-  "sliding_window": "swa",
-  "mamba": "mamba",
-  "recurrent": "mamba",
-  "gdn": "mamba",
-  "mamba2": "mamba",
-}
-RECURRENT_MODES = ("none", "align", "all")
 EVICTION_COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 PROFILES = ("vllm", "pinned")
 # Where freed blocks go (vLLM §1.6): "scratch_first" = vLLM 0.33 (#42656/#43447: blocks without a
@@ -47,80 +41,6 @@ PROFILES = ("vllm", "pinned")
 FREE_ORDERS = ("scratch_first", "all_tail")
 # `byte_budget` and every sum of block costs stay below this (int32 arithmetic in the core)
 _BUDGET_MAX = 2**30
-
-
-def _check_int(field: str, value: Any, *, minimum: int, maximum: int | None = None) -> int:
-  """Returns `value` as int, or raises ValueError naming `field` and the range."""
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
-  if value < minimum or (maximum is not None and value > maximum):
-    rng = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    raise ValueError(f"{field} must be {rng}, got {value}")
-  return value
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupSpec:
-  """One KV-cache group (layers sharing a spec).
-
-  Attributes:
-    kind: "full" (full attention), "swa" (sliding window) or "mamba" (any recurrent
-      layer: Mamba2, GDN, linear attention).
-    block_size: tokens per block; None = the config's default `block_size`.
-    window: sliding window in tokens (swa only, >= 1).
-    mode: recurrent caching mode (mamba only): "none", "align" or "all".
-    eagle: this group holds EAGLE/MTP draft layers (lookup drops one unit).
-  """
-
-  kind: str
-  block_size: int | None = None
-  window: int | None = None
-  mode: str = "align"
-  eagle: bool = False
-
-  def __post_init__(self):
-    kind = _KIND_ALIASES.get(self.kind) if isinstance(self.kind, str) else None
-    if kind is None:
-      raise ValueError(f"groups[].type must be one of {GROUP_KINDS}, got {self.kind!r}")
-    object.__setattr__(self, "kind", kind)
-    if self.block_size is not None:
-      _check_int("groups[].block_size", self.block_size, minimum=1)
-    if kind == "swa":
-      if self.window is None:
-        raise ValueError("groups[].window is required for a swa group (tokens, >= 1)")
-      _check_int("groups[].window", self.window, minimum=1)
-    elif self.window is not None:
-      raise ValueError(f"groups[].window is only valid for swa groups, got {self.window!r}")
-    if self.mode not in RECURRENT_MODES:
-      raise ValueError(f"groups[].mode must be one of {RECURRENT_MODES}, got {self.mode!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedGroup:
-  """A group with its block size resolved (what the core computes with)."""
-
-  kind: str
-  block_size: int
-  window: int | None
-  mode: str
-  eagle: bool
-
-  @property
-  def window_blocks(self) -> int:
-    """Blocks that cover the W - 1 tokens a window needs before a position: ceil((W-1)/B)."""
-    assert self.window is not None
-    return -(-(self.window - 1) // self.block_size)
-
-  @property
-  def swa_need(self) -> int:
-    """Contiguous blocks an SWA hit needs before the resume point: ceil((W-1)/B) (+1 EAGLE)."""
-    return self.window_blocks + (1 if self.eagle else 0)
-
-
-def _json_bool(field: str, value: Any) -> bool:
-  if not isinstance(value, bool):
-    raise ValueError(f"{field} must be true or false, got {value!r}")
-  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -534,3 +454,13 @@ class CacheConfig:
       "max_num_batched_tokens": self.max_num_batched_tokens,
       "full_sequence_must_fit": self.full_sequence_must_fit,
     }
+
+
+__all__ = [
+  "EVICTION_COST_FIELDS",
+  "FREE_ORDERS",
+  "PROFILES",
+  "CacheConfig",
+  "GroupSpec",
+  "ResolvedGroup",
+]

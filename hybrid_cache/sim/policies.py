@@ -83,7 +83,7 @@ def parse_policy(name: str) -> Policy:
   if name in profiles.ALIASES:
     return Policy(profiles.resolve(name), "core")
   if name in ("adaptive", "ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
-    from hybrid_cache.sim.checkpoint_policies import parse_placement
+    from hybrid_cache.sim.checkpoint_placement import parse_placement
 
     parse_placement(name)
     return Policy(name, "ckpt")

@@ -3,8 +3,8 @@
 import pytest
 
 from experiments import capacity_sweep
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.simulate import simulate
 
 PARAMS = {"num_sessions": 3, "sys_prompt_len": 300, "obs_mean": 60.0, "max_turns": 6}
 

@@ -17,6 +17,8 @@ from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.replay import scenario as scenario_lib
 from hybrid_cache.sim import cli as sim_cli
 from hybrid_cache.sim import trace as trace_lib
+from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.simulate import simulate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CFG = {"block_size": 4, "num_blocks": 32, "groups": [{"type": "full"}, {"type": "mamba"}]}
@@ -234,7 +236,7 @@ def test_sim_bad_flag(capsys, trace_file, flags, needles):
 def test_sim_block_size_zero_is_not_turned_into_one(trace_file):
   trace = trace_lib.load(trace_file, "marconi")
   with pytest.raises(ValueError, match="block_size must be >= 1, got 0"):
-    sim_cli.simulate(trace, sim_cli.get_model("marconi_7b"), 1e12, "oracle", 0)
+    simulate(trace, get_model("marconi_7b"), 1e12, "oracle", 0)
 
 
 def test_sim_missing_and_directory_trace(tmp_path, capsys):

@@ -2,10 +2,13 @@
 
 import pytest
 
+from hybrid_cache.sim import adaptive_stats
+from hybrid_cache.sim import checkpoint_placement as placement
 from hybrid_cache.sim import checkpoint_policies as cp
-from hybrid_cache.sim.checkpoint_cache import CacheSizes
-from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim import eviction_weightings as weightings
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.checkpoint_costs import CacheSizes
+from hybrid_cache.sim.seen_trie import SeenTrie
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.testing import TINY
 
@@ -16,7 +19,7 @@ def _without_wall(extra: dict) -> dict:
 
 @pytest.mark.parametrize("policy", ["adaptive", "ckpt_branch", "ckpt_sparse:3"])
 def test_sweep_points_equal_independent_runs(policy, monkeypatch):
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)  # adaptive re-tunes often within the trace
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 8)  # adaptive re-tunes often within the trace
   trace = agentic(seed=4, num_sessions=8, sys_prompt_len=256, min_turns=3, max_turns=8)
   longest = max(r.num_tokens for r in trace.requests)
   floor = TINY.state_bytes + 4 * longest
@@ -53,15 +56,15 @@ def test_fixed_alpha_zero_skips_flops_term_exactly(prior, frequency):
   slow = UnitCache(trie, sizes, TINY, 0.0, prior, frequency)
   assert fast._flat_weight
   slow._flat_weight = False
-  stats = cp.DivergenceStats()
+  stats = adaptive_stats.DivergenceStats()
   for r, req in enumerate(trace.requests):
     path, seen = trie.walk(req)
     n_in = req.num_input_tokens
     n_comp = n_in + max(req.num_output_tokens - 1, 0)
-    cands = cp.candidates("adaptive", stats, len(path), n_in // 16, seen)
+    cands = placement.candidates("adaptive", stats, len(path), n_in // 16, seen)
     for q, kind in cands:
       trie.register(path[q - 1], kind)
-    place = cp._placer("adaptive", 1, len(path), cands)
+    place = placement._placer("adaptive", 1, len(path), cands)
     cap = (n_in - 1) // 16
     assert fast.serve(r, path, cap, n_comp, place) == slow.serve(r, path, cap, n_comp, place)
     assert sorted(fast.heap) == sorted(slow.heap)

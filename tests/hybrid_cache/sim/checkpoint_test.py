@@ -5,16 +5,20 @@ import json
 import numpy as np
 import pytest
 
+from hybrid_cache.sim import adaptive_stats
+from hybrid_cache.sim import checkpoint_placement as placement
 from hybrid_cache.sim import checkpoint_policies as cp
-from hybrid_cache.sim.checkpoint_cache import CacheSizes
-from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim import checkpoint_replay
+from hybrid_cache.sim import eviction_weightings as weightings
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.checkpoint_costs import CacheSizes
 from hybrid_cache.sim.cli import main
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.seen_trie import SeenTrie
+from hybrid_cache.sim.simulate import simulate
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import small_chat
@@ -44,10 +48,10 @@ def _pages_from_scratch(c: UnitCache) -> int:
 
 def _replay_checked(trace, cap, policy, unit, block, alpha=None):
   """Replays like `run_checkpoint`, checking the byte invariants after every request."""
-  rule, k = cp.parse_placement(policy)
+  rule, k = placement.parse_placement(policy)
   sizes = CacheSizes.of(TINY, cap, unit, block)
   trie = SeenTrie(unit)
-  stats = cp.DivergenceStats()
+  stats = adaptive_stats.DivergenceStats()
   c = UnitCache(trie, sizes, TINY, alpha)
   hits = []
   for r, req in enumerate(trace.requests):
@@ -57,8 +61,8 @@ def _replay_checked(trace, cap, policy, unit, block, alpha=None):
     cap_u = (n_in - 1) // unit
     cands = []
     if rule in ("ckpt_branch", "adaptive"):
-      cands = cp.candidates(rule, stats, len(path), n_in // unit, seen)
-    h = c.serve(r, path, cap_u, n_comp, cp._placer(rule, k, len(path), cands))
+      cands = placement.candidates(rule, stats, len(path), n_in // unit, seen)
+    h = c.serve(r, path, cap_u, n_comp, placement._placer(rule, k, len(path), cands))
     hits.append(h)
     assert c.pages == _pages_from_scratch(c)
     assert c.nckpt == sum(c.ckpt)
@@ -119,7 +123,7 @@ def test_branch_point_gets_a_state_on_second_sighting():
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 4)  # adaptive re-tunes several times within the cut
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 4)  # adaptive re-tunes several times in the cut
   trace = agentic(seed=3, num_sessions=6, sys_prompt_len=300, min_turns=3, max_turns=6)
   trace = trace.head(60)
   path = tmp_path / "t.jsonl"
@@ -181,12 +185,12 @@ def test_nothing_exceeds_offline_bound(seed):
 
 
 def test_divergence_stats_learn_alignment_and_output_reuse():
-  s = cp.DivergenceStats()
+  s = adaptive_stats.DivergenceStats()
   assert s.alignment() == 1 and not s.output_reused()
   for d in range(1, 40):
     s.observe(8 * d, False)
   assert s.alignment() == 8 and not s.output_reused()
-  t = cp.DivergenceStats()
+  t = adaptive_stats.DivergenceStats()
   for d in range(1, 40):
     t.observe(d, True)
   assert t.alignment() == 1 and t.output_reused()
@@ -198,7 +202,7 @@ def test_adaptive_alpha_retuned_online_and_placements_counted():
   cap = TINY.state_bytes + 4 * longest + 4 * 600
   triples, extra = cp.run_checkpoint(trace, TINY, cap, "adaptive", unit=16, block_size=64)
   assert sum(extra["alpha_requests"].values()) == len(trace)
-  assert extra["weighting"] in [w[0] for w in cp.SHADOW_WEIGHTINGS]
+  assert extra["weighting"] in [w[0] for w in weightings.SHADOW_WEIGHTINGS]
   assert extra["states_admitted"] >= extra["states_evicted"] > 0
   assert any(t[2] for t in triples)
 
@@ -232,25 +236,25 @@ def test_ttft_charges_checkpoint_and_restore_copies():
   copies = (2 + 1) * TINY.state_bytes
   assert extra["checkpoint_copy_bytes"] == copies
   base = TINY.ttft_ms(np.array([16, 5])).mean()
-  per_ms = cp.STATE_COPY_GB_PER_S * 1e6
+  per_ms = checkpoint_replay.STATE_COPY_GB_PER_S * 1e6
   assert extra["ttft_mean_ms_with_copies"] == pytest.approx(base + copies / per_ms / 2)
 
 
 def test_reweigh_puts_every_held_checkpoint_under_the_new_weighting():
-  """After a re-tune switch (`checkpoint_policies._retune`) the live cache's heap orders its
+  """After a re-tune switch (`eviction_weightings._retune`) the live cache's heap orders its
   units by the one weighting it now has: under hits/1 the weights differ from 1; switched to
   plain LRU and re-weighed, every valid heap entry is its stamp + 1 (nothing evicted)."""
   trace = agentic(seed=1, num_sessions=8, sys_prompt_len=256, min_turns=4, max_turns=8)
-  stats = cp.DivergenceStats()
+  stats = adaptive_stats.DivergenceStats()
   trie = SeenTrie(16)
   sizes = CacheSizes.of(TINY, 1e9, 16, 64)
   c = UnitCache(trie, sizes, TINY, 1.0, "hits", True, retuned=True)
   for r, req in enumerate(trace.requests):
     path, seen = trie.walk(req)
     cap_u = (req.num_input_tokens - 1) // 16
-    cands = cp.candidates("adaptive", stats, len(path), req.num_input_tokens // 16, seen)
+    cands = placement.candidates("adaptive", stats, len(path), req.num_input_tokens // 16, seen)
     n_comp = req.num_input_tokens + max(req.num_output_tokens - 1, 0)
-    c.serve(r, path, cap_u, n_comp, cp._placer("adaptive", 1, len(path), cands))
+    c.serve(r, path, cap_u, n_comp, placement._placer("adaptive", 1, len(path), cands))
     if 0 < seen < cap_u:
       stats.observe(seen, trie.out[path[seen - 1]])
 

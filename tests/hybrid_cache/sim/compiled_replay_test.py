@@ -12,7 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from hybrid_cache.sim import checkpoint_policies as cp
+from hybrid_cache.sim import checkpoint_sweep
 from hybrid_cache.sim import compiled_replay
+from hybrid_cache.sim import eviction_weightings as weightings
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.synthetic import chat
 from hybrid_cache.sim.testing import TINY
@@ -82,7 +84,7 @@ def test_compiled_equals_python(seed, kind, model, setting, unit, pages, slack, 
 def _retune_often():
   """`adaptive` re-tunes every 8 requests (switches and re-weighting happen on small traces)."""
   mp = pytest.MonkeyPatch()
-  mp.setattr(cp, "RETUNE_EVERY", 8)
+  mp.setattr(weightings, "RETUNE_EVERY", 8)
   yield
   mp.undo()
 
@@ -90,7 +92,7 @@ def _retune_often():
 def test_compiled_switches_weighting_and_evicts(monkeypatch):
   # the differential above is only as strong as what it exercises: here the live cache of a
   # tight point re-tunes to another weighting (re-weighting its heap) and evicts
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 8)
   trace = agentic(seed=4, num_sessions=8, sys_prompt_len=256, min_turns=3, max_turns=8)
   longest = max(r.num_tokens for r in trace.requests)
   cap = TINY.state_bytes + 4 * longest + 64
@@ -125,7 +127,7 @@ def test_flops_beyond_int64_fall_back_to_python(monkeypatch):
 def test_settings_grid_points_equal_their_own_runs(backend, monkeypatch):
   # capacity x eviction setting in one replay (one walk, one bank): each point is the replay
   # of its own `run_checkpoint`
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 8)
   trace = agentic(seed=7, num_sessions=8, sys_prompt_len=128, min_turns=2, max_turns=6)
   longest = max(r.num_tokens for r in trace.requests)
   floor = TINY.state_bytes + 4 * (longest + 48) + 64
@@ -164,13 +166,13 @@ def test_settings_are_checked():
 
 def test_threads_give_the_same_replay(monkeypatch):
   # the compiled bank deals its caches to one thread per CPU: any count gives the same points
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 8)
   trace = agentic(seed=3, num_sessions=8, sys_prompt_len=128, min_turns=2, max_turns=6)
   longest = max(r.num_tokens for r in trace.requests)
   caps = [TINY.state_bytes + 4 * (longest + 48) + s for s in (100, 900, 4000)]
   got = []
   for threads in (1, 3, 8):
-    monkeypatch.setattr(cp, "_cpus", lambda n=threads: n)
+    monkeypatch.setattr(checkpoint_sweep, "_cpus", lambda n=threads: n)
     out = cp.sweep_checkpoint(trace, TINY, caps, "adaptive", 16, 48)
     got.append([(t, _without_wall(x)) for t, x in out])
   assert got[0] == got[1] == got[2]
@@ -202,7 +204,7 @@ def test_run_checkpoint_penultimate_is_the_lru2_setting():
   longest = max(r.num_tokens for r in trace.requests)
   cap = TINY.state_bytes + 4 * (longest + 48) + 500
   alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, penultimate=True)
-  (grid,) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [cp.LRU2[1:]], 16, 48)
+  (grid,) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [weightings.LRU2[1:]], 16, 48)
   assert alone[0] == grid[0][0] and alone[1]["alpha"] is None
   conc = cp.run_checkpoint(
     trace, TINY, cap, "adaptive", 16, 48, penultimate=True, replay="concurrent"

@@ -5,6 +5,8 @@ import json
 import pytest
 
 from hybrid_cache.sim import checkpoint_policies as cp
+from hybrid_cache.sim import checkpoint_replay
+from hybrid_cache.sim import eviction_weightings as weightings
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.concurrent import replay_concurrent
 from hybrid_cache.sim.synthetic import agentic
@@ -14,7 +16,7 @@ from hybrid_cache.sim.trace import token_request
 from hybrid_cache.sim.trace import write_marconi
 
 A = list(range(1, 17))  # 16 tokens = 4 units of 4
-COPY_MS_PER_BYTE = 1 / (cp.STATE_COPY_GB_PER_S * 1e6)
+COPY_MS_PER_BYTE = 1 / (checkpoint_replay.STATE_COPY_GB_PER_S * 1e6)
 
 
 def _step(tokens):
@@ -118,7 +120,7 @@ def test_decode_only_jump_matches_step_by_step():
 
 @pytest.mark.parametrize("policy", ("adaptive", "ckpt_dense", "ckpt_sparse:3", "ckpt_branch"))
 def test_concurrent_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 4)
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 4)
   trace = agentic(seed=3, num_sessions=6, sys_prompt_len=300, min_turns=3, max_turns=6)
   trace = trace.head(60)
   path = tmp_path / "t.jsonl"

@@ -6,9 +6,10 @@ import dataclasses
 import pytest
 
 from hybrid_cache.core import invariants
+from hybrid_cache.sim import core_groups
 from hybrid_cache.sim import core_sim
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.simulate import simulate
 from hybrid_cache.sim.testing import M7B
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import small_chat
@@ -115,8 +116,8 @@ def test_invariants_soak_10k():
 
 def test_eviction_costs_follow_marconi_formulas():
   d, n = M7B.d_model, M7B.ssm_state_dim
-  groups = core_sim.model_groups(M7B, "align")
-  c = core_sim.eviction_costs(M7B, groups, 64)
+  groups = core_groups.model_groups(M7B, "align")
+  c = core_groups.eviction_costs(M7B, groups, 64)
   # full group: 4 attention layers (8 L D^2 + 4 L^2 D) + 28 MLP layers (16 L D^2)
   assert c["eviction_flops_linear"][0] == pytest.approx(4 * 8 * d**2 + 28 * 16 * d**2)
   assert c["eviction_flops_quadratic"][0] == pytest.approx(4 * 4 * d)

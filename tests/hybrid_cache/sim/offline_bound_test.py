@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from hybrid_cache.sim import offline_bound as ob
 from hybrid_cache.sim.cli import main
-from hybrid_cache.sim.cli import simulate
 from hybrid_cache.sim.cost_model import MODELS
 from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
@@ -20,6 +19,7 @@ from hybrid_cache.sim.offline_bound import feasible
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import CORE_POLICIES
+from hybrid_cache.sim.simulate import simulate
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import small_chat
 from hybrid_cache.sim.testing import trace_of

@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from hybrid_cache.sim.cli import hit_granularity
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.oracle import oracle_matched
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.oracle import own_oracle_reused
+from hybrid_cache.sim.simulate import hit_granularity
 from hybrid_cache.sim.testing import trace_of
 from hybrid_cache.sim.trace import write_marconi
 

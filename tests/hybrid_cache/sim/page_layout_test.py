@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from hybrid_cache.sim import core_groups
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cost_model import get_model
@@ -15,23 +16,23 @@ from hybrid_cache.sim.trace import write_marconi
 
 def test_vllm_groups_and_pages_by_hand():
   q = get_model("qwen3_5_like")  # 8 attention + 24 GDN layers -> groups of 8: 1 full + 3 mamba
-  groups = core_sim.model_groups(q, "align", "vllm")
+  groups = core_groups.model_groups(q, "align", "vllm")
   assert [g.kind for g in groups] == ["full", "mamba", "mamba", "mamba"]
   page = 8 * 576 * 4096  # 8 layers x one layer's KV page at vLLM's block
-  assert core_sim.page_bytes(q, groups, 576, "vllm") == page == 18_874_368
-  assert core_sim.group_block_bytes(q, groups, 576, "vllm") == [page] + [8 * 2_146_304] * 3
+  assert core_groups.page_bytes(q, groups, 576, "vllm") == page == 18_874_368
+  assert core_groups.group_block_bytes(q, groups, 576, "vllm") == [page] + [8 * 2_146_304] * 3
   # the one-group-per-kind model: the whole state (24 layers) is the page
-  one = core_sim.model_groups(q, "align")
-  assert core_sim.page_bytes(q, one, 576) == 24 * 2_146_304
+  one = core_groups.model_groups(q, "align")
+  assert core_groups.page_bytes(q, one, 576) == 24 * 2_146_304
   m = get_model("marconi_7b")  # 4 attention + 24 SSM -> 1 full + 6 mamba groups of 4
-  assert core_sim.vllm_group_size(m) == 4
-  g7 = core_sim.model_groups(m, "align", "vllm")
-  assert len(g7) == 7 and core_sim.page_bytes(m, g7, 512, "vllm") == 4 * 512 * 16_384
+  assert core_groups.vllm_group_size(m) == 4
+  g7 = core_groups.model_groups(m, "align", "vllm")
+  assert len(g7) == 7 and core_groups.page_bytes(m, g7, 512, "vllm") == 4 * 512 * 16_384
   n = get_model("nemotron_h_like")
-  gn = core_sim.model_groups(n, "align", "vllm")
-  assert core_sim.page_bytes(n, gn, 1040, "vllm") == 4 * 1040 * 4096
+  gn = core_groups.model_groups(n, "align", "vllm")
+  assert core_groups.page_bytes(n, gn, 1040, "vllm") == 4 * 1040 * 4096
   # a block below page equality: the page is the state's (vLLM would raise the block)
-  assert core_sim.page_bytes(n, gn, 16, "vllm") == 4 * 4_255_744
+  assert core_groups.page_bytes(n, gn, 16, "vllm") == 4 * 4_255_744
 
 
 def test_build_config_sizing_and_same_hits_with_room():

@@ -4,20 +4,23 @@ shadow eligible only while `adaptive` retires."""
 import numpy as np
 import pytest
 
+from hybrid_cache.sim import adaptive_stats
+from hybrid_cache.sim import checkpoint_placement as placement
 from hybrid_cache.sim import checkpoint_policies as cp
-from hybrid_cache.sim.checkpoint_cache import NEVER_REUSED
-from hybrid_cache.sim.checkpoint_cache import CacheSizes
-from hybrid_cache.sim.checkpoint_cache import SeenTrie
+from hybrid_cache.sim import eviction_weightings as weightings
 from hybrid_cache.sim.checkpoint_cache import UnitCache
+from hybrid_cache.sim.checkpoint_costs import CacheSizes
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.seen_trie import NEVER_REUSED
+from hybrid_cache.sim.seen_trie import SeenTrie
 from hybrid_cache.sim.synthetic import agentic
 from hybrid_cache.sim.synthetic import chat
 from hybrid_cache.sim.testing import TINY
 from hybrid_cache.sim.testing import trace_of
 
-LEAF, BRANCH = cp.KIND_SEQ_END, cp.KIND_BRANCH
+LEAF, BRANCH = placement.KIND_SEQ_END, placement.KIND_BRANCH
 
 
 def _linear_chat(seed: int, sessions: int = 8):
@@ -107,7 +110,7 @@ class _Trie:
 
 
 def test_supersession_counts():
-  s = cp.SupersessionStats()
+  s = adaptive_stats.SupersessionStats()
   trie = _Trie(8)
   pa = np.arange(8, dtype=np.int64)
   s.observe(trie, 0, pa[:4], 0, [(2, LEAF)])  # request 0 places depth 2: nothing superseded
@@ -122,7 +125,7 @@ def test_supersession_counts():
   assert not s.retire()  # too few supersessions
   for r in range(3, 43):  # a linear session: each turn supersedes the last, nothing is used
     s.observe(trie, r, pa[:6], 6, [])
-  assert s.share() > cp.RETIRE_SHARE and not s.retire()
+  assert s.share() > adaptive_stats.RETIRE_SHARE and not s.retire()
 
 
 def test_a_state_seen_reused_is_kept():
@@ -145,23 +148,23 @@ def test_learned_on_linear_chat_not_on_agentic(seed):
   longest = 4096
   cap = TINY.state_bytes + 4 * longest
   _, lin = cp.run_checkpoint(_linear_chat(seed, 16), TINY, cap, "adaptive", 16, 48)
-  assert lin["learned_retirement"] and lin["superseded_used_share"] < cp.RETIRE_SHARE
+  assert lin["learned_retirement"] and lin["superseded_used_share"] < adaptive_stats.RETIRE_SHARE
   assert lin["states_retired"] > 0
   trace = agentic(seed=seed, num_sessions=16)  # shares 0.21, 0.22 (retire below 0.1)
   _, ag = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48)
-  assert not ag["learned_retirement"] and ag["superseded_used_share"] > cp.RETIRE_SHARE
+  assert not ag["learned_retirement"] and ag["superseded_used_share"] > adaptive_stats.RETIRE_SHARE
   _, branch = cp.run_checkpoint(_linear_chat(seed, 16), TINY, cap, "ckpt_branch", 16, 48)
   assert branch["states_retired"] == 0 and branch["superseded_used_share"] is None
 
 
 def test_lru2_shadow_eligible_only_while_retiring():
-  w = cp.SHADOW_WEIGHTINGS
+  w = weightings.SHADOW_WEIGHTINGS
   lru2 = [i for i, x in enumerate(w) if x[4]]
-  assert lru2 == [len(w) - 1] and w[-1] == cp.LRU2
+  assert lru2 == [len(w) - 1] and w[-1] == weightings.LRU2
   score = [1.0] * len(w)
   score[-1] = 5.0
-  assert cp._best_shadow(score, w, retire=True) == len(w) - 1
-  assert cp._best_shadow(score, w, retire=False) == 0  # ties: the first
+  assert weightings._best_shadow(score, w, retire=True) == len(w) - 1
+  assert weightings._best_shadow(score, w, retire=False) == 0  # ties: the first
   trace = agentic(seed=2, num_sessions=16)
   cap = TINY.state_bytes + 4 * 600
   _, ag = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48)
@@ -171,12 +174,12 @@ def test_lru2_shadow_eligible_only_while_retiring():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_retirement_compiled_equals_python(seed, monkeypatch):
   # linear sessions: the tuned cache (LRU-2 eligible), LRU-2, GreedyDual and LRU all retire
-  monkeypatch.setattr(cp, "RETUNE_EVERY", 8)
+  monkeypatch.setattr(weightings, "RETUNE_EVERY", 8)
   trace = _linear_chat(seed)
   longest = max(r.num_tokens for r in trace.requests)
   floor = TINY.state_bytes + 4 * (longest + 48) + 64
   caps = [floor + 50, floor + 400, floor + 2000]
-  settings = [None, cp.LRU2[1:], (1.0, "hits", True, False), (None, "none", False, False)]
+  settings = [None, weightings.LRU2[1:], (1.0, "hits", True, False), (None, "none", False, False)]
   got = []
   for backend in cp.BACKENDS:
     grid = cp.sweep_settings(trace, TINY, caps, "adaptive", settings, 16, 48, backend=backend)
@@ -193,7 +196,7 @@ def test_retiring_adaptive_stays_below_offline_bound(seed):
   longest = max(r.num_tokens for r in trace.requests)
   for cap in (TINY.state_bytes + 4 * longest + 64, 1_500, 6_000):
     bound = offline_bound(trace, TINY, cap, 4, iterations=60)
-    for setting in (None, cp.LRU2[1:]):
+    for setting in (None, weightings.LRU2[1:]):
       (((triples, extra),),) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [setting], 4, 8)
       assert extra["states_retired"] > 0
       reused = np.array([t[2] for t in triples])
