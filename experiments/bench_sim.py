@@ -23,7 +23,7 @@ import os
 import platform
 import time
 
-from hybrid_cache.sim import core_scan
+from hybrid_cache import persistent_cache
 from hybrid_cache.sim import synthetic
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.cost_model import get_model
@@ -88,7 +88,7 @@ def main() -> None:
   p.add_argument("--no-compat", action="store_true", help="skip the marconi_compat policies")
   p.add_argument("--no-mooncake", action="store_true", help="skip the Mooncake trace")
   args = p.parse_args()
-  cache = core_scan.enable_compile_cache()
+  cache = persistent_cache.enable()
   model = get_model(args.model)
   cores = [c for c in args.core.split(",") if c]
   print(

@@ -34,6 +34,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from hybrid_cache import persistent_cache
+
 if __name__ == "__main__":
   # Under `python -m experiments.run`, gin files' `from experiments import run` must get this
   # very module (same flags, same `run_experiment`), not a second copy.
@@ -61,6 +63,9 @@ _LOCATION = re.compile(r'In (?:file "(?P<file>.*)",|bindings string) line (?P<li
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin config files (relative to configs/ ok).")
 _GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "Extra gin bindings.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<gin stem>).")
+_COMPILE_CACHE = flags.DEFINE_bool(
+  "compile_cache", True, "JAX's persistent compilation cache (hybrid_cache/persistent_cache.py)."
+)
 
 
 def run_experiment(
@@ -246,6 +251,8 @@ def main(argv: Sequence[str]) -> int:
   """Runs the experiment; returns 0, or 2 after one `error:` line on bad input."""
   if len(argv) > 1:
     return _error(f"unexpected arguments {list(argv[1:])} (flags are --gin_file=F ...)")
+  if _COMPILE_CACHE.value:
+    persistent_cache.enable()
   try:
     execute(_GIN_FILE.value, _GIN_BINDINGS.value, _WORKDIR.value)
   except ConfigError as e:

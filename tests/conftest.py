@@ -9,12 +9,10 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from hybrid_cache import persistent_cache  # noqa: E402
+
 jax.config.update("jax_num_cpu_devices", 8)
-_cache_dir = os.environ.get(
-  "HYBRID_CACHE_JAX_CACHE", os.path.expanduser("~/.cache/hybrid_cache_jax")
-)
-jax.config.update("jax_compilation_cache_dir", _cache_dir)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+persistent_cache.enable()  # $HYBRID_CACHE_JAX_CACHE or ~/.cache/hybrid_cache_jax; "off" = none
 
 settings.register_profile(
   "ci",

@@ -59,9 +59,9 @@ import os
 from experiments.ablate_capacity import load_traces
 from experiments.ablate_capacity import plot
 from experiments.ablate_capacity import run_ablation
-from hybrid_cache.sim import core_scan
+from hybrid_cache import persistent_cache
 
-core_scan.enable_compile_cache()
+persistent_cache.enable()
 os.makedirs(OUT_DIR, exist_ok=True)
 traces = load_traces([t for t in TRACES if t != "sharegpt"], LIMIT, CHAT_SESSIONS)
 if "sharegpt" in TRACES:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybrid_cache import cli_util
+from hybrid_cache import persistent_cache
 from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import RequestExtras
 from hybrid_cache.replay import scenario as scenario_lib
@@ -396,10 +397,17 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--compact", action="store_true", help="one-line JSON")
   ap.add_argument("--backend", choices=("jax", "reference"), default=None)
   ap.add_argument("--check", action="store_true", help="compare with NAME.expected.json")
+  ap.add_argument(
+    "--no-compile-cache",
+    action="store_true",
+    help="do not use JAX's persistent compilation cache (hybrid_cache/persistent_cache.py)",
+  )
   try:
     args = ap.parse_args(argv)
   except SystemExit as e:  # usage errors (printed by the parser) and --help
     return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
+  if not args.no_compile_cache:
+    persistent_cache.enable()
   backend = args.backend or default_backend()
   print(f"replay backend: {backend}", file=sys.stderr)
   bad, mismatches, files = 0, 0, []

@@ -64,7 +64,7 @@ import os
 import sys
 
 from hybrid_cache import cli_util
-from hybrid_cache.sim import core_scan
+from hybrid_cache import persistent_cache
 from hybrid_cache.sim.cli_args import _check_dump
 from hybrid_cache.sim.cli_args import _load_trace
 from hybrid_cache.sim.cli_args import _retention
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
   except SystemExit as e:  # usage errors (printed by the parser) and --help
     return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
-  core_scan.enable_compile_cache()
+  if not args.no_compile_cache:
+    persistent_cache.enable()
   try:
     model = (
       get_model(args.model) if args.model_config is None else load_cost_model(args.model_config)

@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
+    "--no-compile-cache",
+    action="store_true",
+    help="do not use JAX's persistent compilation cache (hybrid_cache/persistent_cache.py)",
+  )
+  p.add_argument(
     "--backend",
     type=_backend,
     default="jax",

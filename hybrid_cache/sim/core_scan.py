@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable
 
@@ -52,22 +51,6 @@ from hybrid_cache.sim.trace import Trace
 DEFAULT_CHUNK = 1024
 _SEED = 0x5EED_CAFE
 _OUT_COLS = ("reused", "failed", "steps", "rec_held", "rec_admitted", "rec_evicted")
-
-
-def enable_compile_cache(path: str | None = None) -> str:
-  """Turns on JAX's persistent compilation cache (unless one is set); returns its directory.
-
-  Default directory: $HYBRID_CACHE_JAX_CACHE or ~/.cache/hybrid_cache_jax (the tests' cache).
-  """
-  current = jax.config.jax_compilation_cache_dir
-  if current:
-    return current
-  path = path or os.environ.get(
-    "HYBRID_CACHE_JAX_CACHE", os.path.expanduser("~/.cache/hybrid_cache_jax")
-  )
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  return path
 
 
 def counter_index(name: str) -> int | None:
