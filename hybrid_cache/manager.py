@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 
 import jax
@@ -33,6 +34,7 @@ from hybrid_cache.core import outputs
 from hybrid_cache.core import scheduler
 from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.groups import recurrent_slots
+from hybrid_cache.core.groups import rules as group_rules
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import CacheState
@@ -103,9 +105,16 @@ class JaxCacheManager:
     self._align_groups = tuple(
       (g, spec.block_size)
       for g, spec in enumerate(self._lay.groups)
-      if spec.kind == "mamba" and spec.mode == "align" and self._lay.caching
+      if group_rules(spec).is_align(spec) and self._lay.caching
     )
     self._empty_ids = ((),) * self._lay.num_groups
+    # the entry scalars `schedule` reads, by name (`outputs.ENTRY_SCALARS`), in its order
+    self._scalars = operator.itemgetter(
+      *(
+        self._columns.scalar(k)
+        for k in ("admission", "hit", "spb", "scheduled", "reason", "computed")
+      )
+    )
     # (group, offset of its 4 state-slot columns in `EntryColumns.slots`) per recurrent group
     # per recurrent group: (group, columns of its read, write, first checkpoint, count)
     self._slot_cols = tuple(
@@ -232,15 +241,16 @@ class JaxCacheManager:
     rows = packed[:n, cols.row].reshape(n, g_n, mb)
     cow_copies, cows = [], None
     if self._lay.partial:  # copy-on-write copies of partial hits (§2.5), group by group
-      cows = packed[:n, cols.cows].reshape(n, g_n, 2)
+      cows = packed[:n, cols.cow_copies]  # [n, G] each group's copy (0 = none)
+      srcs = packed[:n, cols.cow_sources]  # and its source
       for g in range(g_n):
         for i in range(n):
-          src, dst = int(cows[i, g, 0]), int(cows[i, g, 1])
+          src, dst = int(srcs[i, g]), int(cows[i, g])
           if dst:
             cow_copies.append(StateCopy(entries[i].req, g, src, dst))
     ga, gb = cols.vector("alone"), cols.vector("hit_blocks")
     gc_, gd = cols.vector("lens_before"), cols.vector("lens_after")
-    scalars = cols.scalars
+    scalars = self._scalars
     results, copies = [], []
     empty = self._empty_ids
     align = self._align_groups
@@ -248,7 +258,7 @@ class JaxCacheManager:
     for i, e in enumerate(entries):
       r = rs[i]
       h = head[i]
-      adm, hit, spb, sched, reason, computed = h[scalars]
+      adm, hit, spb, sched, reason, computed = scalars(h)
       row = rows[i]
       after = h[gd]
       if sched:
@@ -259,7 +269,7 @@ class JaxCacheManager:
         )
         if cows is not None:  # a new request's copy-on-write block is returned first (§2.5)
           new_ids = tuple(
-            ((int(cows[i, g, 1]),) + ids) if adm and cows[i, g, 1] else ids
+            ((int(cows[i, g]),) + ids) if adm and cows[i, g] else ids
             for g, ids in enumerate(new_ids)
           )
         if align:

@@ -53,7 +53,7 @@ class Reads(NamedTuple):
   # fields (and an exact max_model_len) only for such policies
   costs: bool = False
   # the chain features `FreeBlocks.hits` / `chain_start`: the core maintains them (`block_aux`
-  # columns AUX_HITS / AUX_CHAIN, `req_group` column RG_CHAIN) only for such policies
+  # fields key_hits / chain_start, `req_group` field chain) only for such policies
   # (`Layout.chain_features`; maintained on every step they cost the core ~13%, issue 14)
   chain: bool = False
 

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from hybrid_cache.core import groups
 from hybrid_cache.core.groups.demand import BlockDemand
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import cdiv
 
 
@@ -60,7 +60,7 @@ def blocks_needed(
       g=g,
       is_new=is_new,
       hit=hit,
-      length=rg[g, RG_LEN],
+      length=ReqGroup(rg)[g].length,
       hits_len=hits_len,
       part=part,
       hit_ids=hit_ids[g],

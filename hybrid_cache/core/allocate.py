@@ -23,22 +23,14 @@ from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.rows import aux_columns
-from hybrid_cache.core.rows import group_columns
-from hybrid_cache.core.state import AUX_CHAIN
-from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_HITS
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_SEQ
-from hybrid_cache.core.state import IDX_BLOCK
-from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
-from hybrid_cache.core.state import RG_CHAIN
-from hybrid_cache.core.state import RG_LAST
-from hybrid_cache.core.state import RG_LEN
-from hybrid_cache.core.state import RG_NCACHED
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import IndexEntry
+from hybrid_cache.core.state import QueueCounts
+from hybrid_cache.core.state import ReqGroup
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.state import cdiv
 
 # ---------------------------------------------------------------------------------------------
@@ -53,7 +45,7 @@ def remove_skipped(lay: Layout, state: CacheState, r, c) -> CacheState:
     if not kind.frees_skipped(spec):
       continue
     row = state.tables[r, g]
-    length = state.req_group[r, g, RG_LEN]
+    length = ReqGroup(state.req_group)[r, g].length
     k = jnp.minimum(kind.skipped_blocks(spec, c), length)
     # blocks [j0 + 1, k) are dropped now; the ones up to j0 were already (null in the row)
     j0 = jnp.max(jnp.where((pos < k) & (row == 0), pos, -1))
@@ -76,8 +68,8 @@ class Allocation(NamedTuple):
 
   Attributes:
     state: the cache state after the touches, pops, copy-on-writes and key registration.
-    queued: i32[NUM_QUEUES], free blocks (normal queue, pinned tier: `Q_*`) after the touches
-      and pops.
+    queued: i32[2], free blocks (normal queue, pinned tier: `QueueCounts`) after the
+      touches and pops.
     cows: with partial hits, i32[G, 2]: each group's copy-on-write (source, copy), 0 = none;
       else None.
   """
@@ -103,14 +95,14 @@ def allocate_slots(
 
   Every write is masked by `ok` (bool): with `ok` False the state is returned unchanged, so
   the caller needs no `lax.cond` (whose branches copy the state leaves on XLA:CPU).
-  `queued` (i32[NUM_QUEUES]): blocks in the normal free queue and in the pinned tier before the hits
-  are touched. Returns an `Allocation`.
+  `queued` (i32[2], `QueueCounts`): blocks in the normal free queue and in the pinned tier
+  before the hits are touched. Returns an `Allocation`.
 
   All groups' fresh blocks come from ONE vectorised pop (groups pop in order from the same
   queue, so the concatenation is the queue's first `sum(counts)` blocks).
   """
   info = state.req_info[r]
-  start = info[INFO_COMPUTED] + hit
+  start = ReqInfo(info).computed + hit
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   s = lay.num_spec_blocks
@@ -118,22 +110,23 @@ def allocate_slots(
   touched = jnp.where(ok, hit_ids, 0).reshape(-1)
   # touching unlinks the hits that sit in a queue (small gather, no pool reduction)
   in_queue = (touched > 0)[None, :] & (state.queue_key[:, touched] < BIG)
-  if lay.state_pool:  # per pool (pages, state slots): i32[2, NUM_QUEUES]
+  if lay.state_pool:  # per pool (pages, state slots): i32[2, 2]
     slot = block_pool.is_slot(state, touched)[None, :]
     left = queued - jnp.stack(
       [jnp.sum(in_queue & ~slot, axis=1), jnp.sum(in_queue & slot, axis=1)]
     ).astype(jnp.int32)
-    n_norm, n_pin = left[:, Q_FREE], left[:, Q_PINNED]
+    n_norm, n_pin = QueueCounts(left).free, QueueCounts(left).pinned
   else:
-    n_norm, n_pin = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
+    left = queued - jnp.sum(in_queue, axis=1).astype(jnp.int32)
+    n_norm, n_pin = QueueCounts(left).free, QueueCounts(left).pinned
   # touch scatters into queue_key in place only if XLA sees the gather above ordered before
   touched = xla_cpu.ordered_after(touched, jnp.min(n_norm) if lay.state_pool else n_norm)
   state = block_pool.touch(state, touched)
   if lay.chain_features:  # each touched hit block counts one hit on its key (`key_hits`)
     hit_idx = jnp.where(touched > 0, touched, lay.num_blocks)
-    state = state.replace(block_aux=state.block_aux.at[hit_idx, AUX_HITS].add(1, mode="drop"))
+    state = state.replace(block_aux=BlockAux(state.block_aux)[hit_idx].add(key_hits=1, mode="drop"))
   rows = jnp.where(is_new, hit_ids, state.tables[r])
-  rg = state.req_group[r]
+  rg0 = ReqGroup(state.req_group[r])  # the request's row before the allocation
   # per-group values collected in Python lists and stacked once (one small array op instead
   # of a chain of single-element updates per group)
   row_l, len_l, nc_l, last_l, bases, counts = [], [], [], [], [], []
@@ -146,10 +139,10 @@ def allocate_slots(
     kind = groups.rules(spec)
     bs = spec.block_size
     hits_len = jnp.where(is_new, cdiv(hit, bs) if lay.partial else hit // bs, 0)
-    len0 = rg[g, RG_LEN]
+    len0 = rg0[g].length
     length = jnp.where(is_new, hits_len, len0)
     # a partial hit caches its last (copied) block again once it is full: hit // bs
-    nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg[g, RG_NCACHED]))
+    nc_l.append(jnp.where(is_new, hit // bs if lay.partial else hits_len, rg0[g].ncached))
     has_cow = None
     if lay.partial:
       cow_new = is_new & (hit > 0) & (hit % bs != 0)
@@ -161,7 +154,7 @@ def allocate_slots(
       cow_own_l.append(cow_own)
       cow_src_l.append(src)
       has_cow = cow_new | cow_own
-    last = rg[g, RG_LAST]
+    last = rg0[g].last
     row = rows[g]
     placement = Placement(
       row=row,
@@ -187,8 +180,10 @@ def allocate_slots(
   rows = jnp.stack(row_l)
   # chain features: a new request's latest kept state is its hit (0 = none); `cache_keys`
   # moves it on
-  chain = jnp.where(is_new, hit, rg[:, RG_CHAIN]) if lay.chain_features else None
-  rg = group_columns(jnp.stack(len_l), jnp.stack(nc_l), jnp.stack(last_l), chain)
+  chain = {"chain": jnp.where(is_new, hit, rg0.chain)} if lay.chain_features else {}
+  rg = ReqGroup.stack(
+    length=jnp.stack(len_l), ncached=jnp.stack(nc_l), last=jnp.stack(last_l), **chain
+  )
   if lay.state_pool:
     state, ids, offsets, queued = _pop_two_pools(lay, state, ok, counts, n_norm, n_pin)
     kmax = ids.shape[0]
@@ -203,7 +198,7 @@ def allocate_slots(
       state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
     )
     k1 = jnp.minimum(total, n_norm)  # popped from the normal queue, the rest from the pinned tier
-    queued = jnp.stack([n_norm - k1, n_pin - (total - k1)])
+    queued = QueueCounts.stack(free=n_norm - k1, pinned=n_pin - (total - k1))
   # fresh blocks of every group in one [G, MB] gather
   j = pos[None, :] - jnp.stack(bases)[:, None]
   take = (j >= 0) & (j < jnp.stack(counts)[:, None])
@@ -243,7 +238,7 @@ def _pop_two_pools(lay: Layout, state: CacheState, ok, counts, n_norm, n_pin):
   `counts`: per group, i32 blocks to pop; `n_norm`, `n_pin`: i32[2] per pool. Returns (state,
   ids, offsets, queued): `ids` the page pops then the slot pops (each pool's part `P_g *
   max_blocks` wide, P_g its groups), `offsets[g]` group g's first pop in `ids`, `queued`
-  i32[2, NUM_QUEUES] after the pops.
+  i32[2, 2] after the pops (`QueueCounts` per pool).
   """
   ids_l, offsets, queued_l, base = [], [None] * lay.num_groups, [], 0
   for p in range(2):
@@ -259,7 +254,7 @@ def _pop_two_pools(lay: Layout, state: CacheState, ok, counts, n_norm, n_pin):
       state, total, kmax, rec, n_norm=n_norm[p], scan_all=lay.extra_keys, pool=p
     )
     k1 = jnp.minimum(total, n_norm[p])  # normal queue first, then the pinned tier
-    queued_l.append(jnp.stack([n_norm[p] - k1, n_pin[p] - (total - k1)]))
+    queued_l.append(QueueCounts.stack(free=n_norm[p] - k1, pinned=n_pin[p] - (total - k1)))
     ids_l.append(ids)
     base += kmax
   return state, jnp.concatenate(ids_l), offsets, jnp.stack(queued_l)
@@ -285,19 +280,23 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   keyed = cow_own & (grp >= 0)
   h = state.block_hash[src]
   b = block_index.bucket_of(h, grp, buckets)
-  hit = (state.index_entry[b, :, IDX_BLOCK] == src[:, None]) & keyed[:, None]
+  hit = (IndexEntry(state.index_entry)[b].block == src[:, None]) & keyed[:, None]
   way = jnp.min(jnp.where(hit, jnp.arange(hit.shape[1]), hit.shape[1]), axis=1)
   c = state.counters
   seq = state.next_seq + jnp.cumsum(keyed.astype(jnp.int32)) - 1
   bi = jnp.where(keyed & (way < hit.shape[1]), b, buckets)
-  ent = state.index_entry.at[bi, way].set(jnp.stack([cow_ids, seq], axis=-1), mode="drop")
+  ent = state.index_entry.at[bi, way].set(IndexEntry.stack(block=cow_ids, seq=seq), mode="drop")
   dst = jnp.where(keyed, cow_ids, nb)
   sdx = jnp.where(keyed, src, nb)
-  aux_src = state.block_aux[src]
+  aux_src = BlockAux(state.block_aux[src])
   step = state.clock
   # the key's token end goes with it (and its hits and chain start: chain features)
-  chain = (aux_src[:, AUX_HITS], aux_src[:, AUX_CHAIN]) if lay.chain_features else ()
-  aux_new = aux_columns(jnp.full_like(src, step), jnp.zeros_like(src), aux_src[:, AUX_END], *chain)
+  chain = (
+    {"key_hits": aux_src.key_hits, "chain_start": aux_src.chain_start} if lay.chain_features else {}
+  )
+  aux_new = BlockAux.stack(
+    key_step=jnp.full_like(src, step), pinned=jnp.zeros_like(src), key_end=aux_src.key_end, **chain
+  )
   group = state.block_group.at[dst].set(grp, mode="drop").at[sdx].set(-1, mode="drop")
   block_hash = state.block_hash.at[dst].set(h, mode="drop")
   # the source loses its key (its pinned flag stays)
@@ -308,7 +307,7 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
     block_group=group,
     block_hash=block_hash,
     block_aux=aux,
-    counters=c.at[C_SEQ].add(jnp.sum(keyed).astype(jnp.int32)),
+    counters=Counters(c).add(next_seq=jnp.sum(keyed).astype(jnp.int32)),
     req_partial=state.req_partial.at[r].set(jnp.where(cow_own, 0, state.req_partial[r])),
   )
   return state

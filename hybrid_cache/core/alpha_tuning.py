@@ -28,6 +28,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+from hybrid_cache.core.groups import carries_mlp
 from hybrid_cache.core.groups import rules as group_rules
 
 ALPHA_GRID = tuple(i / 10 for i in range(21))
@@ -157,17 +158,17 @@ def cost_fields(
     raise ValueError("groups must be a non-empty sequence of GroupSpec")
   if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
     raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-  # each kind's rules (`core/groups/`): its layers' costs (`layer_costs`), its MLP priority
+  # each kind's rules (`core/groups/`): its layers' costs (`layer_costs`), whether it carries
+  # the MLP layers (`carries_mlp`)
   kind_of = [group_rules(g) for g in groups]
   count = collections.Counter(kind_of)
-  mlp_kind = min(count, key=lambda k: k.MLP_PRIORITY)
   m_lin, _ = _lin_quad(model.mlp_flops)
   lin, quad, own = [], [], []
-  for g, k in zip(groups, kind_of):
+  for g, k, mlp in zip(groups, kind_of, carries_mlp(kind_of)):
     share = 1.0 / count[k]
     lo, qu, b = k.layer_costs(model, g, block_size, share, _lin_quad)
     own.append(b)
-    if k is mlp_kind:
+    if mlp:
       lo += model.n_mlp * m_lin
     lin.append(lo * share)
     quad.append(qu * share)

@@ -1,7 +1,7 @@
 """Set-associative block index: (hash lanes, group) -> block, duplicates kept, oldest wins.
 
-`index_entry[b, w] = (block, seq)` (columns `IDX_BLOCK`, `IDX_SEQ`: `CacheState.index_block`,
--1 = empty way, and `index_seq`) and `index_hash[b, w]` = the key's two uint32 lanes; the
+`index_entry[b, w] = (block, seq)` (`IndexEntry` fields: `CacheState.index_block`, -1 = empty
+way, and `index_seq`) and `index_hash[b, w]` = the key's two uint32 lanes; the
 bucket is a mix of both lanes and the group. A hit needs equal lanes and equal group (the
 block's `block_group`); among duplicates the smallest insertion sequence wins (vLLM returns
 the first-inserted block). A full bucket drops the insertion and counts it in
@@ -14,37 +14,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hybrid_cache.core.rows import NO_KEY_AUX
-from hybrid_cache.core.rows import no_key_aux
-from hybrid_cache.core.state import AUX_CHAIN
-from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_HITS
-from hybrid_cache.core.state import AUX_PINNED
-from hybrid_cache.core.state import AUX_STEP
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_OVERFLOW
-from hybrid_cache.core.state import C_SEQ
-from hybrid_cache.core.state import HASH_HI
-from hybrid_cache.core.state import HASH_LO
-from hybrid_cache.core.state import IDX_BLOCK
-from hybrid_cache.core.state import IDX_SEQ
-from hybrid_cache.core.state import NUM_AUX_CHAIN
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import HashLanes
+from hybrid_cache.core.state import IndexEntry
 from hybrid_cache.core.xla_cpu import materialise
 from hybrid_cache.core.xla_cpu import prefix_count
 from hybrid_cache.core.xla_cpu import row_count
 
 # the `block_aux` columns that describe a key in a chain-feature state (all but the pinned flag)
-_KEY_COLS = np.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], np.int32)
+_KEY_COLS = np.asarray(
+  BlockAux.positions("key_step", "key_end", "key_hits", "chain_start"), np.int32
+)
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
 
 def bucket_of(h: jax.Array, group: jax.Array, buckets: int) -> jax.Array:
   """Bucket of keys `h` (u32[..., 2]) in `group` (i32[...])."""
+  lanes = HashLanes(h)
   x = (
-    h[..., HASH_LO]
-    ^ (h[..., HASH_HI] * jnp.uint32(0x9E3779B1))
+    lanes.lo
+    ^ (lanes.hi * jnp.uint32(0x9E3779B1))
     ^ ((group.astype(jnp.uint32) + jnp.uint32(1)) * jnp.uint32(0x85EBCA77))
   )
   x = x ^ (x >> jnp.uint32(15))
@@ -68,9 +61,9 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   if b is None:
     b = bucket_of(h, group, buckets)
     b = materialise(b.reshape(-1)).reshape(b.shape)  # one hash per query, not one per way
-  ent = state.index_entry[b]  # [..., W, 2]
+  ent = IndexEntry(state.index_entry[b])  # [..., W, 2]
   hh = state.index_hash[b]  # [..., W, 2]
-  blk = ent[..., IDX_BLOCK]
+  blk = ent.block
   if b.size < buckets:
     # fewer queries than buckets (static): the groups of the gathered ways only (Q * W
     # gathers instead of BK * W for every index slot), fused into the one `same` mask below
@@ -78,7 +71,7 @@ def probe(state: CacheState, h: jax.Array, group: jax.Array, b: jax.Array | None
   else:
     grp = _entry_groups(state)[b]
   same = jnp.all(hh == h[..., None, :], axis=-1) & (grp == group[..., None])
-  seq = jnp.where(same, ent[..., IDX_SEQ], BIG)
+  seq = jnp.where(same, ent.seq, BIG)
   # single-output reductions (XLA:CPU runs a variadic argmin reduce element by element);
   # sequence numbers are unique, so the oldest matching way is the one at the minimum
   oldest = same & (seq == jnp.min(seq, axis=-1, keepdims=True))
@@ -203,23 +196,21 @@ def insert(
     before = prefix_count(valid) - 1
   way, ok = _nth_empty_way(state.index_block < 0, bks, rank)
   ok &= valid
-  seq = c[C_SEQ] + before
+  seq = Counters(c).next_seq + before
   bi = jnp.where(ok, bks, buckets)
-  ent = state.index_entry.at[bi, way].set(jnp.stack([ids, seq], axis=-1), mode="drop")
+  ent = state.index_entry.at[bi, way].set(IndexEntry.stack(block=ids, seq=seq), mode="drop")
   hsh = state.index_hash.at[bi, way].set(keys, mode="drop")
   nvalid = jnp.sum(valid).astype(jnp.int32)
   novf = jnp.sum(valid & ~ok).astype(jnp.int32)
-  counters = c.at[C_SEQ].add(nvalid).at[C_OVERFLOW].add(novf)
+  counters = Counters(c).add(next_seq=nvalid, index_overflows=novf)
   return state.replace(index_entry=ent, index_hash=hsh, counters=counters)
 
 
 def has_entry(state: CacheState, h: jax.Array, group: jax.Array, ids: jax.Array) -> jax.Array:
   """bool[k]: the index holds key (h[i], group[i]) for block ids[i] (u32[k, 2], i32[k], i32[k])."""
   b = bucket_of(h, group, state.index_entry.shape[0])
-  ent = state.index_entry[b]  # [k, W, 2]
-  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (
-    ent[..., IDX_BLOCK] == ids[:, None]
-  )
+  ent = IndexEntry(state.index_entry[b])  # [k, W, 2]
+  same = jnp.all(state.index_hash[b] == h[:, None, :], axis=-1) & (ent.block == ids[:, None])
   return jnp.any(same, axis=-1) & (ids > 0)
 
 
@@ -238,15 +229,11 @@ def evict(state: CacheState, mask: jax.Array) -> CacheState:
   ent = jnp.where(hit[..., None], -1, state.index_entry)
   group = jnp.where(mask, -1, state.block_group)
   if state.has_chain:  # every column but the pinned flag takes its no-key value
-    keep = jnp.arange(NUM_AUX_CHAIN) == AUX_PINNED
-    aux = jnp.where(mask[:, None] & ~keep, jnp.asarray(NO_KEY_AUX), state.block_aux)
+    keep = jnp.arange(BlockAux.width(chain=True)) == BlockAux.FIELDS["pinned"]
+    aux = jnp.where(mask[:, None] & ~keep, jnp.asarray(BlockAux.NO_KEY), state.block_aux)
   else:
-    aux = (
-      state.block_aux.at[:, AUX_STEP]
-      .set(jnp.where(mask, -1, state.key_step))
-      .at[:, AUX_END]
-      .set(jnp.where(mask, -1, state.key_end))
-    )
+    aux = BlockAux(state.block_aux).set(key_step=jnp.where(mask, -1, state.key_step))
+    aux = BlockAux(aux).set(key_end=jnp.where(mask, -1, state.key_end))
   return state.replace(index_entry=ent, block_group=group, block_aux=aux)
 
 
@@ -288,14 +275,14 @@ def evict_ids(
     # gathered values (block_group >= -1 and buckets >= 0 always, so this is the identity);
     # without it XLA copies block_group and block_hash twice per scheduled entry
     idx = jnp.where(valid & (grp >= -1) & (b >= 0), ids, nb)
-    hit = (state.index_entry[b, :, IDX_BLOCK] == ids[:, None]) & keyed[:, None]  # [k, W]
+    hit = (IndexEntry(state.index_entry)[b].block == ids[:, None]) & keyed[:, None]  # [k, W]
     # first hit way by a plain min (XLA:CPU runs a variadic argmax reduce element by element)
     way = jnp.min(jnp.where(hit, jnp.arange(ways), ways), axis=1)
     bi = jnp.where(way < ways, b, buckets)
     ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   group = state.block_group.at[idx].set(-1, mode="drop")
   if clear_pinned:
-    aux = state.block_aux.at[idx].set(jnp.asarray(no_key_aux(state.has_chain)), mode="drop")
+    aux = state.block_aux.at[idx].set(jnp.asarray(BlockAux.no_key(state.has_chain)), mode="drop")
   else:
     aux = clear_key_columns(state.block_aux, idx, state.has_chain)
   return state.replace(index_entry=ent, block_group=group, block_aux=aux)
@@ -307,6 +294,6 @@ def clear_key_columns(block_aux: jax.Array, idx: jax.Array, chain: bool) -> jax.
   features (`chain`, static) hits and chain start, in one [k, 4] scatter."""
   if chain:
     return block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
-      jnp.asarray(NO_KEY_AUX[_KEY_COLS]), mode="drop"
+      jnp.asarray(BlockAux.NO_KEY[_KEY_COLS]), mode="drop"
     )
-  return block_aux.at[idx, AUX_STEP].set(-1, mode="drop").at[idx, AUX_END].set(-1, mode="drop")
+  return BlockAux(block_aux)[idx].set(key_step=-1, key_end=-1, mode="drop")

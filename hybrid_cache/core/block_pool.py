@@ -1,7 +1,7 @@
 """The shared block pool: ref counts, vLLM's free queue as int32 keys, the pinned tier.
 
-Free queue (vLLM §1.6): a block is free iff `free_key[b] < BIG` (normal queue, row `Q_FREE` of
-`queue_key`) or `pinned_key[b] < BIG` (pinned tier, row `Q_PINNED`, SPEC B1). Popping takes the
+Free queue (vLLM §1.6): a block is free iff `free_key[b] < BIG` (normal queue, row `free` of
+`queue_key`) or `pinned_key[b] < BIG` (pinned tier, row `pinned`, SPEC B1). Popping takes the
 smallest normal key; when the normal queue is empty the oldest pinned block is demoted
 (equivalently popped). Freeing puts unhashed blocks at the head (a batch keeps its order;
 `free_order="all_tail"`: at the tail too), hashed blocks at the tail, pinned blocks at the pinned
@@ -22,16 +22,11 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import eviction
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import AUX_PINNED
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_HEAD
-from hybrid_cache.core.state import C_PIN
-from hybrid_cache.core.state import C_REC_EVICTED
-from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import NUM_QUEUES
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import QueueKeys
 
 
 def num_free(state: CacheState) -> jax.Array:
@@ -69,7 +64,7 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   new_ref = jnp.where(valid, ref[jnp.where(valid, ids, 0)], 1)
   freed = valid & (new_ref == 0)
   safe = jnp.where(valid, ids, 0)
-  pinned = freed & (state.block_aux[safe, AUX_PINNED] > 0)
+  pinned = freed & (BlockAux(state.block_aux)[safe].pinned > 0)
   hashed = freed & ~pinned & ((state.block_group[safe] >= 0) | (state.free_all_tail != 0))
   head = freed & ~pinned & ~hashed
   c = state.counters
@@ -86,15 +81,10 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   k0 = jnp.where(hashed, state.tail_key + tail_rank, jnp.where(head, head_key, BIG))
   k1 = jnp.where(pinned, state.pin_key + pin_rank, BIG)
   fidx = jnp.where(freed, ids, nb)
-  qk = state.queue_key.at[Q_FREE, fidx].set(k0, mode="drop").at[Q_PINNED, fidx].set(k1, mode="drop")
-  c = (
-    c.at[C_HEAD]
-    .add(-jnp.sum(head).astype(jnp.int32))
-    .at[C_TAIL]
-    .add(jnp.sum(hashed).astype(jnp.int32))
-    .at[C_PIN]
-    .add(jnp.sum(pinned).astype(jnp.int32))
-  )
+  qk = QueueKeys(state.queue_key)[fidx].set(free=k0, pinned=k1, mode="drop")
+  c = Counters(c).add(head_key=-jnp.sum(head).astype(jnp.int32))
+  c = Counters(c).add(tail_key=jnp.sum(hashed).astype(jnp.int32))
+  c = Counters(c).add(pin_key=jnp.sum(pinned).astype(jnp.int32))
   return state.replace(ref_cnt=ref, queue_key=qk, counters=c)
 
 
@@ -122,7 +112,7 @@ def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Arr
   state = state.replace(
     queue_key=qk,
     ref_cnt=jnp.where(popped, 1, state.ref_cnt),
-    block_aux=state.block_aux.at[:, AUX_PINNED].set(jnp.where(popped, 0, state.pinned)),
+    block_aux=BlockAux(state.block_aux).set(pinned=jnp.where(popped, 0, state.pinned)),
   )
   state = block_index.evict(state, popped)
   return state, row
@@ -131,7 +121,7 @@ def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Arr
 def pin(state: CacheState, ids: jax.Array) -> CacheState:
   """Marks the non-null `ids` pinned (they go to the pinned tier when freed)."""
   nb = state.ref_cnt.shape[0]
-  aux = state.block_aux.at[_drop_idx(ids, nb), AUX_PINNED].set(1, mode="drop")
+  aux = BlockAux(state.block_aux)[_drop_idx(ids, nb)].set(pinned=1, mode="drop")
   return state.replace(block_aux=aux)
 
 
@@ -218,15 +208,15 @@ def pop_many(
     mine = is_slot(state, jnp.arange(nb, dtype=jnp.int32)) == bool(pool)
     qk = jnp.where(mine[None, :], qk, BIG)
   if n_norm is None:
-    n_norm = jnp.sum(qk[Q_FREE] < BIG).astype(jnp.int32)
+    n_norm = jnp.sum(QueueKeys(qk).free < BIG).astype(jnp.int32)
   k1 = jnp.minimum(count, n_norm)
   k2 = count - k1
   win = 2 * kmax
 
   def by_rank():
-    sel1 = _smallest_mask(qk[Q_FREE], k1)
+    sel1 = _smallest_mask(QueueKeys(qk).free, k1)
     sel2 = jax.lax.cond(
-      k2 > 0, lambda: _smallest_mask(qk[Q_PINNED], k2), lambda: jnp.zeros((nb,), bool)
+      k2 > 0, lambda: _smallest_mask(QueueKeys(qk).pinned, k2), lambda: jnp.zeros((nb,), bool)
     )
     sel = sel1 | sel2
     ids = xla_cpu.compact(sel, kmax)
@@ -236,8 +226,8 @@ def pop_many(
     # (-2^30, 2^30) and pinned keys inside [0, 2^30) thanks to `maybe_renormalise`), ranked
     # with one [kmax, kmax] compare instead of a sort; padding ties at the end and is dropped
     u = jnp.uint32
-    key_n = (qk[Q_FREE][ids] + jnp.int32(1 << 30)).astype(u)
-    key_p = qk[Q_PINNED][ids].astype(u) + u(1 << 31)
+    key_n = (QueueKeys(qk).free[ids] + jnp.int32(1 << 30)).astype(u)
+    key_p = QueueKeys(qk).pinned[ids].astype(u) + u(1 << 31)
     ck = jnp.where(cls == 0, key_n, jnp.where(cls == 1, key_p, u(0xFFFFFFFF)))
     ids, ck = jax.lax.optimization_barrier((ids, ck))
     rank = jnp.sum(ck[None, :] < ck[:, None], axis=1)
@@ -255,7 +245,7 @@ def pop_many(
     # [min, min + win): each such block's id is scattered to its key offset (already in pop
     # order; keys are unique and block 0 is never free, so 0 marks a hole); the k1 smallest
     # keys are then the window's first k1 entries
-    w = _by_key_offset(qk[Q_FREE], win)
+    w = _by_key_offset(QueueKeys(qk).free, win)
     p = jnp.cumsum(w > 0)
     fast = (k2 == 0) & (p[win - 1] >= k1)
     ordered = jax.lax.cond(fast, lambda: squeeze(w, p), by_rank)
@@ -270,7 +260,7 @@ def pop_many(
   if count_groups:
     hit = (ids > 0) & jnp.isin(grp, jnp.asarray(count_groups, jnp.int32))
     n_ev = jnp.sum(hit).astype(jnp.int32)
-    state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_ev))
+    state = state.replace(counters=Counters(state.counters).add(states_evicted=n_ev))
   state = block_index.evict_ids(state, ids, grp, clear_pinned=True, scan_all=scan_all)
   return state, ids
 
@@ -294,22 +284,24 @@ def maybe_renormalise(state: CacheState) -> CacheState:
     qk = state.queue_key
     nb = qk.shape[1]
     out = []
-    for row in range(NUM_QUEUES):
+    for row in range(QueueKeys.width()):  # every queue's keys, as ranks
       keys = qk[row]
       order = jnp.argsort(keys)
       rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
       out.append(jnp.where(keys < BIG, rank + 1, BIG))
-    n0 = jnp.sum(qk[Q_FREE] < BIG).astype(jnp.int32)
-    n1 = jnp.sum(qk[Q_PINNED] < BIG).astype(jnp.int32)
-    c = state.counters.at[C_HEAD].set(1).at[C_TAIL].set(n0 + 1).at[C_PIN].set(n1 + 1)
+    n0 = jnp.sum(QueueKeys(qk).free < BIG).astype(jnp.int32)
+    n1 = jnp.sum(QueueKeys(qk).pinned < BIG).astype(jnp.int32)
+    c = Counters(state.counters).set(head_key=1)
+    c = Counters(c).set(tail_key=n0 + 1)
+    c = Counters(c).set(pin_key=n1 + 1)
     return state.replace(queue_key=jnp.stack(out), counters=c)
 
   return jax.lax.cond(due, renorm, lambda s: s, state)
 
 
 def free_counts(lay: Layout, state: CacheState) -> jax.Array:
-  """Free blocks in the normal queue and in the pinned tier (`Q_*` order; one pool
-  reduction): i32[NUM_QUEUES] with one pool, i32[2, NUM_QUEUES] (pages, state slots) with
+  """Free blocks in the normal queue and in the pinned tier (`QueueCounts`; one pool
+  reduction): i32[2] with one pool, i32[2, 2] (pages, state slots) with
   two (`Layout.state_pool`)."""
   queued = state.queue_key < BIG
   total = jnp.sum(queued, axis=1).astype(jnp.int32)

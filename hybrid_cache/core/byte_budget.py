@@ -34,10 +34,9 @@ import jax.numpy as jnp
 from hybrid_cache.core import block_index
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_REC_EVICTED
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import QueueKeys
 
 _SEARCH_STEPS = 32  # bisection steps over int32 queue keys
 
@@ -97,14 +96,14 @@ def enforce(lay: Layout, state: CacheState) -> CacheState:
   def evict(state):
     cost = costs(state)
     cached_free = (state.ref_cnt == 0) & (state.block_group >= 0)
-    qk = state.queue_key
-    first = _first_covering(qk[Q_FREE], cached_free & (qk[Q_FREE] < BIG), cost, over)
+    qk = QueueKeys(state.queue_key)
+    first = _first_covering(qk.free, cached_free & (qk.free < BIG), cost, over)
     left = over - jnp.sum(jnp.where(first, cost, 0))
-    pinned = _first_covering(qk[Q_PINNED], cached_free & (qk[Q_PINNED] < BIG), cost, left)
+    pinned = _first_covering(qk.pinned, cached_free & (qk.pinned < BIG), cost, left)
     gone = first | pinned
     rec = jnp.isin(state.block_group, jnp.asarray(lay.recurrent_groups, jnp.int32))
     n_rec = jnp.sum(gone & rec).astype(jnp.int32)
-    state = state.replace(counters=state.counters.at[C_REC_EVICTED].add(n_rec))
+    state = state.replace(counters=Counters(state.counters).add(states_evicted=n_rec))
     return block_index.evict(state, gone)
 
   return jax.lax.cond(over > 0, evict, lambda s: s, state)

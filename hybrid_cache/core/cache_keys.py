@@ -19,19 +19,16 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import AUX_CHAIN
-from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_HITS
-from hybrid_cache.core.state import AUX_STEP
-from hybrid_cache.core.state import C_REC_ADMITTED
-from hybrid_cache.core.state import INFO_PROMPT
-from hybrid_cache.core.state import INFO_SPB
-from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import RG_CHAIN
-from hybrid_cache.core.state import RG_LEN
-from hybrid_cache.core.state import RG_NCACHED
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import ReqGroup
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.state import floor_to
+
+# the `block_aux` fields a registration writes, in the order of its one scatter's values (the
+# last two only with the chain features)
+_KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start")
 
 
 def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None, info=None):
@@ -45,17 +42,18 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     return state
   if info is None:
     info = state.req_info[r]
-  raw = jnp.minimum(computed, info[INFO_TOKENS])
+  req = ReqInfo(info)
+  raw = jnp.minimum(computed, req.tokens)
   # with partial hits (§1.7, §2.5) the cached tokens are not floored to the scheduler block
   nc = raw if lay.partial else floor_to(raw, lay.sbs)
   pos = jnp.arange(lay.max_blocks)
   hashes = state.req_hashes[r]
-  boundaries = (info[INFO_PROMPT] - 1, info[INFO_SPB])
+  boundaries = (req.prompt - 1, req.spb)
   if lay.fine_key_groups:  # beyond vLLM: also the scheduler-block states vLLM keeps there
     boundaries += tuple(floor_to(b, lay.sbs) for b in boundaries)
   all_ids, all_keys, all_groups, all_ends, all_prom, n_g = [], [], [], [], [], []
   all_chain = []
-  rg = state.req_group[r]
+  rg = state.req_group[r]  # the request's `req_group` row, updated group by group
   placement = policies.core_policy("placement", lay.config.placement)
   admission = policies.core_policy("admission", lay.config.admission)
   table = state.policy_state
@@ -65,10 +63,10 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     eagle = kind.eagle_lookahead(spec)
     upto = (jnp.minimum(raw, nc + bs) if eagle else nc) // bs
     row = state.tables[r, g]
-    nca = rg[g, RG_NCACHED]
+    nca = ReqGroup(rg)[g].ncached
     unkeyed = state.block_group[row] < 0
     if g in lay.tail_groups:  # partial -> full promotion (§2.5): a shorter key is replaced
-      promote = ~unkeyed & (state.block_aux[row, AUX_END] < (pos + 1) * bs)
+      promote = ~unkeyed & (BlockAux(state.block_aux)[row].key_end < (pos + 1) * bs)
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
     mask = kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
@@ -77,7 +75,7 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
     sel = offered & unkeyed
     if keys is None:
-      all_keys.append(coordinator.group_hashes(lay, hashes, info[INFO_TOKENS], g)[0])
+      all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
     if g in lay.recurrent_groups and admission is not None:
       mb = lay.max_blocks
       gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
@@ -88,12 +86,12 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     all_ends.append((pos + 1) * bs)
     if lay.chain_features and g in lay.recurrent_groups:
       # chain start: the previous kept state, this call's or the request's
-      chain, last = _state_chain(sel, (pos + 1) * bs, rg[g, RG_CHAIN])
+      chain, last = _state_chain(sel, (pos + 1) * bs, ReqGroup(rg)[g].chain)
       all_chain.append(chain)
-      rg = rg.at[g, RG_CHAIN].set(last)
+      rg = ReqGroup(rg)[g].set(chain=last)
     elif lay.chain_features:  # chain start: the block's first token
       all_chain.append(pos * bs)
-    rg = rg.at[g, RG_NCACHED].set(jnp.where(ok, jnp.maximum(nca, upto), nca))
+    rg = ReqGroup(rg)[g].set(ncached=jnp.where(ok, jnp.maximum(nca, upto), nca))
     if lay.tail_groups:
       n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
   ids = jnp.concatenate(all_ids)
@@ -113,17 +111,17 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   if lay.chain_features:
     # registration step, token end, hits (0) and chain start of each registered block in ONE
     # [k, 4] scatter
-    cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS), jnp.int32)
     zeros = jnp.zeros_like(ends)
     vals = jnp.stack([zeros + step, ends, zeros, jnp.concatenate(all_chain)], axis=1)
   else:  # registration step and token end of each registered block in ONE [k, 2] scatter
-    cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
     vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   counters = state.counters
   if lay.recurrent_groups:
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
-    counters = counters.at[C_REC_ADMITTED].add(n_rec)
+    counters = Counters(counters).add(states_admitted=n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
   if admission is not None:
     state = state.replace(policy_state=table)
@@ -155,9 +153,9 @@ def fine_key_entries(lay: Layout, state: CacheState, hashes, g: int, ids) -> Cac
 
 
 def _state_chain(sel, ends, prev):
-  """(chain starts i32[MB], new `RG_CHAIN`) of a recurrent group's registration: each selected
-  state's chain start is the end of the previous selected one, the first's `prev` (the
-  request's latest kept state); the new `RG_CHAIN` is the last selected end (`prev` if none).
+  """(chain starts i32[MB], new `group_chain`) of a recurrent group's registration: each
+  selected state's chain start is the end of the previous selected one, the first's `prev` (the
+  request's latest kept state); the new `group_chain` is the last selected end (`prev` if none).
   Ends increase with the position, so a running max of the selected ends is the latest one."""
   kept = jnp.where(sel, ends, 0)
   # latest kept end at or before each position. `lax.cummax` (a reduce-window on XLA:CPU), not
@@ -196,18 +194,18 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   # the prompt-tail boundary of each kind (`tail_boundary`): full attention
   # floor((P-1)/HBS)*HBS, recurrent the prompt's checkpoint position
   eagle = any(g.eagle for g in lay.groups)
-  bounds = groups.tail_boundaries(info[INFO_PROMPT], hbs, eagle)
+  bounds = groups.tail_boundaries(ReqInfo(info).prompt, hbs, eagle)
   hashes = state.req_hashes[r]
   ids, ts, chains = [], [], []
   if lay.chain_features:
-    chain0 = state.req_group[r, :, RG_CHAIN]
+    chain0 = ReqGroup(state.req_group)[r].chain
   for g in gs:
     spec = lay.groups[g]
     kind = groups.rules(spec)
     t = bounds[kind]
     ts.append(t)
     p, cond = kind.tail_block(spec, t, n_g[g])
-    cond &= ok & (t > 0) & (p < state.req_group[r, g, RG_LEN])
+    cond &= ok & (t > 0) & (p < ReqGroup(state.req_group)[r, g].length)
     blk = state.tables[r, g, jnp.clip(p, 0, lay.max_blocks - 1)]
     cond = kind.tail_needs_key(state, blk, t, cond)
     ids.append(jnp.where(cond, blk, 0))
@@ -223,7 +221,7 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   bg = state.block_group[ids]
   primary_same = (bg == grp) & jnp.all(state.block_hash[ids] == keys, axis=-1)
   already = (ids > 0) & (primary_same | block_index.has_entry(state, keys, grp, ids))
-  shorter = (ids > 0) & ~already & (bg >= 0) & (state.block_aux[ids, AUX_END] < t)
+  shorter = (ids > 0) & ~already & (bg >= 0) & (BlockAux(state.block_aux)[ids].key_end < t)
   state = block_index.evict_ids(state, jnp.where(shorter, ids, 0), scan_all=True)
   keyed = state.block_group[ids] >= 0
   prim = jnp.where((ids > 0) & ~already & ~keyed, ids, 0)
@@ -236,26 +234,26 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   if lay.chain_features:
     zeros = jnp.zeros_like(prim)
     vals = jnp.stack([zeros + step, zeros + t, zeros, jnp.stack(chains)], axis=1)
-    cols = jnp.asarray([AUX_STEP, AUX_END, AUX_HITS, AUX_CHAIN], jnp.int32)
+    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS), jnp.int32)
   else:
     vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
-    cols = jnp.asarray([AUX_STEP, AUX_END], jnp.int32)
+    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
-  ncached = state.req_group[r, :, RG_NCACHED]
+  ncached = ReqGroup(state.req_group)[r].ncached
   pend = state.req_partial[r]
   acc = (aux, ncached, pend, jnp.int32(0))
   for i, g in enumerate(gs):
     spec = lay.groups[g]
     acc = groups.rules(spec).tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc)
   aux, ncached, pend, n_rec = acc
-  req_group = state.req_group.at[r, :, RG_NCACHED].set(ncached)
+  req_group = ReqGroup(state.req_group)[r].set(ncached=ncached)
   if lay.chain_features:  # a recurrent tail entry is the request's latest kept state
     rec = jnp.asarray([g in lay.recurrent_groups for g in gs]) & (ids > 0)
     chain = chain0.at[grp].set(jnp.where(rec, jnp.maximum(chain0[grp], t), chain0[grp]))
-    req_group = req_group.at[r, :, RG_CHAIN].set(chain)
+    req_group = ReqGroup(req_group)[r].set(chain=chain)
   return state.replace(
     block_aux=aux,
     req_group=req_group,
     req_partial=state.req_partial.at[r].set(pend),
-    counters=state.counters.at[C_REC_ADMITTED].add(n_rec),
+    counters=Counters(state.counters).add(states_admitted=n_rec),
   )

@@ -88,7 +88,7 @@ def compile_key(config: CacheConfig) -> CacheConfig:
   """The canonical config the core compiles for (module docstring); idempotent."""
   changes: dict[str, Any] = dict(DYNAMIC_FIELDS)
   # the padded id space is `num_blocks + state_slots` (`CacheConfig.pool_size`); a second
-  # pool is a static flag (state_slots 1), its size a runtime parameter (`P_FIRST_SLOT`)
+  # pool is a static flag (state_slots 1), its size a runtime parameter (`CacheState.first_slot`)
   flag = 1 if config.state_slots else 0
   changes["state_slots"] = flag
   changes["num_blocks"] = bucket_num_blocks(config.pool_size) - flag

@@ -45,9 +45,8 @@ from hybrid_cache import policies
 from hybrid_cache.core import block_index
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import QueueKeys
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS
@@ -195,7 +194,7 @@ def prepare(lay, state):
     return state
   _, _, _, w_end = state_window(lay, state)
   c = state.counters
-  state = state.replace(counters=c.at[C_TAIL].set(jnp.maximum(state.tail_key, w_end)))
+  state = state.replace(counters=Counters(c).set(tail_key=jnp.maximum(state.tail_key, w_end)))
 
   def rekey():
     return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, state, blocks))
@@ -205,12 +204,13 @@ def prepare(lay, state):
     qk0 = rekey()
   else:  # the cond returns only the queue row (a cond over the whole state copies its leaves)
     qk0 = jax.lax.cond(active(state), rekey, lambda: state.free_key)
-  return state.replace(queue_key=state.queue_key.at[Q_FREE].set(qk0))
+  return state.replace(queue_key=QueueKeys(state.queue_key).set(free=qk0))
 
 
 def select_victim(queue_key: jax.Array) -> jax.Array:
   """Next block to reuse: smallest normal-queue key; else the oldest pinned block (demotion).
-  `queue_key`: i32[NUM_QUEUES, NB] (`CacheState.queue_key`)."""
-  has_normal = jnp.any(queue_key[Q_FREE] < BIG)
-  free, pinned = jnp.argmin(queue_key[Q_FREE]), jnp.argmin(queue_key[Q_PINNED])
+  `queue_key`: i32[2, NB] (`CacheState.queue_key`, rows `QueueKeys`)."""
+  queues = QueueKeys(queue_key)
+  has_normal = jnp.any(queues.free < BIG)
+  free, pinned = jnp.argmin(queues.free), jnp.argmin(queues.pinned)
   return jnp.where(has_normal, free, pinned).astype(jnp.int32)

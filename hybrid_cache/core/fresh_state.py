@@ -1,8 +1,8 @@
-"""A config's fresh `CacheState`: every leaf at its initial value (`init_state`), the `params`
-leaf from the config's runtime fields (`runtime_params`).
+"""A config's fresh `CacheState`: every leaf at its initial value (`init_state`).
 
-The leaves and their `*` column constants are documented in `state`; the shapes come from the
-config's `layout.Layout` (padded pool, bucketed widths).
+The leaves and their named rows and columns are documented in `state` (the `params` leaf:
+`params.runtime_params`); the shapes come from the config's `layout.Layout` (padded pool,
+bucketed widths).
 """
 
 from __future__ import annotations
@@ -16,57 +16,16 @@ from hybrid_cache.core.layout import WAYS
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.layout import derive_layout
 from hybrid_cache.core.layout import layout
-from hybrid_cache.core.params import NUM_PARAMS
-from hybrid_cache.core.params import P_ALL_TAIL
-from hybrid_cache.core.params import P_BYTE_BUDGET
-from hybrid_cache.core.params import P_FIRST_SLOT
-from hybrid_cache.core.params import P_FULL_FIT
-from hybrid_cache.core.params import P_JUNCTION
-from hybrid_cache.core.params import P_MAX_BATCHED
-from hybrid_cache.core.params import P_MAX_MODEL_LEN
-from hybrid_cache.core.params import P_NUM_BLOCKS
-from hybrid_cache.core.params import P_PAGE_BYTES
-from hybrid_cache.core.params import P_PIN_MIN_DROP
-from hybrid_cache.core.params import P_RETENTION
-from hybrid_cache.core.params import P_SLOT_BYTES
-from hybrid_cache.core.params import P_WATERMARK
-from hybrid_cache.core.params import RETENTION_NONE
-from hybrid_cache.core.rows import no_key_aux
-from hybrid_cache.core.rows import num_rg
+from hybrid_cache.core.params import runtime_params
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_HEAD
-from hybrid_cache.core.state import C_PIN
-from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import HASH_LANES
-from hybrid_cache.core.state import NUM_COUNTERS
-from hybrid_cache.core.state import NUM_IDX
-from hybrid_cache.core.state import NUM_INFO
-from hybrid_cache.core.state import NUM_QUEUES
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import RG_LAST
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
-
-
-def runtime_params(config: CacheConfig) -> np.ndarray:
-  """i32[NUM_PARAMS]: the `params` leaf of `config` (`P_*` columns, `state` module
-  docstring)."""
-  p = np.zeros(NUM_PARAMS, np.int32)
-  r = config.retention_interval
-  p[P_NUM_BLOCKS] = config.pool_size
-  p[P_FIRST_SLOT] = config.num_blocks
-  if config.byte_budget is not None:
-    p[P_PAGE_BYTES] = config.page_bytes
-    p[P_SLOT_BYTES] = config.slot_bytes
-    p[P_BYTE_BUDGET] = config.byte_budget
-  p[P_MAX_BATCHED] = config.max_num_batched_tokens
-  p[P_MAX_MODEL_LEN] = config.max_model_len
-  p[P_WATERMARK] = config.watermark_blocks
-  p[P_FULL_FIT] = int(config.full_sequence_must_fit)
-  p[P_RETENTION] = RETENTION_NONE if r is None else r
-  p[P_PIN_MIN_DROP] = config.pin_min_drop_size
-  p[P_JUNCTION] = int(config.marconi_junction)
-  p[P_ALL_TAIL] = int(config.free_order == "all_tail")
-  return p
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import HashLanes
+from hybrid_cache.core.state import IndexEntry
+from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import ReqGroup
+from hybrid_cache.core.state import ReqInfo
 
 
 def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
@@ -81,27 +40,29 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   lay = layout(config) if bucketed else derive_layout(config)
   nb, g, r = lay.num_blocks, lay.num_groups, lay.max_requests
   real = config.pool_size  # pages, then state slots (`CacheConfig.state_slots`)
-  qk = np.full((NUM_QUEUES, nb), BIG, np.int32)
-  qk[Q_FREE, 1:real] = np.arange(1, real, dtype=np.int32)
-  counters = np.zeros(NUM_COUNTERS, np.int32)
-  counters[C_HEAD] = 1  # smallest key in use; head insertions go below it
-  counters[C_TAIL] = real  # next tail key
-  counters[C_PIN] = 0
+  qk = np.full((QueueKeys.width(), nb), BIG, np.int32)
+  qk = QueueKeys(qk)[1:real].set(free=np.arange(1, real, dtype=np.int32))
+  counters = Counters(np.zeros(Counters.width(), np.int32)).set(
+    head_key=1,  # smallest key in use; head insertions go below it
+    tail_key=real,  # next tail key
+    pin_key=0,
+  )
   # the chain-feature columns only for a policy that reads them (`Layout.chain_features`)
-  aux = np.tile(no_key_aux(lay.chain_features), (nb, 1))
-  rg = np.zeros((r, g, num_rg(lay.chain_features)), np.int32)
-  rg[:, :, RG_LAST] = -1
+  aux = np.tile(BlockAux.no_key(lay.chain_features), (nb, 1))
+  rg = np.zeros((r, g, ReqGroup.width(lay.chain_features)), np.int32)
+  rg = ReqGroup(rg).set(last=-1)
+  lanes = HashLanes.width()
   state = CacheState(
     ref_cnt=np.zeros((nb,), np.int32),
     queue_key=qk,
     block_group=np.full((nb,), -1, np.int32),
-    block_hash=np.zeros((nb, HASH_LANES), np.uint32),
+    block_hash=np.zeros((nb, lanes), np.uint32),
     block_aux=aux,
-    index_entry=np.full((lay.buckets, WAYS, NUM_IDX), -1, np.int32),
-    index_hash=np.zeros((lay.buckets, WAYS, HASH_LANES), np.uint32),
+    index_entry=np.full((lay.buckets, WAYS, IndexEntry.width()), -1, np.int32),
+    index_hash=np.zeros((lay.buckets, WAYS, lanes), np.uint32),
     tables=np.zeros((r, g, lay.max_blocks), np.int32),
-    req_hashes=np.zeros((r, lay.max_hashes, HASH_LANES), np.uint32),
-    req_info=np.zeros((r, NUM_INFO), np.int32),
+    req_hashes=np.zeros((r, lay.max_hashes, lanes), np.uint32),
+    req_info=np.zeros((r, ReqInfo.width()), np.int32),
     req_group=rg,
     counters=counters,
     req_partial=np.zeros((r, g if lay.partial else 0), np.int32),

@@ -23,17 +23,13 @@ import numpy as np
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core import block_index
 from hybrid_cache.core import byte_budget
-from hybrid_cache.core.fresh_state import runtime_params
 from hybrid_cache.core.layout import layout
-from hybrid_cache.core.state import AUX_PINNED
+from hybrid_cache.core.params import runtime_params
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import IDX_BLOCK
-from hybrid_cache.core.state import INFO_STATUS
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
-from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import QueueKeys
 
 
 def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
@@ -52,8 +48,9 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   if (pad_ref != 0).any() or (pad_qk < BIG).any() or pad_keyed.any():
     errs.append("a padding block past the real pool is held, free or keyed")
   ref, qk = ref[:nb], qk[:, :nb]
-  in_free = qk[Q_FREE] < BIG
-  in_pin = qk[Q_PINNED] < BIG
+  queues = QueueKeys(qk)
+  in_free = queues.free < BIG
+  in_pin = queues.pinned < BIG
   held = ref > 0
   if (ref < 0).any():
     errs.append(f"negative ref counts at blocks {np.nonzero(ref < 0)[0].tolist()}")
@@ -67,11 +64,11 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   num_used = int(held[1:].sum())
   if num_free + num_used != nb - 1:
     errs.append(f"free {num_free} + used {num_used} != total {nb - 1}")
-  for row_name, keys in (("free", qk[Q_FREE][in_free]), ("pinned", qk[Q_PINNED][in_pin])):
+  for row_name, keys in (("free", queues.free[in_free]), ("pinned", queues.pinned[in_pin])):
     if len(np.unique(keys)) != len(keys):
       errs.append(f"duplicate {row_name}-queue keys")
   aux = np.asarray(s.block_aux)[:nb]
-  if (aux[in_pin, AUX_PINNED] == 0).any():
+  if (BlockAux(aux)[in_pin].pinned == 0).any():
     errs.append("a pinned-tier block lacks the pinned flag")
   # tables
   tables = np.asarray(s.tables)
@@ -85,17 +82,17 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
     occupied = int(byte_budget.occupied_bytes(s))
     if occupied > int(s.byte_budget):
       errs.append(f"held and cached blocks occupy {occupied} > byte_budget {int(s.byte_budget)}")
-  info = np.asarray(s.req_info)
-  rg = np.asarray(s.req_group)
+  status = np.asarray(s.req_status)
+  lens = np.asarray(s.group_len)
   count = np.zeros(lay.num_blocks, np.int64)
   owner = np.full(lay.num_blocks, -1)
   pos = np.arange(lay.max_blocks)
   for r in range(lay.max_requests):
-    if info[r, INFO_STATUS] == STATUS_EMPTY and tables[r].any():
+    if status[r] == STATUS_EMPTY and tables[r].any():
       errs.append(f"empty slot {r} has a non-null table")
     for g in range(lay.num_groups):
       row = tables[r, g]
-      if row[pos >= rg[r, g, RG_LEN]].any():
+      if row[pos >= lens[r, g]].any():
         errs.append(f"slot {r} group {g}: non-null entries past the row length")
       ids = row[row > 0]
       np.add.at(count, ids, 1)
@@ -114,10 +111,9 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   if wrong_group.any():
     errs.append(f"blocks keyed for one group but held by another: {np.nonzero(wrong_group)[0]}")
   # index
-  ent = np.asarray(s.index_entry)
   ih = np.asarray(s.index_hash)
   bh = np.asarray(s.block_hash)
-  blk = ent[..., IDX_BLOCK]
+  blk = np.asarray(s.index_block)
   used = blk >= 0
   b_ids = blk[used]
   if (b_ids == 0).any():

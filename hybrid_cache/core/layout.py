@@ -2,7 +2,7 @@
 
 Derived once per compile key (`compile_cache.compile_key`) from the config and the per-kind
 group rules (`groups.rules`: `hit_need`, `disables_caching` / `without_caching`, `is_align`,
-`caches_prompt_tail`, `KEEPS_PREFIX`, `RECURRENT`) and the policy registry
+`caches_prompt_tail`, `takes_fine_keys`, `KEEPS_PREFIX`, `RECURRENT`) and the policy registry
 (`policies.reads_chain`), so that the rest of the core reads fields (`Layout.spec_groups`,
 `align_bs`, `recurrent_groups`, `chain_features`, ...) and compares no kind, mode or policy name.
 
@@ -77,7 +77,7 @@ class Layout:
   fine_key_groups: tuple[int, ...] = ()
   extra_keys: bool = False  # a block may carry a second (partial) key: evictions scan the index
   # the eviction policy reads the chain features (`policies.reads_chain`): only then does the
-  # state carry and the core maintain `block_aux` AUX_HITS / AUX_CHAIN and `req_group` RG_CHAIN
+  # state carry and the core maintain `block_aux` key_hits / chain_start and `req_group` chain
   # (`state` module docstring); else the traced program has no trace of them
   chain_features: bool = False
   # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
@@ -142,7 +142,7 @@ def derive_layout(config: CacheConfig) -> Layout:
   fine_key = tuple(
     i
     for i, g in enumerate(groups)
-    if partial and config.fine_keys and g.kind == "full" and g.block_size > hbs
+    if partial and config.fine_keys and rules(g).takes_fine_keys(g, hbs)
   )
   cap = 4 * config.pool_size
   if fine_key:

@@ -136,7 +136,7 @@ class EntryColumns:
   (`alone` = each group's hit looked up alone, `hit_blocks`, `lens_before`, `lens_after`); then
   the [R, 4] state slots (`entry_slots`: read, write, first checkpoint column, checkpoint
   count); then the [G, MB] block-table row; then, with partial hits, the [G, 2] copy-on-write
-  pairs.
+  (source, copy) pairs (`cow_sources`, `cow_copies`: each one per group).
   """
 
   num_groups: int
@@ -147,6 +147,10 @@ class EntryColumns:
   @property
   def scalars(self) -> slice:
     return slice(0, len(ENTRY_SCALARS))
+
+  def scalar(self, name: str) -> int:
+    """The column of scalar `name` (`ENTRY_SCALARS`)."""
+    return self.scalars.start + ENTRY_SCALARS.index(name)
 
   def vector(self, name: str) -> slice:
     start = len(ENTRY_SCALARS) + ENTRY_VECTORS.index(name) * self.num_groups
@@ -167,6 +171,16 @@ class EntryColumns:
     start = self.row.stop
     return slice(start, start + 2 * self.num_groups if self.partial else start)
 
+  @property
+  def cow_sources(self) -> slice:
+    """Each group's copy-on-write source (0 = none): the first of its pair in `cows`."""
+    return slice(self.cows.start, self.cows.stop, 2)
+
+  @property
+  def cow_copies(self) -> slice:
+    """Each group's copy-on-write copy (0 = none): the second of its pair in `cows`."""
+    return slice(self.cows.start + 1, self.cows.stop, 2)
+
 
 def entry_columns(lay: Layout) -> EntryColumns:
   return EntryColumns(lay.num_groups, lay.max_blocks, lay.partial, len(lay.recurrent_groups))
@@ -178,10 +192,11 @@ def unpack_step(config: CacheConfig, packed) -> tuple[dict, dict]:
   cols = entry_columns(lay)
   p = np.asarray(packed)
   body, g, n = p[:-1], lay.num_groups, p.shape[0] - 1
-  out = {k: body[:, cols.scalars.start + i] for i, k in enumerate(ENTRY_SCALARS)}
+  out = {k: body[:, cols.scalar(k)] for k in ENTRY_SCALARS}
   out.update({k: body[:, cols.vector(k)] for k in ENTRY_VECTORS})
   out["slots"] = body[:, cols.slots].reshape(n, cols.num_recurrent, recurrent_slots.SLOT_WIDTH)
   out["row"] = body[:, cols.row].reshape(n, g, lay.max_blocks)
-  if lay.partial:
+  if lay.partial:  # [n, G, 2] (source, copy) pairs, and each by name
     out["cows"] = body[:, cols.cows].reshape(n, g, 2)
+    out["cow_source"], out["cow_copy"] = body[:, cols.cow_sources], body[:, cols.cow_copies]
   return out, unpack_stats(p[-1, : stats_width(g)])

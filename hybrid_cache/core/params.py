@@ -1,17 +1,20 @@
 """The `params` leaf of `CacheState`: a config's runtime parameters, by name.
 
-`CacheState.params` is i32[NUM_PARAMS], columns `P_*`, written once by
-`fresh_state.runtime_params` and never changed; the core reads them inside jit instead of the
-config, so that configs differing only in them share compiled programs
-(`compile_cache.compile_key`). Their meaning: the `state` module docstring. `ParamViews` names
-each column; `CacheState` inherits it (each view is `params[P_*]`).
+`CacheState.params` is i32[NUM_PARAMS], columns `P_*`, written once by `runtime_params` and
+never changed; the core reads them inside jit instead of the config, so that configs differing
+only in them share compiled programs (`compile_cache.compile_key`). Their meaning: the `state`
+module docstring. This is the one module that uses the `P_*` positions: `runtime_params` packs
+them, `ParamViews` names each column; `CacheState` inherits it (each view is `params[P_*]`).
 """
 
 from __future__ import annotations
 
 import jax
+import numpy as np
 
-# params columns (`fresh_state.runtime_params`)
+from hybrid_cache.config import CacheConfig
+
+# params columns (`runtime_params`)
 (
   P_NUM_BLOCKS,
   P_MAX_BATCHED,
@@ -29,6 +32,28 @@ import jax
 ) = range(13)
 NUM_PARAMS = 13
 RETENTION_NONE = -1  # params[P_RETENTION] for retention_interval None (dense)
+
+
+def runtime_params(config: CacheConfig) -> np.ndarray:
+  """i32[NUM_PARAMS]: the `params` leaf of `config` (`P_*` columns, `state` module
+  docstring)."""
+  p = np.zeros(NUM_PARAMS, np.int32)
+  r = config.retention_interval
+  p[P_NUM_BLOCKS] = config.pool_size
+  p[P_FIRST_SLOT] = config.num_blocks
+  if config.byte_budget is not None:
+    p[P_PAGE_BYTES] = config.page_bytes
+    p[P_SLOT_BYTES] = config.slot_bytes
+    p[P_BYTE_BUDGET] = config.byte_budget
+  p[P_MAX_BATCHED] = config.max_num_batched_tokens
+  p[P_MAX_MODEL_LEN] = config.max_model_len
+  p[P_WATERMARK] = config.watermark_blocks
+  p[P_FULL_FIT] = int(config.full_sequence_must_fit)
+  p[P_RETENTION] = RETENTION_NONE if r is None else r
+  p[P_PIN_MIN_DROP] = config.pin_min_drop_size
+  p[P_JUNCTION] = int(config.marconi_junction)
+  p[P_ALL_TAIL] = int(config.free_order == "all_tail")
+  return p
 
 
 class ParamViews:

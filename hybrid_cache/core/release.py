@@ -22,12 +22,10 @@ from hybrid_cache import policies
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import INFO_SPB
-from hybrid_cache.core.state import INFO_STATUS
-from hybrid_cache.core.state import RG_LAST
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import ReqGroup
+from hybrid_cache.core.state import ReqInfo
 
 
 def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
@@ -54,10 +52,10 @@ def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
   rows = state.tables[slot][:, ::-1]
   batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
   state = block_pool.free_ordered(state, rows.reshape(-1), batch)
-  rg = jnp.zeros_like(state.req_group[slot]).at[:, RG_LAST].set(-1)
+  rg = ReqGroup(jnp.zeros_like(state.req_group[slot])).set(last=-1)
   info = state.req_info[slot]
   if preempt:
-    info = info.at[INFO_STATUS].set(STATUS_WAITING).at[INFO_COMPUTED].set(0).at[INFO_SPB].set(0)
+    info = ReqInfo(info).set(status=STATUS_WAITING, computed=0, spb=0)
   else:
     info = jnp.zeros_like(info)
   state = state.replace(

@@ -29,22 +29,20 @@ from hybrid_cache.core import release as release_lib
 from hybrid_cache.core.allocate import release_cows
 from hybrid_cache.core.block_pool import free_counts
 from hybrid_cache.core.layout import layout
+from hybrid_cache.core.outputs import entry_columns
 from hybrid_cache.core.outputs import pack_entry
 from hybrid_cache.core.outputs import pack_lookup
 from hybrid_cache.core.outputs import pack_stats
 from hybrid_cache.core.outputs import pack_step
 from hybrid_cache.core.outputs import stats
-from hybrid_cache.core.rows import aux_columns
-from hybrid_cache.core.rows import queue_rows
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_STEP
-from hybrid_cache.core.state import C_TAIL
-from hybrid_cache.core.state import INFO_PROMPT
-from hybrid_cache.core.state import INFO_STATUS
-from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
@@ -64,7 +62,7 @@ def schedule_step(
   """
   lay = layout(config)
   state = block_pool.maybe_renormalise(state)
-  state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  state = state.replace(counters=Counters(state.counters).add(clock=1))
   state = eviction.prepare(lay, state)
 
   def body(carry, x):
@@ -85,9 +83,8 @@ def schedule_step(
   carry = StepCarry(state, state.max_batched_tokens, free_counts(lay, state))
   carry, rows = jax.lax.scan(body, carry, xs)
   state = carry.state
-  if lay.partial:
-    g = lay.num_groups
-    cows = rows[:, rows.shape[1] - 2 * g :].reshape(rows.shape[0], g, 2)
+  if lay.partial:  # every entry's copy-on-write pairs (`outputs.EntryColumns.cows`)
+    cows = rows[:, entry_columns(lay).cows].reshape(rows.shape[0], lay.num_groups, 2)
     state = release_cows(lay, state, cows)
   return state, pack_step(lay, rows, stats(lay, state))
 
@@ -122,10 +119,9 @@ def write_request_only(
 
 def register_request(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
   """Registers a waiting request in `slot` (or updates tokens of an existing one); pure."""
-  info = state.req_info[slot]
-  status = jnp.where(info[INFO_STATUS] == STATUS_EMPTY, STATUS_WAITING, info[INFO_STATUS])
-  info = info.at[INFO_STATUS].set(status).at[INFO_TOKENS].set(num_tokens)
-  info = info.at[INFO_PROMPT].set(num_prompt)
+  info = ReqInfo(state.req_info[slot])
+  status = jnp.where(info.status == STATUS_EMPTY, STATUS_WAITING, info.status)
+  info = info.set(status=status, tokens=num_tokens, prompt=num_prompt)
   return state.replace(
     req_info=state.req_info.at[slot].set(info), req_hashes=state.req_hashes.at[slot].set(hashes)
   )
@@ -134,7 +130,7 @@ def register_request(state: CacheState, slot, hashes, num_tokens, num_prompt) ->
 def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   """One scheduler step with a single entry (no padding): the unit of a trace scan."""
   lay = layout(config)
-  state = state.replace(counters=state.counters.at[C_STEP].add(1))
+  state = state.replace(counters=Counters(state.counters).add(clock=1))
   state = eviction.prepare(lay, state)
   carry, out = schedule_entry(
     lay,
@@ -166,19 +162,21 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
   k0 = jnp.where(pinned, state.tail_key + rank, state.free_key)
   new = state.replace(
-    queue_key=queue_rows(k0, jnp.full((nb,), BIG, jnp.int32)),
+    queue_key=QueueKeys.stack(free=k0, pinned=jnp.full((nb,), BIG, jnp.int32)),
     block_group=jnp.full_like(state.block_group, -1),
-    block_aux=aux_columns(
-      jnp.full((nb,), -1, jnp.int32),
-      jnp.zeros((nb,), jnp.int32),
-      jnp.full((nb,), -1, jnp.int32),
+    block_aux=BlockAux.stack(
+      key_step=jnp.full((nb,), -1, jnp.int32),
+      pinned=jnp.zeros((nb,), jnp.int32),
+      key_end=jnp.full((nb,), -1, jnp.int32),
       # the chain features' no-key values (hits 0, chain start -1)
-      *(
-        (jnp.zeros((nb,), jnp.int32), jnp.full((nb,), -1, jnp.int32)) if lay.chain_features else ()
+      **(
+        {"key_hits": jnp.zeros((nb,), jnp.int32), "chain_start": jnp.full((nb,), -1, jnp.int32)}
+        if lay.chain_features
+        else {}
       ),
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
-    counters=state.counters.at[C_TAIL].add(jnp.sum(pinned).astype(jnp.int32)),
+    counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),
   )
   state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
   return state, ok, pack_stats(lay, stats(lay, state))

@@ -1,25 +1,31 @@
-"""`CacheState`: the one pytree the jitted core reads and writes, its leaves' named rows and
-columns (static sizes: `layout.Layout`; a fresh state and its params leaf:
-`fresh_state.init_state`, `fresh_state.runtime_params`; the row builders: `rows`).
+"""`CacheState`: the one pytree the jitted core reads and writes, and the packing of its leaves'
+named rows and columns (static sizes: `layout.Layout`; a fresh state: `fresh_state.init_state`;
+the `params` leaf: `params`).
 
 Fields (15 leaves, each its own buffer so the state can be donated). Several are stacked
-arrays whose rows or columns are addressed by named constants; `CacheState` reads each of them
-through a named property (listed under its leaf, shape after the name). NB = `Layout.num_blocks`
+arrays whose rows or columns are addressed by position constants (`Q_*`, `AUX_*`, ...) that
+no module but this one uses: every other module reads and writes them by name, through the
+leaf's view class (`QueueKeys`, `BlockAux`, `IndexEntry`, `ReqInfo`, `ReqGroup`, `Counters`,
+`HashLanes`; the field names are given under each leaf) or the `CacheState` property named
+after the column (listed under its leaf, shape after the name). NB = `Layout.num_blocks`
 (the padded pool), BK = `Layout.buckets`, W = `layout.WAYS`, R = `max_requests`, G = groups,
 MB = `Layout.max_blocks`, MH = `Layout.max_hashes`.
 
 Pool, per block:
 * `ref_cnt` i32[NB]: references: table entries naming the block (plus a step's copy-on-write
   holds).
-* `queue_key` i32[NUM_QUEUES, NB], rows `Q_*`: the block's key in vLLM's free queue and in
-  the pinned tier (SPEC B1); `BIG` = not in that queue, a block is free iff one key is < BIG.
+* `queue_key` i32[NUM_QUEUES, NB], rows `Q_*` (`QueueKeys`: `free`, `pinned`; `QueueCounts`
+  names the same entries on the last axis of free-block counts): the block's key in vLLM's
+  free queue and in the pinned tier (SPEC B1); `BIG` = not in that queue, a block is free iff
+  one key is < BIG.
   - `free_key` i32[NB] (row `Q_FREE`): position in the normal free queue (smallest pops first).
   - `pinned_key` i32[NB] (row `Q_PINNED`): position in the pinned tier (oldest demoted first).
 * `block_group` i32[NB]: group whose key the block carries, -1 = no key.
 * `block_hash` u32[NB, HASH_LANES]: the block's key, a 64-bit chained hash as (low, high)
-  uint32 lanes (`HASH_LO`, `HASH_HI`; the lanes of every hash array below too).
+  uint32 lanes (`HASH_LO`, `HASH_HI`, `HashLanes`: `lo`, `hi`; the lanes of every hash array
+  below too).
 * `block_aux` i32[NB, NUM_AUX] (i32[NB, NUM_AUX_CHAIN] with the chain features), columns
-  `AUX_*`:
+  `AUX_*` (`BlockAux`, fields named as the properties; `BlockAux.NO_KEY`: an unkeyed row):
   - `key_step` i32[NB] (`AUX_STEP`): scheduler step (`clock`) in which the key was
     registered, -1 = no key (the same-step rule, vLLM §2.4.6).
   - `pinned` i32[NB] (`AUX_PINNED`): 1 = pinned (goes to the pinned tier when freed).
@@ -32,11 +38,11 @@ Pool, per block:
   - `key_hits` i32[NB] (`AUX_HITS`): admitted allocations that hit the block since its key was
     registered (0 then and without a key; moved with the key by a copy-on-write).
   - `chain_start` i32[NB] (`AUX_CHAIN`): where the key's KV span starts, -1 = no key. Recurrent:
-    the registering request's `RG_CHAIN` (its previous kept state's end: `key_end - chain_start`
+    the registering request's `group_chain` (its previous kept state's end: `key_end - chain_start`
     tokens of KV back to it); else the block's first token (table position * block size).
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
-* `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*`:
+* `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*` (`IndexEntry`: `block`, `seq`):
   - `index_block` i32[BK, W] (`IDX_BLOCK`): the block carrying the entry's key, -1 = empty way.
   - `index_seq` i32[BK, W] (`IDX_SEQ`): insertion sequence number (oldest duplicate wins).
 * `index_hash` u32[BK, W, HASH_LANES]: the entry's key.
@@ -44,7 +50,8 @@ Block index, set-associative `[buckets, ways]` (`block_index`):
 Requests, per slot:
 * `tables` i32[R, G, MB]: position-indexed block tables, 0 = null.
 * `req_hashes` u32[R, MH, HASH_LANES]: the request's chained fine hashes, one per hash block.
-* `req_info` i32[R, NUM_INFO], columns `INFO_*`:
+* `req_info` i32[R, NUM_INFO], columns `INFO_*` (`ReqInfo`: `status`, `computed`, `tokens`,
+  `prompt`, `spb`):
   - `req_status` i32[R] (`INFO_STATUS`): `STATUS_EMPTY` / `STATUS_WAITING` / `STATUS_RUNNING`.
   - `req_computed` i32[R] (`INFO_COMPUTED`): tokens computed, the ones scheduled included.
   - `req_tokens` i32[R] (`INFO_TOKENS`): tokens known (prompt + output so far).
@@ -52,19 +59,19 @@ Requests, per slot:
   - `req_spb` i32[R] (`INFO_SPB`): shared-prefix boundary of its admission (Marconi
     junction), 0 = none.
 * `req_group` i32[R, G, NUM_RG] (i32[R, G, NUM_RG_CHAIN] with the chain features), columns
-  `RG_*`:
+  `RG_*` (`ReqGroup`: `length`, `ncached`, `last`, `chain`):
   - `group_len` i32[R, G] (`RG_LEN`): blocks in the group's table row.
   - `group_ncached` i32[R, G] (`RG_NCACHED`): blocks of the row offered to the index so far.
   - `group_last` i32[R, G] (`RG_LAST`): align mode's previous running-state position, -1 = none.
   - `group_chain` i32[R, G] (`RG_CHAIN`): token end of the request's latest kept state (its hit
     at admission, then each state block it registers), 0 = none; read for recurrent groups.
-    Only with the chain features (like `AUX_HITS` / `AUX_CHAIN`).
+    Only with the chain features (like `key_hits` / `chain_start`).
 * `req_partial` i32[R, G] (i32[R, 0] without partial hits, vLLM §2.5): 1 + the table position
   of a recurrent partial entry the request registered on its running state block (0 = none);
   its next allocation moves the key to a fresh copy-on-write block.
 
 Scalars:
-* `counters` i32[NUM_COUNTERS], entries `C_*`:
+* `counters` i32[NUM_COUNTERS], entries `C_*` (`Counters`, fields named as the properties):
   - `head_key` (`C_HEAD`): smallest key of the normal free queue's head insertions (the next
     head insertion goes below it).
   - `tail_key` (`C_TAIL`): next normal free-queue tail key.
@@ -76,7 +83,8 @@ Scalars:
   - `states_evicted` (`C_REC_EVICTED`): keyed recurrent blocks re-allocated (or evicted over
     the shared byte budget, `byte_budget.enforce`).
   - `alpha_milli` (`C_ALPHA_MILLI`): the FLOP-aware eviction weight alpha in thousandths.
-* `params` i32[NUM_PARAMS], entries `P_*`: the config's runtime parameters (`runtime_params`),
+* `params` i32[NUM_PARAMS], entries `P_*` (packed and named in `params`, the one module that
+  uses them): the config's runtime parameters (`params.runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
   programs (`compile_cache.compile_key`); written by `init_state`, never changed:
   `num_real_blocks` (`P_NUM_BLOCKS`, the real id space `CacheConfig.pool_size`),
@@ -95,11 +103,19 @@ Scalars:
   `admit` writes it; `reset_prefix_cache` keeps it (statistics of the requests seen, not
   cache content).
 
-The properties are plain slices (`leaf[..., COLUMN]`): reading one lowers exactly as the
-indexing it names. Sites that gather a dynamic row (`state.req_info[r, INFO_COMPUTED]`) index
-the leaf with the constant instead (one gather, not a column slice and a gather). Rows written
-by position are built by `rows.aux_columns`, `group_columns` and `queue_rows`. Whether a state
-carries the chain features is static (`CacheState.has_chain`: the width of `block_aux`).
+Why packed: a stacked leaf is one buffer, donated and updated in place as one, so a block's
+key columns are cleared in one row write when it is popped (`block_index.evict_ids`) and a
+registration writes its step and token end in one [k, 2] scatter ([k, 4] with the chain
+features; one scatter per scheduled entry, not one per column), and the chain-feature columns exist
+only in the states whose policy reads them, so that the others' traced program has none of
+them (maintained on every step they cost ~13%, issue 14). Whether a state carries them is
+static (`CacheState.has_chain`: the width of `block_aux`).
+
+The views are plain indexing: a property or `Packed` field read lowers exactly as the
+`leaf[..., COLUMN]` it names; `ReqInfo(state.req_info)[r].computed` gathers one entry of a
+dynamic row (not a row and then a column), `ReqInfo(state.req_info[r])` reads columns of the
+row once gathered. `Packed.set` / `add` write fields in keyword order and `Packed.stack`
+builds rows, so no other module writes a position.
 
 Padded pool (`compile_cache.bucket_num_blocks`): the pool arrays have `Layout.num_blocks`
 entries (the next power of two); the config's ids `[0, num_real_blocks)` are the real
@@ -117,8 +133,11 @@ tail insertions keys above; popping takes the smallest key (a doubly-linked list
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flax.struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache.core.params import ParamViews
@@ -155,6 +174,186 @@ HASH_LO, HASH_HI = range(2)
 HASH_LANES = 2
 
 
+# ---- named views of the packed leaves (the only code outside `CacheState` that uses the
+# constants above)
+
+
+class Packed:
+  """A named view of a packed array: a leaf above, a row of one, or an array in its layout.
+
+  `FIELDS` names each entry of the packed axis (`AXIS`: -1 = the last, columns; 0 = the
+  first, rows) by its position constant; `WIDTHS`: the axis's sizes (without, with the chain
+  features). `view[i]` selects leading indices lazily, so a field read is ONE index of the
+  array, exactly the indexing it names: `ReqInfo(state.req_info)[r].computed` is
+  `state.req_info[r, ..., INFO_COMPUTED]` (one gather), `ReqInfo(info).computed` the column
+  of a row `info` already read. Writes return the new array, one field after the other in
+  keyword order: `view.set(name=value, ..., mode=None)` and `view.add(...)` (`.at[...]`; `set`
+  on a NumPy array writes a copy); the values are computed before the first write, as any
+  call's arguments. `stack(name=array, ...)` builds rows from their fields.
+  """
+
+  FIELDS: ClassVar[dict[str, int]] = {}
+  AXIS: ClassVar[int] = -1
+  WIDTHS: ClassVar[tuple[int, ...]] = ()
+  __slots__ = ("array", "at")
+
+  def __init_subclass__(cls, **kw):
+    super().__init_subclass__(**kw)
+    if list(cls.FIELDS.values()) != list(range(len(cls.FIELDS))):
+      raise TypeError(f"{cls.__name__}.FIELDS must list the positions in order")
+
+  def __init__(self, array, at: tuple = ()):
+    self.array = array
+    self.at = at
+
+  def __getitem__(self, idx) -> Packed:
+    return type(self)(self.array, self.at + (idx if isinstance(idx, tuple) else (idx,)))
+
+  def _index(self, name: str) -> tuple:
+    c = self.FIELDS[name]
+    return (c, *self.at) if self.AXIS == 0 else (*self.at, Ellipsis, c)
+
+  def __getattr__(self, name: str):
+    if name not in type(self).FIELDS:
+      raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+    return self.array[self._index(name)]
+
+  def set(self, mode: str | None = None, **values):
+    """The array with each named field set (`.at[...].set(value, mode=mode)`)."""
+    if isinstance(self.array, np.ndarray):
+      out = self.array.copy()
+      for name, v in values.items():
+        out[self._index(name)] = v
+      return out
+    return self._write("set", mode, values)
+
+  def add(self, mode: str | None = None, **values) -> jax.Array:
+    """The array with each value added to its named field (`.at[...].add`)."""
+    return self._write("add", mode, values)
+
+  def _write(self, op: str, mode: str | None, values: dict) -> jax.Array:
+    a, kw = self.array, ({} if mode is None else {"mode": mode})
+    for name, v in values.items():
+      a = getattr(a.at[self._index(name)], op)(v, **kw)
+    return a
+
+  @classmethod
+  def stack(cls, **fields) -> jax.Array:
+    """The packed array of `fields` (each i32[...]; all of them, the chain features' both or
+    neither) stacked along the packed axis in position order."""
+    names = list(cls.FIELDS)[: len(fields)]
+    if len(fields) not in cls.WIDTHS or set(fields) != set(names):
+      raise ValueError(f"{cls.__name__}.stack needs the fields {names} (chain: both or neither)")
+    return jnp.stack([fields[k] for k in names], axis=0 if cls.AXIS == 0 else -1)
+
+  @classmethod
+  def positions(cls, *names: str) -> tuple[int, ...]:
+    """The positions of `names` on the packed axis (for one scatter over several fields)."""
+    return tuple(cls.FIELDS[k] for k in names)
+
+  @classmethod
+  def width(cls, chain: bool = False) -> int:
+    """The packed axis's size, with the chain features if `chain` (`CacheState.has_chain`)."""
+    return cls.WIDTHS[-1] if chain else cls.WIDTHS[0]
+
+
+class QueueKeys(Packed):
+  """`queue_key` rows (`Q_*`): `free`, `pinned` (module docstring)."""
+
+  FIELDS = {"free": Q_FREE, "pinned": Q_PINNED}
+  AXIS = 0
+  WIDTHS = (NUM_QUEUES,)
+
+
+class QueueCounts(Packed):
+  """Free blocks per queue, last axis in `queue_key`'s row order: `free`, `pinned`
+  (`block_pool.free_counts`: i32[NUM_QUEUES], or i32[2, NUM_QUEUES] per pool)."""
+
+  FIELDS = QueueKeys.FIELDS
+  WIDTHS = (NUM_QUEUES,)
+
+
+class BlockAux(Packed):
+  """`block_aux` columns (`AUX_*`): `key_step`, `pinned`, `key_end`, and with the chain
+  features `key_hits`, `chain_start` (module docstring). `NO_KEY`: an unkeyed, unpinned
+  block's row with the chain features (`no_key`: at either width)."""
+
+  FIELDS = {
+    "key_step": AUX_STEP,
+    "pinned": AUX_PINNED,
+    "key_end": AUX_END,
+    "key_hits": AUX_HITS,
+    "chain_start": AUX_CHAIN,
+  }
+  WIDTHS = (NUM_AUX, NUM_AUX_CHAIN)
+  NO_KEY = np.zeros(NUM_AUX_CHAIN, np.int32)
+  NO_KEY[[AUX_STEP, AUX_END, AUX_CHAIN]] = -1
+  NO_KEY.flags.writeable = False
+
+  @classmethod
+  def no_key(cls, chain: bool) -> np.ndarray:
+    """i32[width(chain)]: an unkeyed, unpinned block's row (the first columns of `NO_KEY`)."""
+    return cls.NO_KEY[: cls.width(chain)]
+
+
+class IndexEntry(Packed):
+  """`index_entry` columns (`IDX_*`): `block`, `seq` (module docstring)."""
+
+  FIELDS = {"block": IDX_BLOCK, "seq": IDX_SEQ}
+  WIDTHS = (NUM_IDX,)
+
+
+class ReqInfo(Packed):
+  """`req_info` columns (`INFO_*`): `status`, `computed`, `tokens`, `prompt`, `spb`."""
+
+  FIELDS = {
+    "status": INFO_STATUS,
+    "computed": INFO_COMPUTED,
+    "tokens": INFO_TOKENS,
+    "prompt": INFO_PROMPT,
+    "spb": INFO_SPB,
+  }
+  WIDTHS = (NUM_INFO,)
+
+
+class ReqGroup(Packed):
+  """`req_group` columns (`RG_*`): `length`, `ncached`, `last`, and with the chain features
+  `chain` (module docstring)."""
+
+  FIELDS = {"length": RG_LEN, "ncached": RG_NCACHED, "last": RG_LAST, "chain": RG_CHAIN}
+  WIDTHS = (NUM_RG, NUM_RG_CHAIN)
+
+
+class Counters(Packed):
+  """`counters` entries (`C_*`), named as `CacheState`'s views of them (module docstring)."""
+
+  FIELDS = {
+    "head_key": C_HEAD,
+    "tail_key": C_TAIL,
+    "pin_key": C_PIN,
+    "clock": C_STEP,
+    "next_seq": C_SEQ,
+    "index_overflows": C_OVERFLOW,
+    "states_admitted": C_REC_ADMITTED,
+    "states_evicted": C_REC_EVICTED,
+    "alpha_milli": C_ALPHA_MILLI,
+  }
+  AXIS = 0
+  WIDTHS = (NUM_COUNTERS,)
+
+
+class HashLanes(Packed):
+  """The lanes of a 64-bit hash array (`HASH_*`, last axis): `lo`, `hi`."""
+
+  FIELDS = {"lo": HASH_LO, "hi": HASH_HI}
+  WIDTHS = (HASH_LANES,)
+
+
+def _view(view: type[Packed], leaf: str, field: str, doc: str) -> property:
+  """A read-only `CacheState` property: `field` of `leaf` through `view` (a plain slice)."""
+  return property(lambda s: getattr(view(getattr(s, leaf)), field), doc=doc)
+
+
 @flax.struct.dataclass
 class CacheState(ParamViews):
   """The whole cache core state: 15 leaves, and named read-only views of their rows and
@@ -181,153 +380,48 @@ class CacheState(ParamViews):
   policy_state: jax.Array
 
   # ---- queue_key rows, i32[NB] (BIG = not in that queue)
-  @property
-  def free_key(self) -> jax.Array:
-    """i32[NB]: each block's key in vLLM's free queue (smallest pops first), BIG = not in it."""
-    return self.queue_key[Q_FREE]
-
-  @property
-  def pinned_key(self) -> jax.Array:
-    """i32[NB]: each block's key in the pinned tier (smallest demoted first), BIG = not in it."""
-    return self.queue_key[Q_PINNED]
+  free_key = _view(QueueKeys, "queue_key", "free", "i32[NB]: key in vLLM's free queue.")
+  pinned_key = _view(QueueKeys, "queue_key", "pinned", "i32[NB]: key in the pinned tier.")
 
   # ---- block_aux columns, i32[NB]
-  @property
-  def key_step(self) -> jax.Array:
-    """i32[NB]: scheduler step (`clock`) in which each block's key was registered, -1 = none."""
-    return self.block_aux[:, AUX_STEP]
-
-  @property
-  def pinned(self) -> jax.Array:
-    """i32[NB]: 1 where the block is pinned (freed into the pinned tier), else 0."""
-    return self.block_aux[:, AUX_PINNED]
-
-  @property
-  def key_end(self) -> jax.Array:
-    """i32[NB]: tokens of the prefix each block's key covers, -1 = no key."""
-    return self.block_aux[:, AUX_END]
+  key_step = _view(BlockAux, "block_aux", "key_step", "i32[NB]: step the key was registered.")
+  pinned = _view(BlockAux, "block_aux", "pinned", "i32[NB]: 1 = pinned (freed to the tier).")
+  key_end = _view(BlockAux, "block_aux", "key_end", "i32[NB]: tokens the key covers, -1 = none.")
+  key_hits = _view(BlockAux, "block_aux", "key_hits", "i32[NB]: hits on the key (chain only).")
+  chain_start = _view(BlockAux, "block_aux", "chain_start", "i32[NB]: chain start (chain only).")
 
   @property
   def has_chain(self) -> bool:
     """Whether the state carries the chain features (static: `Layout.chain_features`)."""
     return self.block_aux.shape[-1] == NUM_AUX_CHAIN
 
-  @property
-  def key_hits(self) -> jax.Array:
-    """i32[NB]: prefix-cache hits on each block since its key was registered (0: no key);
-    chain-feature states only (`has_chain`)."""
-    return self.block_aux[:, AUX_HITS]
-
-  @property
-  def chain_start(self) -> jax.Array:
-    """i32[NB]: token where each key's chain span starts (module docstring), -1 = no key;
-    chain-feature states only (`has_chain`)."""
-    return self.block_aux[:, AUX_CHAIN]
-
   # ---- index_entry columns, i32[BK, W]
-  @property
-  def index_block(self) -> jax.Array:
-    """i32[BK, W]: block carrying each index entry's key, -1 = empty way."""
-    return self.index_entry[..., IDX_BLOCK]
-
-  @property
-  def index_seq(self) -> jax.Array:
-    """i32[BK, W]: each index entry's insertion sequence number (oldest duplicate wins)."""
-    return self.index_entry[..., IDX_SEQ]
+  index_block = _view(IndexEntry, "index_entry", "block", "i32[BK, W]: block, -1 = empty way.")
+  index_seq = _view(IndexEntry, "index_entry", "seq", "i32[BK, W]: insertion sequence number.")
 
   # ---- req_info columns, i32[R]
-  @property
-  def req_status(self) -> jax.Array:
-    """i32[R]: each slot's `STATUS_*` (empty, waiting, running)."""
-    return self.req_info[:, INFO_STATUS]
-
-  @property
-  def req_computed(self) -> jax.Array:
-    """i32[R]: tokens computed per request, the ones scheduled included."""
-    return self.req_info[:, INFO_COMPUTED]
-
-  @property
-  def req_tokens(self) -> jax.Array:
-    """i32[R]: tokens known per request (prompt + output so far)."""
-    return self.req_info[:, INFO_TOKENS]
-
-  @property
-  def req_prompt(self) -> jax.Array:
-    """i32[R]: prompt tokens per request."""
-    return self.req_info[:, INFO_PROMPT]
-
-  @property
-  def req_spb(self) -> jax.Array:
-    """i32[R]: shared-prefix boundary (Marconi junction) of each request's admission, 0 = none."""
-    return self.req_info[:, INFO_SPB]
+  req_status = _view(ReqInfo, "req_info", "status", "i32[R]: `STATUS_*` of each slot.")
+  req_computed = _view(ReqInfo, "req_info", "computed", "i32[R]: tokens computed (scheduled).")
+  req_tokens = _view(ReqInfo, "req_info", "tokens", "i32[R]: tokens known.")
+  req_prompt = _view(ReqInfo, "req_info", "prompt", "i32[R]: prompt tokens.")
+  req_spb = _view(ReqInfo, "req_info", "spb", "i32[R]: shared-prefix boundary, 0 = none.")
 
   # ---- req_group columns, i32[R, G]
-  @property
-  def group_len(self) -> jax.Array:
-    """i32[R, G]: blocks in each request's table row per group."""
-    return self.req_group[..., RG_LEN]
-
-  @property
-  def group_ncached(self) -> jax.Array:
-    """i32[R, G]: blocks of each row offered to the index so far."""
-    return self.req_group[..., RG_NCACHED]
-
-  @property
-  def group_last(self) -> jax.Array:
-    """i32[R, G]: align mode's previous running-state position in the row, -1 = none."""
-    return self.req_group[..., RG_LAST]
-
-  @property
-  def group_chain(self) -> jax.Array:
-    """i32[R, G]: token end of each request's latest kept state per group, 0 = none;
-    chain-feature states only (`has_chain`)."""
-    return self.req_group[..., RG_CHAIN]
+  group_len = _view(ReqGroup, "req_group", "length", "i32[R, G]: blocks in the table row.")
+  group_ncached = _view(ReqGroup, "req_group", "ncached", "i32[R, G]: blocks offered so far.")
+  group_last = _view(ReqGroup, "req_group", "last", "i32[R, G]: align's previous state, -1.")
+  group_chain = _view(ReqGroup, "req_group", "chain", "i32[R, G]: latest kept state's end.")
 
   # ---- counters, i32 scalars
-  @property
-  def head_key(self) -> jax.Array:
-    """Smallest key of the free queue's head insertions (the next one goes below it)."""
-    return self.counters[C_HEAD]
-
-  @property
-  def tail_key(self) -> jax.Array:
-    """Next free-queue tail key."""
-    return self.counters[C_TAIL]
-
-  @property
-  def pin_key(self) -> jax.Array:
-    """Next pinned-tier key."""
-    return self.counters[C_PIN]
-
-  @property
-  def clock(self) -> jax.Array:
-    """Scheduler steps run so far (the step `key_step` records)."""
-    return self.counters[C_STEP]
-
-  @property
-  def next_seq(self) -> jax.Array:
-    """Next block-index insertion sequence number."""
-    return self.counters[C_SEQ]
-
-  @property
-  def index_overflows(self) -> jax.Array:
-    """Index insertions dropped by a full bucket (each a later miss, never a wrong hit)."""
-    return self.counters[C_OVERFLOW]
-
-  @property
-  def states_admitted(self) -> jax.Array:
-    """Keys registered in recurrent groups (recurrent states admitted to the cache)."""
-    return self.counters[C_REC_ADMITTED]
-
-  @property
-  def states_evicted(self) -> jax.Array:
-    """Keyed recurrent blocks re-allocated (recurrent states evicted)."""
-    return self.counters[C_REC_EVICTED]
-
-  @property
-  def alpha_milli(self) -> jax.Array:
-    """The FLOP-aware eviction weight alpha, in thousandths (0 = LRU)."""
-    return self.counters[C_ALPHA_MILLI]
+  head_key = _view(Counters, "counters", "head_key", "Smallest head-insertion queue key.")
+  tail_key = _view(Counters, "counters", "tail_key", "Next free-queue tail key.")
+  pin_key = _view(Counters, "counters", "pin_key", "Next pinned-tier key.")
+  clock = _view(Counters, "counters", "clock", "Scheduler steps run so far.")
+  next_seq = _view(Counters, "counters", "next_seq", "Next index insertion sequence number.")
+  index_overflows = _view(Counters, "counters", "index_overflows", "Insertions dropped.")
+  states_admitted = _view(Counters, "counters", "states_admitted", "Recurrent keys registered.")
+  states_evicted = _view(Counters, "counters", "states_evicted", "Recurrent keys evicted.")
+  alpha_milli = _view(Counters, "counters", "alpha_milli", "FLOP-aware alpha in thousandths.")
 
 
 def cdiv(a, b):

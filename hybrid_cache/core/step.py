@@ -23,18 +23,13 @@ from hybrid_cache.core.block_pool import free_counts
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.split import split
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import INFO_PROMPT
-from hybrid_cache.core.state import INFO_SPB
-from hybrid_cache.core.state import INFO_STATUS
-from hybrid_cache.core.state import INFO_TOKENS
-from hybrid_cache.core.state import Q_FREE
-from hybrid_cache.core.state import Q_PINNED
-from hybrid_cache.core.state import RG_LEN
 from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import STATUS_RUNNING
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import QueueCounts
+from hybrid_cache.core.state import ReqGroup
+from hybrid_cache.core.state import ReqInfo
 
 # An entry's skip reason (its `reason` output, `outputs.ENTRY_SCALARS`; the manager maps the
 # codes to `EntryResult.reason`): none (scheduled, or a padding entry); `allocate_slots`
@@ -48,11 +43,11 @@ REASON_NONE, REASON_ALLOC, REASON_BUDGET = 0, 1, 2
 
 
 def lookup_or_zero(lay, state, r, is_new, keys=None):
-  info = state.req_info[r]
+  info = ReqInfo(state.req_info[r])
   g_n, mb = lay.num_groups, lay.max_blocks
 
   def yes(_):
-    return coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
+    return coordinator.lookup(lay, state, state.req_hashes[r], info.tokens, keys)
 
   def no(_):
     z = jnp.int32(0)
@@ -71,8 +66,8 @@ def lookup_masked(lay, state, r, is_new, keys=None):
   """`lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
   masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
   nested executor and its output copies cost more than the rare wasted lookup."""
-  info = state.req_info[r]
-  lk = coordinator.lookup(lay, state, state.req_hashes[r], info[INFO_TOKENS], keys)
+  info = ReqInfo(state.req_info[r])
+  lk = coordinator.lookup(lay, state, state.req_hashes[r], info.tokens, keys)
   z = jnp.int32(0)
   return dict(
     hit=jnp.where(is_new, lk["hit"], z),
@@ -106,8 +101,9 @@ class StepCarry(NamedTuple):
   Attributes:
     state: the cache state.
     budget: i32, tokens left in the step's budget.
-    queued: i32[NUM_QUEUES], free blocks in the normal queue and in the pinned tier (`Q_*`);
-      i32[2, NUM_QUEUES] with two pools (pages, state slots; `block_pool.free_counts`).
+    queued: i32[2], free blocks in the normal queue and in the pinned tier
+      (`QueueCounts`); i32[2, 2] with two pools (pages, state slots;
+      `block_pool.free_counts`).
   """
 
   state: CacheState
@@ -127,8 +123,8 @@ def schedule_entry(
   """
   state, budget, queued = carry.state, carry.budget, carry.queued
   r, max_tok, valid, keys = x.slot, x.max_tokens, x.valid, x.keys
-  info = state.req_info[r]
-  status = info[INFO_STATUS]
+  info = ReqInfo(state.req_info[r])
+  status = info.status
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
   # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
@@ -136,9 +132,9 @@ def schedule_entry(
   lk = lookup(lay, state, r, is_new, keys)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = jnp.where(state.marconi_junction != 0, lk["spb"], 0)
-  spb = jnp.where(is_new, spb_new, info[INFO_SPB])
-  num_tokens = info[INFO_TOKENS]
-  start = info[INFO_COMPUTED] + hit
+  spb = jnp.where(is_new, spb_new, info.spb)
+  num_tokens = info.tokens
+  start = info.computed + hit
   remaining = num_tokens - start
   cap = jnp.where(max_tok >= 0, max_tok, BIG)
   n0 = jnp.maximum(jnp.minimum(jnp.minimum(remaining, budget), cap), 0)
@@ -147,7 +143,7 @@ def schedule_entry(
   mml = state.max_model_len
   n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, mml - start - 1), 0))
   max_chunk = jnp.where(max_tok >= 0, max_tok, state.max_batched_tokens)
-  n = split(lay, start, n0, num_tokens, info[INFO_PROMPT], spb, max_chunk)
+  n = split(lay, start, n0, num_tokens, info.prompt, spb, max_chunk)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
 
@@ -162,7 +158,7 @@ def schedule_entry(
 
   # allocate_slots without `lax.cond` over the state (XLA:CPU copies the state leaves a cond
   # passes through): every write below is masked by `attempt` / `ok`
-  c = info[INFO_COMPUTED]
+  c = info.computed
 
   def release_skipped(state_and_queued):
     s = remove_skipped(lay, state_and_queued[0], r, c)
@@ -177,7 +173,7 @@ def schedule_entry(
   )
   # free blocks (= block_pool.num_free(state)); with two pools each pool's count fits its own
   # free blocks, and the watermark counts pages only (`CacheConfig.state_slots`)
-  free = queued[..., Q_FREE] + queued[..., Q_PINNED]
+  free = QueueCounts(queued).free + QueueCounts(queued).pinned
   if lay.state_pool:
     pages = jnp.asarray([1, 0], jnp.int32)
     # with a shared byte budget, also in bytes beside the held blocks (`core/byte_budget.py`)
@@ -205,18 +201,18 @@ def schedule_entry(
   # are checked against the free blocks less the watermark)
   ok &= ~is_new | fits(fcount, watermark) | (state.full_sequence_must_fit == 0)
   ok &= ~is_new | fits(count, watermark)
-  spb_row = jnp.where(attempt & (ok | ~is_new), spb, info[INFO_SPB])
-  state = state.replace(req_info=state.req_info.at[r, INFO_SPB].set(spb_row))
-  lens_now = state.req_group[r, :, RG_LEN]
+  spb_row = jnp.where(attempt & (ok | ~is_new), spb, info.spb)
+  state = state.replace(req_info=ReqInfo(state.req_info)[r].set(spb=spb_row))
+  lens_now = ReqGroup(state.req_group)[r].length
   bss = jnp.asarray(lay.block_sizes)
   hit_len = (hit + bss - 1) // bss if lay.partial else hit // bss
   lens_before = jnp.where(attempt & is_new, hit_len, lens_now)
   alloc = allocate_slots(lay, state, r, is_new, hit, hit_ids, n, ok, queued, keys)
   state, queued = alloc.state, alloc.queued
   inf = state.req_info[r]
-  done = inf.at[INFO_COMPUTED].set(start + n).at[INFO_STATUS].set(STATUS_RUNNING)
+  done = ReqInfo(inf).set(computed=start + n, status=STATUS_RUNNING)
   state = state.replace(req_info=state.req_info.at[r].set(jnp.where(ok, done, inf)))
-  computed = state.req_info[r, INFO_COMPUTED]
+  computed = ReqInfo(state.req_info)[r].computed
   scheduled = jnp.where(ok, n, 0)
   reason = jnp.where(
     attempt & ~ok, REASON_ALLOC, jnp.where(valid & (n == 0), REASON_BUDGET, REASON_NONE)
@@ -231,7 +227,7 @@ def schedule_entry(
     reason=reason,
     computed=computed,
     lens_before=lens_before,
-    lens_after=state.req_group[r, :, RG_LEN],
+    lens_after=ReqGroup(state.req_group)[r].length,
     row=state.tables[r],
   )
   if lay.partial:

@@ -58,7 +58,7 @@ class Request:
   # §2.5: group -> (row index, source block) of a pending copy-on-write (vLLM _partial_hit_reqs)
   partial: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
   # group -> token end of the latest kept state (hit at admission, then each registered state;
-  # the core's `RG_CHAIN`), the chain start of the next state it registers
+  # the core's `group_chain`), the chain start of the next state it registers
   chain: dict[int, int] = dataclasses.field(default_factory=dict)
 
 

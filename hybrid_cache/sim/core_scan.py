@@ -17,9 +17,9 @@ Mooncake symbol (a run of consecutive token ids) costs O(1) and no per-token Pyt
 values differ from `hashing.block_hashes` (blake2b) but identify the same prefixes (collision
 probability ~2^-64 per pair), which is all the core compares.
 
-Per-request outputs: reused tokens, failed flag, steps, the recurrent blocks the request held at
-finish, and (when the core has them) recurrent keys admitted / recurrent keyed blocks evicted
-(`C_REC_ADMITTED` / `C_REC_EVICTED` counter deltas).
+Per-request outputs (`_OUT_COLS`, read back by name): reused tokens, failed flag, steps, the
+recurrent blocks the request held at finish, recurrent keys admitted / recurrent keyed blocks
+evicted (deltas of `CacheState.states_admitted` / `states_evicted`).
 """
 
 from __future__ import annotations
@@ -39,24 +39,22 @@ from hybrid_cache.core import compile_cache
 from hybrid_cache.core import outputs
 from hybrid_cache.core import release as release_lib
 from hybrid_cache.core import scheduler
-from hybrid_cache.core import state as state_lib
 from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
-from hybrid_cache.core.state import INFO_COMPUTED
-from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_CHUNK = 1024
 _SEED = 0x5EED_CAFE
+# a request's outputs, the columns of `replay_chunk`'s i32[C, 6] (`_col`: a column by name)
 _OUT_COLS = ("reused", "failed", "steps", "rec_held", "rec_admitted", "rec_evicted")
 
 
-def counter_index(name: str) -> int | None:
-  """Index of core counter `name` (e.g. "C_REC_ADMITTED") in `state.counters`, None if absent."""
-  v = getattr(state_lib, name, None)
-  return int(v) if v is not None else None
+def _col(out: np.ndarray, name: str) -> np.ndarray:
+  """Column `name` (`_OUT_COLS`) of the per-request outputs `out` (i32[n, 6])."""
+  return out[:, _OUT_COLS.index(name)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,10 +169,6 @@ def prepare(trace: Trace, config: CacheConfig) -> Prepared:
 # device side: one request's life, scanned
 
 
-def _counter(state: CacheState, idx: int | None):
-  return state.counters[idx] if idx is not None else jnp.int32(0)
-
-
 def _request(config: CacheConfig, hashes, state: CacheState, x):
   """Runs one request (x = n_in, n_total, hash_off, valid); returns (state, i32[6] outputs)."""
   lay = layout(config)
@@ -186,22 +180,20 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
   pos = jnp.arange(lay.max_hashes)[:, None]
   row_in = jnp.where(pos < n_in // hbs, rows, 0)
   row_all = jnp.where(pos < n_total // hbs, rows, 0)
-  i_adm, i_ev = counter_index("C_REC_ADMITTED"), counter_index("C_REC_EVICTED")
-  mamba = [g for g, s in enumerate(lay.groups) if s.kind == "mamba"]
 
   def live(state):
-    adm0, ev0 = _counter(state, i_adm), _counter(state, i_ev)
+    adm0, ev0 = state.states_admitted, state.states_evicted
     state = block_pool.maybe_renormalise(state)
     state = scheduler.register_request(state, slot, row_in, n_in, n_in)
 
     def cond(c):
       state, _, _, failed = c
-      return ~failed & (state.req_info[slot, INFO_COMPUTED] < n_total)
+      return ~failed & (ReqInfo(state.req_info)[slot].computed < n_total)
 
     def body(c):
       state, hit, steps, _ = c
-      computed = state.req_info[slot, INFO_COMPUTED]
-      grow = (computed >= n_in) & (state.req_info[slot, INFO_TOKENS] < n_total)
+      computed = ReqInfo(state.req_info)[slot].computed
+      grow = (computed >= n_in) & (ReqInfo(state.req_info)[slot].tokens < n_total)
       # masked write, not lax.cond: on XLA:CPU a cond over the state copies its leaves
       grown = scheduler.register_request(state, slot, row_all, n_total, n_in)
       state = state.replace(
@@ -217,12 +209,20 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
       cond, body, (state, jnp.int32(0), jnp.int32(0), jnp.bool_(False))
     )
     held = jnp.int32(0)
-    for g in mamba:
+    for g in lay.recurrent_groups:
       held = held + jnp.sum(state.tables[slot, g] > 0).astype(jnp.int32)
     state = release_lib.release(lay, state, slot, False)
-    adm = _counter(state, i_adm) - adm0
-    ev = _counter(state, i_ev) - ev0
-    return state, jnp.stack([hit, failed.astype(jnp.int32), steps, held, adm, ev])
+    adm = state.states_admitted - adm0
+    ev = state.states_evicted - ev0
+    out = dict(
+      reused=hit,
+      failed=failed.astype(jnp.int32),
+      steps=steps,
+      rec_held=held,
+      rec_admitted=adm,
+      rec_evicted=ev,
+    )
+    return state, jnp.stack([out[k] for k in _OUT_COLS])
 
   def skip(state):
     return state, jnp.zeros((len(_OUT_COLS),), jnp.int32)
@@ -254,7 +254,7 @@ def _replay_range(config, p: Prepared, hashes, state, start: int, end: int, chun
     )
     out = np.asarray(jax.device_get(out))[: e - s]
     outs.append(out)
-    bad = np.nonzero(out[:, 1])[0]
+    bad = np.nonzero(_col(out, "failed"))[0]
     if len(bad):
       i = s + int(bad[0])
       raise ValueError(
@@ -272,7 +272,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   """Marconi's V2 alpha schedule on the scan (`hybrid_cache.core.alpha_tuning.OnlineAlphaTuner`).
 
   alpha = 0 until the first request that evicts a recurrent state (request e; the core's
-  `C_REC_EVICTED` counter, Marconi's "first eviction" where every node holds a state); window
+  `states_evicted` counter, Marconi's "first eviction" where every node holds a state); window
   W = multiplier * (e + 1); after request W - 1 the first W requests are replayed from an empty
   cache once per grid alpha (one compile serves them all: alpha lives in the state), scored by
   the FLOPs saved (`model.prefill_flops`) over their last 500 requests; the best alpha applies
@@ -284,8 +284,6 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
     raise ValueError(f"alpha 'tuned' needs the core's alpha tuner ({e})") from None
   if model is None:
     raise ValueError("alpha 'tuned' needs tune_model (the sim cost model)")
-  if counter_index("C_REC_EVICTED") is None:
-    raise ValueError("alpha 'tuned' needs the core's C_REC_EVICTED counter")
   from hybrid_cache.sim.metrics import flops_saved
 
   opts = dict(opts or {})
@@ -296,7 +294,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
     st = flop_aware.set_alpha(init_state(config), a)
     st, o = _replay_range(config, p, hashes, st, 0, k, chunk, None)
     runs[a] = (st, o)
-    reused = np.concatenate(o)[:, 0] if o else np.zeros(0, np.int32)
+    reused = _col(np.concatenate(o), "reused") if o else np.zeros(0, np.int32)
     return float(flops_saved(model, reused[-LAST_SCORED:]))
 
   tuner = alpha_tuning.OnlineAlphaTuner(replay, **opts)
@@ -305,7 +303,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   while s < n and e is None:
     state, o = _replay_range(config, p, hashes, state, s, min(s + chunk, n), chunk, None)
     outs += o
-    ev = np.nonzero(o[0][:, 5] > 0)[0]
+    ev = np.nonzero(_col(o[0], "rec_evicted") > 0)[0]
     e = s + int(ev[0]) if len(ev) else None
     s = min(s + chunk, n)
   info = {"alpha": 0.0, "first_eviction": e, "window": None, "scores": None}
@@ -378,7 +376,8 @@ def run_scan(
     state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
-  triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, 0].tolist())]
+  reused = _col(res, "reused").tolist()
+  triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), reused)]
   st = outputs.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
   counters = {
     "backend": "jax_scan",
@@ -386,22 +385,18 @@ def run_scan(
     "replay_s": wall,
     "replay_cpu_s": time.process_time() - c0,
     "prepare_s": t_prep,
-    "steps": int(res[:, 2].sum()),
+    "steps": int(_col(res, "steps").sum()),
     "final_cached_blocks_per_group": [int(x) for x in st["cached_per_group"]],
     "final_pinned_blocks": int(st["num_pinned"]),
-    "recurrent_blocks_held_at_finish": int(res[:, 3].sum()),
+    "recurrent_blocks_held_at_finish": int(_col(res, "rec_held").sum()),
     # keys a full index bucket dropped (later misses, never wrong hits; `block_index`)
     "index_overflows": int(jax.device_get(state.index_overflows)),
   }
   if tuning is not None:
     counters["alpha_tuning"] = tuning
-  for name, col_i, key in (
-    ("C_REC_ADMITTED", 4, "states_admitted"),
-    ("C_REC_EVICTED", 5, "states_evicted"),
-  ):
-    if counter_index(name) is not None:
-      counters[key] = int(res[:, col_i].sum())
+  counters["states_admitted"] = int(_col(res, "rec_admitted").sum())
+  counters["states_evicted"] = int(_col(res, "rec_evicted").sum())
   if details is not None:
-    details["per_request"] = {k: res[:, i] for i, k in enumerate(_OUT_COLS)}
+    details["per_request"] = {k: _col(res, k) for k in _OUT_COLS}
     details["final_state"] = state
   return triples, counters

@@ -323,13 +323,8 @@ def run_core(
   }
   state = getattr(m, "state", None)
   if state is not None:  # JaxCacheManager: the core's recurrent-state counters
-    from hybrid_cache.sim.core_scan import counter_index
-
-    c = np.asarray(state.counters)
-    for name, key in (("C_REC_ADMITTED", "states_admitted"), ("C_REC_EVICTED", "states_evicted")):
-      idx = counter_index(name)
-      if idx is not None:
-        counters[key] = int(c[idx])
+    counters["states_admitted"] = int(state.states_admitted)
+    counters["states_evicted"] = int(state.states_evicted)
   return triples, counters
 
 

@@ -28,9 +28,10 @@ from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
-from hybrid_cache.core.state import AUX_END
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_TAIL
+from hybrid_cache.core.state import BlockAux
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import QueueKeys
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.oracle.eviction import EvictionOrder
@@ -49,7 +50,7 @@ FlopReference = ReferencePolicy
 
 
 def _jax_free_queue(state) -> list[int]:
-  qk = np.asarray(jax.device_get(state.queue_key[0]))
+  qk = np.asarray(jax.device_get(state.free_key))
   ids = np.nonzero(qk < BIG)[0]
   return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
 
@@ -81,20 +82,16 @@ def _tiny_state():
     s, jax.numpy.asarray(ids), jax.numpy.asarray(hashes), jax.numpy.asarray(grps)
   )
   _, _, _, w_end = eviction.window(TINY.num_blocks)
-  qk = np.full((2, 8), BIG, np.int32)
+  free = np.full(8, BIG, np.int32)
   keys = {1: 1, 2: w_end + 10, 3: w_end + 11, 7: w_end + 12, 4: w_end + 13, 5: w_end + 14}
   keys[6] = w_end + 15
   for b, k in keys.items():
-    qk[0, b] = k
-  aux = np.asarray(s.block_aux).copy()
-  for b, (_, end) in blocks.items():
-    aux[b, AUX_END] = end
-  c = np.asarray(s.counters).copy()
-  c[C_TAIL] = w_end + 16
+    free[b] = k
+  qk = QueueKeys.stack(free=jax.numpy.asarray(free), pinned=jax.numpy.full(8, BIG, np.int32))
+  ends = np.array([blocks[b][1] for b in blocks], np.int32)
+  aux = BlockAux(s.block_aux)[jax.numpy.asarray(ids)].set(key_end=jax.numpy.asarray(ends))
   return s.replace(
-    queue_key=jax.numpy.asarray(qk),
-    block_aux=jax.numpy.asarray(aux),
-    counters=jax.numpy.asarray(c),
+    queue_key=qk, block_aux=aux, counters=Counters(s.counters).set(tail_key=w_end + 16)
   )
 
 
@@ -122,7 +119,7 @@ def test_prepare_hand_computed_order(alpha, expected):
   # a second prepare with nothing in between keeps the order (recency survived re-keying)
   again = eviction.prepare(lay, out)
   assert _jax_free_queue(again) == expected
-  qk = np.asarray(again.queue_key[0])
+  qk = np.asarray(again.free_key)
   assert len(set(qk[qk < BIG].tolist())) == 7  # keys stay unique (no index here: no invariants)
   # the oracle on the same list gives the same order
   fe = EvictionOrder(TINY, alpha)

@@ -77,7 +77,7 @@ def free_queue(m) -> list[int]:
   """The normal free queue of either backend, head (next victim) first."""
   if hasattr(m, "free_queue"):
     return list(m.free_queue())
-  qk = np.asarray(jax.device_get(m.state.queue_key[0]))
+  qk = np.asarray(jax.device_get(m.state.free_key))
   ids = np.nonzero(qk < BIG)[0]
   return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
 

@@ -408,7 +408,7 @@ def test_chain_features_count_hits_and_record_the_state_chain(backend):
 def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypatch):
   """The requests of the hand-derived test above under lru, deepest_first and chain_value. Only
   chain_value declares it reads the chain features (`policies.Reads(chain=True)`): under the
-  other two the jitted state has no `AUX_HITS` / `AUX_CHAIN` / `RG_CHAIN` columns at all (the
+  other two the jitted state has no `key_hits` / `chain_start` / `group_chain` columns at all (the
   core neither keeps nor writes them: its traced program is the one without them) and
   deepest_first's `FreeBlocks.hits` / `chain_start` are None on both backends, while
   chain_value's are filled. The keys registered (group, token end) are the same under all
@@ -443,11 +443,8 @@ def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypa
     if backend == "jax":
       reads = eviction == "chain_value"
       assert m.state.has_chain == reads
-      num_aux, num_rg = core_state.NUM_AUX, core_state.NUM_RG
-      if reads:
-        num_aux, num_rg = core_state.NUM_AUX_CHAIN, core_state.NUM_RG_CHAIN
-      assert m.state.block_aux.shape[-1] == num_aux
-      assert m.state.req_group.shape[-1] == num_rg
+      assert m.state.block_aux.shape[-1] == core_state.BlockAux.width(chain=reads)
+      assert m.state.req_group.shape[-1] == core_state.ReqGroup.width(chain=reads)
   assert keys["lru"] == keys["deepest_first"] == keys["chain_value"]
   assert len(keys["lru"]) == 17  # the 10 KV blocks and 7 states of the test above
   assert seen == {"deepest_first": {(True, True)}, "chain_value": {(False, False)}}

@@ -39,11 +39,12 @@ Layout (`layout.derive_layout`, derived once per config):
   disables_caching(spec), without_caching(spec)      recurrent mode none turns caching off
   is_align(spec)                                     recurrent mode align (`Layout.align_bs`)
   caches_prompt_tail(spec, partial)                  `Layout.tail_groups`
+  takes_fine_keys(spec, hbs)                         `Layout.fine_key_groups` (fine keys)
 
 Host-side cost model of FLOP-aware eviction (SPEC B2, NumPy):
 
   prefix_flops(spec, tokens, linear, quadratic), block_flops(spec, end, linear, quadratic),
-  layer_costs(model, spec, block_size, share, lin_quad), MLP_PRIORITY
+  layer_costs(model, spec, block_size, share, lin_quad), MLP_PRIORITY (`carries_mlp`)
 
 plus each kind's own helpers (`find`, `retention_mask`). The worker-side rules of recurrent
 groups (state slots, the engine's kernel chunk rule) are not dispatched: `recurrent_slots`.
@@ -62,6 +63,13 @@ TAIL_RULES = (full_attention, recurrent)
 def rules(spec):
   """The module of rules for `spec.kind` ("full", "swa" or "mamba")."""
   return RULES[spec.kind]
+
+
+def carries_mlp(kinds) -> list[bool]:
+  """Per group (`kinds`: each group's rules module), whether its layers' costs include the
+  cost model's MLP layers: the groups of the present kind with the lowest `MLP_PRIORITY`."""
+  first = min(k.MLP_PRIORITY for k in kinds)
+  return [first == k.MLP_PRIORITY for k in kinds]
 
 
 def tail_boundaries(prompt, hbs: int, eagle: bool) -> dict:

@@ -116,6 +116,13 @@ def caches_prompt_tail(spec, partial: bool) -> bool:
   return True
 
 
+def takes_fine_keys(spec, hbs: int) -> bool:
+  """Beyond vLLM (`CacheConfig.fine_keys`, `Layout.fine_key_groups`): whether a full block is
+  also keyed at every hash-block boundary inside it: when it is larger than the hash block
+  `hbs` (a hit on the whole prefix may then end at any boundary)."""
+  return spec.block_size > hbs
+
+
 # ---------------------------------------------------------------------------------------------
 # coordinator (§3.2) and fine-grained hits (§2.5)
 

@@ -22,9 +22,9 @@ class Placement(NamedTuple):
     row: i32[MB], the group's table row (the hit blocks for a new request).
     pos: i32[MB], arange(MB).
     length: i32, blocks in the table before this allocation (the hit entries when new).
-    len0: i32, `req_group[r, g, RG_LEN]` before the step (0 for a new request).
+    len0: i32, `group_len[r, g]` before the step (0 for a new request).
     hits_len: i32, hit entries of a new request (0 for a running one).
-    last: i32, `req_group[r, g, RG_LAST]` (align's previous running-state block, -1 = none).
+    last: i32, `group_last[r, g]` (align's previous running-state block, -1 = none).
     main: i32, computed tokens after the step.
     need_tokens: i32, tokens the table must cover after the step (+ lookahead, capped at
       max_model_len).
@@ -50,7 +50,7 @@ class Placement(NamedTuple):
 class Placed(NamedTuple):
   """A group's placement: its table row (align may move lookahead blocks), where its fresh
   blocks go (`base`: first table position, `count`: blocks popped for it, without the
-  copy-on-write block), its `RG_LAST` and its table length after the allocation."""
+  copy-on-write block), its `group_last` and its table length after the allocation."""
 
   row: jax.Array
   base: jax.Array
@@ -61,7 +61,7 @@ class Placed(NamedTuple):
 
 def fresh_blocks(spec, p: Placement, extra_tokens: int = 0) -> Placed:
   """Consecutive blocks past the table's end up to cdiv(need_tokens + extra_tokens, B) blocks
-  (vLLM §2.1 `get_num_blocks_to_allocate`); the row and `RG_LAST` are unchanged."""
+  (vLLM §2.1 `get_num_blocks_to_allocate`); the row and `group_last` are unchanged."""
   target = cdiv(p.need_tokens + extra_tokens, spec.block_size)
   count = jnp.maximum(target - p.length, 0)
   return Placed(p.row, p.length, count, p.last, p.length + count)

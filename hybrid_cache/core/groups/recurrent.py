@@ -21,9 +21,8 @@ from hybrid_cache.core.groups.placement import Placed
 from hybrid_cache.core.groups.placement import Placement
 from hybrid_cache.core.groups.placement import fresh_blocks
 from hybrid_cache.core.split import checkpoint_position
-from hybrid_cache.core.state import AUX_END
-from hybrid_cache.core.state import AUX_STEP
-from hybrid_cache.core.state import RG_LAST
+from hybrid_cache.core.state import BlockAux
+from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import cdiv
 from hybrid_cache.core.state import floor_to
 
@@ -92,17 +91,17 @@ def before_skipped_free(lay, state, spec, row, drop, k, j0):
 
 
 def after_skipped_free(state, spec, r, g, row, c):
-  """Mode align (vLLM §2.4.4): the previous running-state block (`RG_LAST`) is freed a step
+  """Mode align (vLLM §2.4.4): the previous running-state block (`group_last`) is freed a step
   later, once `c` computed tokens have moved past its block. Returns (state, row)."""
   if spec.mode != "align":
     return state, row
   pos = jnp.arange(row.shape[0])
-  ls = state.req_group[r, g, RG_LAST]
+  ls = ReqGroup(state.req_group)[r, g].last
   due = (ls >= 0) & (ls < cdiv(c, spec.block_size) - 1)
   blk = jnp.where(due, row[jnp.maximum(ls, 0)], 0)
   state = block_pool.free_ordered(state, blk[None], jnp.zeros((1,), jnp.int32))
   row = jnp.where(due & (pos == ls), 0, row)
-  state = state.replace(req_group=state.req_group.at[r, g, RG_LAST].set(jnp.where(due, -1, ls)))
+  state = state.replace(req_group=ReqGroup(state.req_group)[r, g].set(last=jnp.where(due, -1, ls)))
   return state, row
 
 
@@ -125,7 +124,7 @@ def _same_step(d: BlockDemand):
   same_key = (state.block_group == state.block_group[last]) & jnp.all(
     state.block_hash == state.block_hash[last][None, :], axis=1
   )
-  same_step = (state.block_aux[last, AUX_STEP] == step) | jnp.any(
+  same_step = (BlockAux(state.block_aux)[last].key_step == step) | jnp.any(
     same_key & (state.key_step == step)
   )
   return d.is_new & (d.hit > 0) & (last > 0) & same_step
@@ -208,6 +207,12 @@ def caches_prompt_tail(spec, partial: bool) -> bool:
   return partial and spec.mode == "align"
 
 
+def takes_fine_keys(spec, hbs: int) -> bool:
+  """Keys at hash-block boundaries inside a block (`CacheConfig.fine_keys`): no (a state
+  block holds one state, at its end)."""
+  return False
+
+
 # ---------------------------------------------------------------------------------------------
 # coordinator (§3.2) and fine-grained hits (§2.5)
 
@@ -270,7 +275,7 @@ def place_blocks(spec, p: Placement) -> Placed:
   """align (vLLM §2.4.3 `MambaManager.allocate_new_blocks`): the table grows to the running
   state's column cdiv(main, B) + S; blocks before the new state's column are left null (the
   lookahead blocks of a running request move up to it), fresh ones fill the rest; entering a
-  new state (or a copy-on-write) remembers the previous state's column in `RG_LAST` (freed a
+  new state (or a copy-on-write) remembers the previous state's column in `group_last` (freed a
   step later, `after_skipped_free`). none: one block (1 + S) on the first allocation only. all:
   one block per B tokens, S blocks of lookahead."""
   s, bs, length, row = p.num_spec_blocks, spec.block_size, p.length, p.row
@@ -314,7 +319,7 @@ def tail_block(spec, t, n):
 
 def tail_needs_key(state, blk, t, cond):
   """`cond` without a block already keyed at t (a hit or an earlier step)."""
-  return cond & ~((state.block_group[blk] >= 0) & (state.block_aux[blk, AUX_END] == t))
+  return cond & ~((state.block_group[blk] >= 0) & (BlockAux(state.block_aux)[blk].key_end == t))
 
 
 def tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc):
@@ -323,10 +328,10 @@ def tail_pending(spec, g, i, ids, t, prim, extra, step, nb, acc):
   carried this key: registration step = `step`; a sub-block entry (t inside the block) is
   remembered in `req_partial` (1 + its position) for the request's next allocation (§2.5) and
   the block is not cached again. `acc` = (aux, ncached, pend, n_rec): the `block_aux` array,
-  the request's `RG_NCACHED` and `req_partial` rows and the recurrent states admitted."""
+  the request's `group_ncached` and `req_partial` rows and the recurrent states admitted."""
   aux, ncached, pend, n_rec = acc
   bs = spec.block_size
-  aux = aux.at[jnp.where(ids[i] > 0, ids[i], nb), AUX_STEP].set(step, mode="drop")
+  aux = BlockAux(aux)[jnp.where(ids[i] > 0, ids[i], nb)].set(key_step=step, mode="drop")
   ti = t[i]
   sub = (ids[i] > 0) & (ti % bs != 0)  # a sub-block entry: copy-on-write at the next allocation
   ncached = ncached.at[g].set(jnp.where(sub, ti // bs, ncached[g]))

@@ -191,6 +191,12 @@ def caches_prompt_tail(spec, partial: bool) -> bool:
   return False
 
 
+def takes_fine_keys(spec, hbs: int) -> bool:
+  """Keys at hash-block boundaries inside a block (`CacheConfig.fine_keys`): no (a window
+  group beside fine keys has the hash block as its block)."""
+  return False
+
+
 # ---------------------------------------------------------------------------------------------
 # coordinator (§3.2) and fine-grained hits (§2.5)
 

@@ -27,15 +27,15 @@ from hybrid_cache.core.eviction_costs import alpha_milli
 from hybrid_cache.core.eviction_costs import efficiency_table
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
-from hybrid_cache.core.state import C_ALPHA_MILLI
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
 
 
 def set_alpha(state: CacheState, alpha: float) -> CacheState:
   """The state with the FLOP-aware weight alpha, stored in thousandths in
   `CacheState.alpha_milli` (host call; pure, returns a new state). ValueError unless alpha is a
   number in [0, 100] (`eviction_costs.alpha_milli`)."""
-  return state.replace(counters=state.counters.at[C_ALPHA_MILLI].set(alpha_milli(alpha)))
+  return state.replace(counters=Counters(state.counters).set(alpha_milli=alpha_milli(alpha)))
 
 
 def get_alpha(state: CacheState) -> float:

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from hybrid_cache.core import groups
 from hybrid_cache.core.layout import Layout
-from hybrid_cache.core.state import INFO_PROMPT
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.state import floor_to
 
 
@@ -30,7 +30,7 @@ def pin(lay: Layout, state: CacheState, slot, keyed, default) -> list[jax.Array]
   """Per group, bool[MB]: the blocks of request `slot` to pin (`keyed`: its keyed held blocks,
   `default`: SPEC B1's masks, both lists of bool[MB] in group order)."""
   pos = jnp.arange(lay.max_blocks)
-  end = floor_to(jnp.maximum(state.req_info[slot, INFO_PROMPT] - 1, 0), lay.hit_align)
+  end = floor_to(jnp.maximum(ReqInfo(state.req_info)[slot].prompt - 1, 0), lay.hit_align)
   for g in lay.recurrent_groups:
     bs = lay.groups[g].block_size
     end = jnp.maximum(end, (jnp.max(jnp.where(keyed[g], pos, -1)) + 1) * bs)

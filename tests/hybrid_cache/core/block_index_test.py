@@ -11,6 +11,8 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import block_index
 from hybrid_cache.core.fresh_state import init_state
+from hybrid_cache.core.state import Counters
+from hybrid_cache.core.state import IndexEntry
 
 CFG = CacheConfig(
   groups=(GroupSpec("full"), GroupSpec("full")), block_size=4, num_blocks=32, max_model_len=64
@@ -52,20 +54,20 @@ def test_many_keys_in_one_bucket_take_distinct_ways():
   )
   found = np.asarray(block_index.probe(state, keys, jnp.zeros((n,), jnp.int32)))
   assert found.tolist() == list(range(1, n + 1))
-  assert int((np.asarray(state.index_entry)[..., 0] >= 0).sum()) == n
+  assert int((np.asarray(state.index_block) >= 0).sum()) == n
 
 
 def _insert_model(entry, hsh, counters, ids, keys, group, block_group):
   """Plain-Python insert: keys in list order take their bucket's first empty way."""
   entry, hsh = entry.copy(), hsh.copy()
   buckets = entry.shape[0]
-  seq, ovf = int(counters[4]), int(counters[5])
+  seq, ovf = int(Counters(counters).next_seq), int(Counters(counters).index_overflows)
   bks = np.asarray(block_index.bucket_of(jnp.asarray(keys), jnp.asarray(group), buckets))
   for i in np.nonzero(ids > 0)[0]:
     b = bks[i]
-    free = np.nonzero(entry[b, :, 0] < 0)[0]
+    free = np.nonzero(IndexEntry(entry)[b].block < 0)[0]
     if len(free):
-      entry[b, free[0]] = (ids[i], seq)
+      entry = IndexEntry(entry)[b, free[0]].set(block=ids[i], seq=seq)
       hsh[b, free[0]] = keys[i]
     else:
       ovf += 1
@@ -82,13 +84,14 @@ def test_insert_matches_sequential_model_with_full_buckets(k):
   buckets, ways = state.index_entry.shape[:2]
   insert = jax.jit(block_index.insert)
   for trial in range(3):
-    entry = np.full((buckets, ways, 2), -1, np.int32)
+    entry = np.full((buckets, ways, IndexEntry.width()), -1, np.int32)
     taken = rng.random((buckets, ways)) < 0.6
-    entry[taken, 0] = rng.integers(1, 32, int(taken.sum()))
-    entry[taken, 1] = rng.integers(0, 1000, int(taken.sum()))
+    entry = IndexEntry(entry)[taken].set(
+      block=rng.integers(1, 32, int(taken.sum())), seq=rng.integers(0, 1000, int(taken.sum()))
+    )
     hsh = rng.integers(0, 2**32, (buckets, ways, 2), dtype=np.uint64).astype(np.uint32)
-    counters = np.zeros(16, np.int32)
-    counters[4], counters[5] = 1000 + trial, trial
+    counters = Counters(np.zeros(Counters.width(), np.int32))
+    counters = counters.set(next_seq=1000 + trial, index_overflows=trial)
     st = state.replace(
       index_entry=jnp.asarray(entry), index_hash=jnp.asarray(hsh), counters=jnp.asarray(counters)
     )
@@ -101,7 +104,7 @@ def test_insert_matches_sequential_model_with_full_buckets(k):
     )
     np.testing.assert_array_equal(np.asarray(got.index_entry), e)
     np.testing.assert_array_equal(np.asarray(got.index_hash), h)
-    assert int(got.counters[4]) == seq and int(got.counters[5]) == ovf
+    assert int(got.next_seq) == seq and int(got.index_overflows) == ovf
     v = ids[ids > 0]
     if len(np.unique(v)) == len(v):  # duplicate ids: which write lands is unspecified
       np.testing.assert_array_equal(np.asarray(got.block_group), bg)

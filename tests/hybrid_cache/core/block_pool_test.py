@@ -16,7 +16,7 @@ CFG = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=11, max_
 
 def _queue(state) -> list[int]:
   """Normal free queue, head first."""
-  k = np.asarray(state.queue_key[0])
+  k = np.asarray(state.free_key)
   ids = np.nonzero(k < BIG)[0]
   return ids[np.argsort(k[ids])].tolist()
 
@@ -98,8 +98,7 @@ def test_vectorised_pop_equals_the_per_block_loop():
 
 
 def test_renormalising_keys_keeps_the_queue_order():
-  from hybrid_cache.core.state import C_HEAD
-  from hybrid_cache.core.state import C_TAIL
+  from hybrid_cache.core.state import Counters
 
   state = init_state(CFG)
   state, _ = _pop(state, 6)
@@ -107,10 +106,10 @@ def test_renormalising_keys_keeps_the_queue_order():
   state = state.replace(block_group=state.block_group.at[jnp.asarray([4, 6])].set(0))
   state = block_pool.free_ordered(state, jnp.asarray([6, 5, 4, 3, 2]), jnp.zeros((5,), jnp.int32))
   before = _queue(state)
-  far = state.replace(counters=state.counters.at[C_TAIL].set(block_pool.RENORM_LIMIT + 5))
+  far = state.replace(counters=Counters(state.counters).set(tail_key=block_pool.RENORM_LIMIT + 5))
   after = block_pool.maybe_renormalise(far)
   assert _queue(after) == before
-  assert int(after.counters[C_HEAD]) == 1 and int(after.counters[C_TAIL]) == len(before) + 1
+  assert int(after.head_key) == 1 and int(after.tail_key) == len(before) + 1
   state2, got = _pop(after, 3)
   assert got == before[:3]
   # untouched when the counters are far from the limit

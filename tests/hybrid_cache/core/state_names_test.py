@@ -1,6 +1,8 @@
 """The named views of `CacheState` (`state.py` module docstring): each property is the leaf's
-row or column its constant names, the row builders put columns in constant order, and the
-module docstring lists every view with its shape."""
+row or column its constant names, the `Packed` view classes read, write and stack fields at their
+constants' positions (lowering exactly as the indexing they name), and the module docstring
+lists every view with its shape. The one test module besides `state.py` that uses the position
+constants: it tests the packing itself."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import layout
 from hybrid_cache.core import params
-from hybrid_cache.core import rows
 from hybrid_cache.core import state as st
 from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.factory import make_manager
@@ -134,43 +135,102 @@ def test_views_inside_jit_equal_the_leaf_slices(cfg):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
 
 
-def test_row_builders_place_columns_by_their_constants():
+def test_stack_places_fields_by_their_constants():
   step, pinned, end = jnp.arange(3), jnp.arange(3) + 10, jnp.arange(3) + 20
-  aux = np.asarray(rows.aux_columns(step, pinned, end))
-  assert aux.shape == (3, st.NUM_AUX)
+  aux = np.asarray(st.BlockAux.stack(key_step=step, pinned=pinned, key_end=end))
+  assert aux.shape == (3, st.NUM_AUX) and st.BlockAux.width() == st.NUM_AUX
   np.testing.assert_array_equal(aux[:, st.AUX_STEP], step)
   np.testing.assert_array_equal(aux[:, st.AUX_PINNED], pinned)
   np.testing.assert_array_equal(aux[:, st.AUX_END], end)
-  rg = np.asarray(rows.group_columns(step, pinned, end))
-  assert rg.shape == (3, st.NUM_RG)
+  rg = np.asarray(st.ReqGroup.stack(length=step, ncached=pinned, last=end))
+  assert rg.shape == (3, st.NUM_RG) and st.ReqGroup.width() == st.NUM_RG
   np.testing.assert_array_equal(rg[:, st.RG_LEN], step)
   np.testing.assert_array_equal(rg[:, st.RG_NCACHED], pinned)
   np.testing.assert_array_equal(rg[:, st.RG_LAST], end)
-  qk = np.asarray(rows.queue_rows(step, pinned))
+  qk = np.asarray(st.QueueKeys.stack(free=step, pinned=pinned))  # rows
   assert qk.shape == (st.NUM_QUEUES, 3)
   np.testing.assert_array_equal(qk[st.Q_FREE], step)
   np.testing.assert_array_equal(qk[st.Q_PINNED], pinned)
-  assert rows.NO_KEY_AUX[st.AUX_STEP] == -1 and rows.NO_KEY_AUX[st.AUX_END] == -1
-  assert rows.NO_KEY_AUX[st.AUX_PINNED] == 0
+  counts = np.asarray(st.QueueCounts.stack(free=step, pinned=pinned))  # the last axis
+  assert counts.shape == (3, st.NUM_QUEUES)
+  np.testing.assert_array_equal(counts[:, st.Q_PINNED], pinned)
+  ent = np.asarray(st.IndexEntry.stack(block=step, seq=end))
+  np.testing.assert_array_equal(ent[:, [st.IDX_BLOCK, st.IDX_SEQ]].T, [step, end])
+  assert st.BlockAux.NO_KEY[st.AUX_STEP] == -1 and st.BlockAux.NO_KEY[st.AUX_END] == -1
+  assert st.BlockAux.NO_KEY[st.AUX_PINNED] == 0
   # the chain features' columns (a chain-feature state): given, placed after the others
-  aux = np.asarray(rows.aux_columns(step, pinned, end, step + 30, step + 40))
-  assert aux.shape == (3, st.NUM_AUX_CHAIN)
+  aux = np.asarray(
+    st.BlockAux.stack(
+      key_step=step, pinned=pinned, key_end=end, key_hits=step + 30, chain_start=step + 40
+    )
+  )
+  assert aux.shape == (3, st.NUM_AUX_CHAIN) and st.BlockAux.width(True) == st.NUM_AUX_CHAIN
   np.testing.assert_array_equal(
     aux[:, [st.AUX_STEP, st.AUX_PINNED, st.AUX_END]].T, [step, pinned, end]
   )
   np.testing.assert_array_equal(aux[:, st.AUX_HITS], step + 30)
   np.testing.assert_array_equal(aux[:, st.AUX_CHAIN], step + 40)
-  with pytest.raises(ValueError, match="both hits and chain"):
-    rows.aux_columns(step, pinned, end, step + 30)
-  rg = np.asarray(rows.group_columns(step, pinned, end, step + 50))
-  assert rg.shape == (3, st.NUM_RG_CHAIN)
+  with pytest.raises(ValueError, match="both or neither"):
+    st.BlockAux.stack(key_step=step, pinned=pinned, key_end=end, key_hits=step + 30)
+  with pytest.raises(ValueError, match="both or neither"):
+    st.QueueKeys.stack(free=step)
+  rg = np.asarray(st.ReqGroup.stack(length=step, ncached=pinned, last=end, chain=step + 50))
+  assert rg.shape == (3, st.NUM_RG_CHAIN) and st.ReqGroup.width(True) == st.NUM_RG_CHAIN
   np.testing.assert_array_equal(
     rg[:, [st.RG_LEN, st.RG_NCACHED, st.RG_LAST]].T, [step, pinned, end]
   )
   np.testing.assert_array_equal(rg[:, st.RG_CHAIN], step + 50)
-  assert rows.NO_KEY_AUX[st.AUX_HITS] == 0 and rows.NO_KEY_AUX[st.AUX_CHAIN] == -1
-  np.testing.assert_array_equal(rows.no_key_aux(False), rows.NO_KEY_AUX[: st.NUM_AUX])
-  np.testing.assert_array_equal(rows.no_key_aux(True), rows.NO_KEY_AUX)
+  assert st.BlockAux.NO_KEY[st.AUX_HITS] == 0 and st.BlockAux.NO_KEY[st.AUX_CHAIN] == -1
+  np.testing.assert_array_equal(st.BlockAux.no_key(False), st.BlockAux.NO_KEY[: st.NUM_AUX])
+  np.testing.assert_array_equal(st.BlockAux.no_key(True), st.BlockAux.NO_KEY)
+  assert st.BlockAux.positions("key_end", "key_step") == (st.AUX_END, st.AUX_STEP)
+
+
+def test_view_fields_read_and_write_their_positions():
+  info = jnp.arange(4 * st.NUM_INFO, dtype=jnp.int32).reshape(4, st.NUM_INFO)
+  r = jnp.int32(2)
+  assert int(st.ReqInfo(info)[r].computed) == int(info[2, st.INFO_COMPUTED])
+  assert int(st.ReqInfo(info[2]).prompt) == int(info[2, st.INFO_PROMPT])
+  np.testing.assert_array_equal(st.ReqInfo(info).spb, info[:, st.INFO_SPB])
+  want = info.at[2, st.INFO_TOKENS].set(-5).at[2, st.INFO_STATUS].set(-6)
+  np.testing.assert_array_equal(st.ReqInfo(info)[r].set(tokens=-5, status=-6), want)
+  np.testing.assert_array_equal(st.ReqInfo(info)[r].add(spb=7), info.at[2, st.INFO_SPB].add(7))
+  qk = jnp.arange(2 * 6, dtype=jnp.int32).reshape(st.NUM_QUEUES, 6)
+  ids = jnp.asarray([1, 9])  # 9: out of range, dropped
+  got = st.QueueKeys(qk)[ids].set(pinned=-1, mode="drop")
+  np.testing.assert_array_equal(got, qk.at[st.Q_PINNED, 1].set(-1))
+  np.testing.assert_array_equal(st.QueueKeys(qk)[ids[:1]].free, qk[st.Q_FREE, ids[:1]])
+  c = np.zeros(st.NUM_COUNTERS, np.int32)  # NumPy: `set` writes a copy
+  got = st.Counters(c).set(tail_key=3, clock=4)
+  assert got[st.C_TAIL] == 3 and got[st.C_STEP] == 4 and not c.any()
+  lanes = jnp.asarray([[1, 2], [3, 4]], jnp.uint32)
+  assert st.HashLanes(lanes).hi.tolist() == [2, 4] and st.HashLanes(lanes).lo.tolist() == [1, 3]
+  with pytest.raises(AttributeError, match="no field"):
+    _ = st.ReqInfo(info).tokens_known
+
+
+def _set_two(a, r, ncached, last):
+  return a.at[r, :, st.RG_NCACHED].set(ncached).at[r, :, st.RG_LAST].set(last)
+
+
+def test_view_reads_and_writes_lower_as_the_indexing_they_name():
+  def text(f, *args):
+    return jax.jit(f).lower(*args).as_text().split("\n", 1)[1]  # without the module's name
+
+  rg = jnp.zeros((4, 3, st.NUM_RG_CHAIN), jnp.int32)
+  r = jnp.int32(1)
+  pairs = [
+    (lambda a, r: st.ReqGroup(a)[r].length, lambda a, r: a[r, :, st.RG_LEN]),
+    (lambda a, r: st.ReqGroup(a)[r, 2].chain, lambda a, r: a[r, 2, st.RG_CHAIN]),
+    (lambda a, r: st.ReqGroup(a[r]).last, lambda a, r: a[r][:, st.RG_LAST]),
+    (  # the values are computed first (keyword arguments), then written in keyword order
+      lambda a, r: st.ReqGroup(a)[r].set(ncached=r, last=r + 1),
+      lambda a, r: _set_two(a, r, r, r + 1),
+    ),
+    (lambda a, r: st.Counters(a[0, 0]).add(clock=r), lambda a, r: a[0, 0].at[st.C_STEP].add(r)),
+  ]
+  for view, hand in pairs:
+    assert text(view, rg, r) == text(hand, rg, r)
 
 
 @pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
@@ -186,7 +246,7 @@ def test_fresh_state_widths_and_no_key_rows(cfg):
   assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
   assert s.req_group.shape == (lay.max_requests, lay.num_groups, num_rg)
   assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES
-  assert (s.block_aux == rows.no_key_aux(chain)).all()
+  assert (s.block_aux == st.BlockAux.no_key(chain)).all()
   assert (s.group_last == -1).all() and (s.group_len == 0).all()
   if chain:
     assert (s.group_chain == 0).all()

@@ -137,8 +137,6 @@ def test_replay_routes_backends(monkeypatch):
 
 
 def test_states_admitted_and_evicted_match_the_protocol_core():
-  if core_scan.counter_index("C_REC_ADMITTED") is None:
-    pytest.skip("core has no C_REC_ADMITTED counter yet")
   tr = small_chat(48)
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)
   _, cp = core_sim.run_core(tr, cfg, "jax")
