@@ -108,7 +108,8 @@ class Engine:
       same protocol and block ids) or a factory `CacheConfig -> CacheManager`.
     max_num_seqs: most sequences per step (default: cache_config.max_requests).
     token_buckets / seq_buckets: ascending pad sizes for T (tokens) and N (sequences incl.
-      one padding sequence); None = powers of two (T >= 16, N >= 2). Fewer buckets = fewer
+      one padding sequence); None = T in 16, 24, 32, 48, 64, ... (two sizes per octave,
+      `model_step.token_bucket`) and N in powers of two >= 2. Fewer buckets = fewer
       compilations.
     decode_kernels: run steps whose sequences all have one token (pure decode steps) through
       the recurrent decode kernels (`StepInputs.decode`, T = N padded to a seq bucket), and
@@ -320,6 +321,7 @@ class Engine:
     r = RequestState(
       request_id, toks, int(max_new_tokens), bool(return_logits), extras, time.perf_counter()
     )
+    r.arrival_step = self.stats.steps
     self._reqs[request_id] = r
     self._waiting.append(request_id)
     self.stats.prompt_tokens += len(toks)
@@ -450,6 +452,9 @@ class Engine:
     if windows:
       spec_step.run_verify(self, windows, verifying, [] if seqs else copies, finished)
     self.stats.steps += 1
+    self.stats.step_tokens.append(
+      sum(len(s.token_ids) for s in seqs) + sum(len(w.tokens) for w in windows)
+    )
     for _ in failed:
       lifecycle.preempt_newest(self)
     if not seqs and not windows:

@@ -27,6 +27,7 @@ def commit_tokens(
   finishes (blocks freed) or the manager extends its hash chain with the tokens."""
   if r.first_token_time is None:
     r.first_token_time = now
+    r.first_token_step = eng.stats.steps
   r.last_token_time = now
   if r.done:
     eng.manager.free(r.rid)

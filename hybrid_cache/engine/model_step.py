@@ -54,6 +54,26 @@ def bucket(n: int, buckets: Sequence[int] | None, minimum: int) -> int:
   return p
 
 
+def token_bucket(n: int, buckets: Sequence[int] | None) -> int:
+  """A step's padded token count: the first of the ascending `buckets` >= n, else the first of
+  16, 24, 32, 48, 64, 96, ... (two sizes per octave) >= n.
+
+  A step's forward time on CPU is its padded tokens' (~62 GFLOP/s on the mid-size model, the
+  matmuls dominate): powers of two alone pad a 134-token step to 256 and waste up to half of
+  it; two sizes per octave waste at most a third for one more compilation per octave
+  (`BENCHMARKS.md`, "Serving").
+  """
+  if buckets:
+    return bucket(n, buckets, 16)
+  p = 16
+  while True:
+    if p >= n:
+      return p
+    if p + p // 2 >= n:
+      return p + p // 2
+    p *= 2
+
+
 FAMILIES = (("G", "gdn_state", "gdn_conv"), ("M", "mamba_state", "mamba_conv"))
 # the state slots of a model without recurrent layers (one unused row in `StepInputs`)
 NO_STATE = (RecurrentSlots(-1, -1, -1),)
@@ -216,7 +236,7 @@ def run_model(
       n_real = len(seqs)
       seqs, position, num_decodes = decodes_first(eng.model_config, seqs)
       eng.stats.mixed_step_decodes += sum(position[i] < num_decodes for i in range(n_real))
-    pad_t = bucket(sum(len(s.token_ids) for s in seqs), eng.token_buckets, 16)
+    pad_t = token_bucket(sum(len(s.token_ids) for s in seqs), eng.token_buckets)
     # the chunked kernels give every sequence after the decodes a chunk slot, padding ones
     # included (`kernels.pallas.packing`): the seq bucket counts those sequences only
     pad_n = num_decodes + bucket(len(seqs) - num_decodes + 1, eng.seq_buckets, 2)

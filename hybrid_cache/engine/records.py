@@ -37,6 +37,10 @@ class RequestOutput:
     finished: all max_new_tokens were generated.
     error: why the request was dropped (e.g. it can never fit in the pool), else None.
     num_draft_tokens / num_accepted_tokens: speculative drafts verified / accepted for it.
+    arrival_step / first_token_step: index of the first engine step that could schedule it
+      and of the step that produced its first token (`EngineStats.steps` numbering, since the
+      last `reset_stats`); with `EngineStats.step_tokens` they give its TTFT in tokens
+      computed, the time an engine whose step costs its tokens would take.
   """
 
   request_id: str
@@ -52,6 +56,8 @@ class RequestOutput:
   error: str | None = None
   num_draft_tokens: int = 0
   num_accepted_tokens: int = 0
+  arrival_step: int | None = None
+  first_token_step: int | None = None
 
 
 @dataclasses.dataclass
@@ -83,6 +89,8 @@ class EngineStats:
   forward_s: float = 0.0
   commit_s: float = 0.0
   wall_s: float = 0.0
+  # tokens the model computed in each step (prefill, decode and verify-window tokens)
+  step_tokens: list[int] = dataclasses.field(default_factory=list)
 
   def as_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -108,6 +116,8 @@ class RequestState:
   preemptions: int = 0
   first_token_time: float | None = None
   last_token_time: float | None = None
+  arrival_step: int = 0
+  first_token_step: int | None = None
   error: str | None = None
   # speculative decoding: private pool id (KV page + carried recurrent state), whether the
   # carry slot holds the state after num_computed tokens, the block column whose K/V sits in
@@ -142,6 +152,8 @@ class RequestState:
       error=self.error,
       num_draft_tokens=self.drafted,
       num_accepted_tokens=self.accepted,
+      arrival_step=self.arrival_step,
+      first_token_step=self.first_token_step,
     )
 
 

@@ -129,6 +129,11 @@ def test_mixed_steps_through_decode_kernels_equal_chunked(preset, mode):
   on, eng = _run(preset, prompts, 6, mode=mode, **kw)
   _assert_exact(on, off)
   assert eng.stats.mixed_step_decodes > 0 and eng_off.stats.mixed_step_decodes == 0
+  # the step records the serving benchmark's ideal TTFT reads
+  st = eng.stats
+  assert len(st.step_tokens) == st.steps
+  assert sum(st.step_tokens) == st.prefill_tokens_computed + st.decode_tokens
+  assert all(0 <= o.arrival_step <= o.first_token_step < st.steps for o in on)
 
 
 @pytest.mark.parametrize("manager", ["reference", "jax"])
@@ -325,3 +330,13 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--sharded-worker"]:
   jax.config.update("jax_compilation_cache_dir", _dir)  # the same cache as tests/conftest.py
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   _sharded_worker(int(sys.argv[2]), sys.argv[3])
+
+
+def test_token_buckets_follow_the_work():
+  from hybrid_cache.engine import model_step
+
+  sizes = [model_step.token_bucket(n, None) for n in (1, 16, 17, 25, 71, 134, 600, 1100, 2049)]
+  assert sizes == [16, 16, 24, 32, 96, 192, 768, 1536, 3072]
+  assert all(n <= model_step.token_bucket(n, None) <= 1.5 * n + 16 for n in range(1, 5000))
+  assert model_step.token_bucket(40, (32, 64)) == 64
+  assert model_step.token_bucket(70, (32, 64)) == 128  # past the given buckets: powers of two
