@@ -15,7 +15,8 @@ Host preparation is vectorised (`prepare`): chained prefix hashes of every hash 
 request come from a position-weighted sum over the prefix (mod 2^64, `_prefix_hashes`), so a
 Mooncake symbol (a run of consecutive token ids) costs O(1) and no per-token Python runs. The
 values differ from `hashing.block_hashes` (blake2b) but identify the same prefixes (collision
-probability ~2^-64 per pair), which is all the core compares.
+probability ~2^-64 per pair), which is all the core compares (`hashing.py` on the simulator's
+hashing schemes and why they differ).
 
 Per-request outputs: reused tokens, failed flag, steps, the recurrent blocks the request held at
 finish, and (when the core has them) recurrent keys admitted / recurrent keyed blocks evicted
@@ -47,11 +48,14 @@ from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import INFO_COMPUTED
 from hybrid_cache.core.state import INFO_TOKENS
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.hashing import mix64
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_CHUNK = 1024
 _SEED = 0x5EED_CAFE
+# the per-request output columns of the scan (`_request`), and their indices
 _OUT_COLS = ("reused", "failed", "steps", "rec_held", "rec_admitted", "rec_evicted")
+_REUSED, _FAILED, _STEPS, _REC_HELD, _REC_ADMITTED, _REC_EVICTED = range(len(_OUT_COLS))
 
 
 def enable_compile_cache(path: str | None = None) -> str:
@@ -78,15 +82,6 @@ def counter_index(name: str) -> int | None:
 
 # ---------------------------------------------------------------------------------------------
 # host side: vectorised prefix hashes
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """splitmix64 finaliser (uint64 in, uint64 out)."""
-  x = x ^ (x >> np.uint64(30))
-  x = x * np.uint64(0xBF58476D1CE4E5B9)
-  x = x ^ (x >> np.uint64(27))
-  x = x * np.uint64(0x94D049BB133111EB)
-  return x ^ (x >> np.uint64(31))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +144,7 @@ def _prefix_hashes(trace: Trace, hbs: int, ends_tokens: np.ndarray) -> tuple[np.
   e = (j + 1) * hbs  # local end of each hash block
   s = np.searchsorted(g_c0, e - 1 + tok_off[req_of_block], side="right") - 1
   h = before[s] + a[s] * (sr[e] - sr[c0[s]]) + (tr[e] - tr[c0[s]])
-  h = _mix64(h)
+  h = mix64(h)
   out = np.stack(
     [(h & np.uint64(0xFFFFFFFF)).astype(np.uint32), (h >> np.uint64(32)).astype(np.uint32)], 1
   )
@@ -239,7 +234,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
     state = release_lib.release(lay, state, slot, False)
     adm = _counter(state, i_adm) - adm0
     ev = _counter(state, i_ev) - ev0
-    return state, jnp.stack([hit, failed.astype(jnp.int32), steps, held, adm, ev])
+    return state, jnp.stack([hit, failed.astype(jnp.int32), steps, held, adm, ev])  # _OUT_COLS
 
   def skip(state):
     return state, jnp.zeros((len(_OUT_COLS),), jnp.int32)
@@ -271,7 +266,7 @@ def _replay_range(config, p: Prepared, hashes, state, start: int, end: int, chun
     )
     out = np.asarray(jax.device_get(out))[: e - s]
     outs.append(out)
-    bad = np.nonzero(out[:, 1])[0]
+    bad = np.nonzero(out[:, _FAILED])[0]
     if len(bad):
       i = s + int(bad[0])
       raise ValueError(
@@ -313,7 +308,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
     st = flop_aware.set_alpha(init_state(config), a)
     st, o = _replay_range(config, p, hashes, st, 0, k, chunk, None)
     runs[a] = (st, o)
-    reused = np.concatenate(o)[:, 0] if o else np.zeros(0, np.int32)
+    reused = np.concatenate(o)[:, _REUSED] if o else np.zeros(0, np.int32)
     return float(flops_saved(model, reused[-LAST_SCORED:]))
 
   tuner = alpha_tuning.OnlineAlphaTuner(replay, **opts)
@@ -322,7 +317,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   while s < n and e is None:
     state, o = _replay_range(config, p, hashes, state, s, min(s + chunk, n), chunk, None)
     outs += o
-    ev = np.nonzero(o[0][:, 5] > 0)[0]
+    ev = np.nonzero(o[0][:, _REC_EVICTED] > 0)[0]
     e = s + int(ev[0]) if len(ev) else None
     s = min(s + chunk, n)
   info = {"alpha": 0.0, "first_eviction": e, "window": None, "scores": None}
@@ -395,7 +390,9 @@ def run_scan(
     state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
-  triples = [(int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, 0].tolist())]
+  triples = [
+    (int(r > 0), int(i), int(r)) for i, r in zip(p.n_in.tolist(), res[:, _REUSED].tolist())
+  ]
   st = outputs.unpack_stats(jax.device_get(scheduler.pool_stats(config, state)))
   counters = {
     "backend": "jax_scan",
@@ -403,18 +400,18 @@ def run_scan(
     "replay_s": wall,
     "replay_cpu_s": time.process_time() - c0,
     "prepare_s": t_prep,
-    "steps": int(res[:, 2].sum()),
+    "steps": int(res[:, _STEPS].sum()),
     "final_cached_blocks_per_group": [int(x) for x in st["cached_per_group"]],
     "final_pinned_blocks": int(st["num_pinned"]),
-    "recurrent_blocks_held_at_finish": int(res[:, 3].sum()),
+    "recurrent_blocks_held_at_finish": int(res[:, _REC_HELD].sum()),
     # keys a full index bucket dropped (later misses, never wrong hits; `block_index`)
     "index_overflows": int(jax.device_get(state.index_overflows)),
   }
   if tuning is not None:
     counters["alpha_tuning"] = tuning
   for name, col_i, key in (
-    ("C_REC_ADMITTED", 4, "states_admitted"),
-    ("C_REC_EVICTED", 5, "states_evicted"),
+    ("C_REC_ADMITTED", _REC_ADMITTED, "states_admitted"),
+    ("C_REC_EVICTED", _REC_EVICTED, "states_evicted"),
   ):
     if counter_index(name) is not None:
       counters[key] = int(res[:, col_i].sum())
