@@ -43,6 +43,8 @@ from experiments import plotting
 from experiments.beyond_vllm import load
 from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.eviction_weightings import PLAIN_LRU
+from hybrid_cache.sim.eviction_weightings import Weighting
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.simulate import check_capacity
 from hybrid_cache.sim.simulate import simulate
@@ -50,11 +52,10 @@ from hybrid_cache.sim.simulate import simulate
 ARMS = (
   "vllm_best", "exact_bytes", "placement", "granularity", "retirement", "eviction", "adaptive"
 )  # fmt: skip
-_LRU = (None, "none", False)
 # `sweep_settings` settings of the arms replayed at the checkpoint unit with retirement
 _UNIT_ARMS = {
-  "retirement": _LRU,
-  "eviction": (1.0, "hits", True),
+  "retirement": PLAIN_LRU,
+  "eviction": Weighting("hits/1", 1.0, "hits", True),
   "adaptive": None,  # the online re-tuning
 }
 
@@ -109,7 +110,7 @@ def ablate(
     for arm, unit in (("placement", block_size), ("granularity", checkpoint_unit)):
       t0 = time.perf_counter()
       (placed,) = checkpoint_policies.sweep_settings(
-        tr, m, caps, "adaptive", [_LRU], unit, block_size, retirement=False
+        tr, m, caps, "adaptive", [PLAIN_LRU], unit, block_size, retirement=False
       )
       for i, (triples, _) in enumerate(placed):
         flops[i][arm] = _flops(m, triples)

@@ -12,6 +12,19 @@ Example::
 
   h = block_hashes([0, 1, 2, 3, 4, 5, 6, 7, 8], hash_block_size=4)
   h.shape  # (2, 2): two full blocks, (lo, hi) lanes each
+
+The simulator hashes token prefixes two other ways, on purpose; no value of one scheme is ever
+compared with a value of another, and each is fixed across runs (seeded), so dumps stay
+reproducible. Only `mix64` (splitmix64's finaliser) is shared.
+
+- `sim.core_scan._prefix_hashes` gives the jitted core the keys of whole traces at once: a
+  position-weighted sum over each prefix (mod 2^64, then `mix64`), so a Mooncake symbol (a run
+  of consecutive token ids) costs O(1) and no per-token Python runs. Its values differ from
+  `block_hashes` but identify the same prefixes (collision probability ~2^-64 per pair), which
+  is all the core compares; traces carry no extra keys, so blake2b's encoding buys nothing there.
+- `sim.seen_trie.unit_hashes` names a unit of the checkpoint policies' trie (`SeenTrie`): a hash
+  of its U tokens only (a random linear form, then `mix64`), not of the prefix: the trie keys a
+  node by (parent node, unit hash), so the chaining is the trie's.
 """
 
 from __future__ import annotations
@@ -121,6 +134,16 @@ def group_view(fine: np.ndarray, group_block_size: int, hash_block_size: int) ->
   k = group_block_size // hash_block_size
   n = len(fine) // k
   return fine[k - 1 : n * k : k] if n else fine[:0]
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+  """splitmix64's finaliser on uint64 (wrapping arithmetic): the simulator's hashes' last step
+  (`sim.core_scan._prefix_hashes`, `sim.seen_trie.unit_hashes`)."""
+  x = x ^ (x >> np.uint64(30))
+  x = x * np.uint64(0xBF58476D1CE4E5B9)
+  x = x ^ (x >> np.uint64(27))
+  x = x * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
 
 
 def as_u64(h: np.ndarray) -> np.ndarray:

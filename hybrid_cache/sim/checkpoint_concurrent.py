@@ -72,10 +72,10 @@ def _run_concurrent(
       score[i] = score[i] * decay + (sh.flops(hs // u) if hs else 0)
     admitted += 1
     if tuned:
-      lab = weightings[pt.current][0]
+      lab = weightings[pt.current].name
       pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
       if admitted % eviction_weightings.RETUNE_EVERY == 0:
-        _retune(pt, weightings, retire)
+        pt.current = _retune(pt.current, score, weightings, retire, live.retune)
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
     restore = sizes.ckpt_bytes if hits[r] else 0

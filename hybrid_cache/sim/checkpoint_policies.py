@@ -19,7 +19,7 @@ has its own file:
   adaptive_stats.py         what `adaptive` learns online: the divergences' alignment and output
                             reuse (`DivergenceStats`), and whether superseded checkpoints are
                             used again (`SupersessionStats`, which turns retirement on).
-  eviction_weightings.py    the eviction weightings (`SHADOW_WEIGHTINGS`, `LRU2`) and
+  eviction_weightings.py    the eviction weightings (`Weighting`: `SHADOW_WEIGHTINGS`, `LRU2`) and
                             `adaptive`'s online re-tuning among them (shadow caches).
   checkpoint_replay.py      what every capacity of a replay shares (`_Replay`: trie, statistics,
                             rule), each capacity's caches (`_Point`) and summary, TTFT with copies.
@@ -47,6 +47,7 @@ from hybrid_cache.sim.checkpoint_replay import _Replay
 from hybrid_cache.sim.checkpoint_sweep import _sweep_compiled
 from hybrid_cache.sim.checkpoint_sweep import _sweep_python
 from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.eviction_weightings import Weighting
 from hybrid_cache.sim.eviction_weightings import _setting_of
 from hybrid_cache.sim.trace import Trace
 
@@ -190,7 +191,7 @@ def sweep_settings(
   model: ModelConfig,
   capacities: Sequence[float],
   policy: str,
-  settings: Sequence[tuple | None],
+  settings: Sequence[Weighting | None],
   unit: int = 64,
   block_size: int = 64,
   length_classes: bool = False,
@@ -204,10 +205,10 @@ def sweep_settings(
   batch axis of caches).
 
   Args:
-    settings: each None (`adaptive`'s online re-tuning) or (alpha, prior, frequency[,
-      penultimate]): a fixed eviction weighting (`UnitCache`'s arguments; alpha None = plain
-      LRU, the only choice of the rules other than `adaptive`; penultimate True = LRU-2 on
-      chains, `adaptive` only).
+    settings: each None (`adaptive`'s online re-tuning) or a fixed eviction `Weighting`
+      (`eviction_weightings.py`: alpha None = plain LRU, the only choice of the rules other
+      than `adaptive`, e.g. `PLAIN_LRU`; penultimate True = LRU-2 on chains, `adaptive` only,
+      `LRU2`).
     retirement: False turns off `adaptive`'s retirement of superseded checkpoints (for
       ablations: `SupersessionStats` still runs, every request's decision is False).
     others: as `sweep_checkpoint`.
@@ -218,10 +219,6 @@ def sweep_settings(
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  # (alpha, prior, frequency) reads as not LRU-2
-  settings = [
-    (*st, False) if isinstance(st, tuple | list) and len(st) == 3 else st for st in settings
-  ]
   caches = backend == "python"
   args = (trace, model, capacities, policy, unit, block_size, settings, length_classes)
   rep = _Replay(*args, caches=caches, retirement=retirement)

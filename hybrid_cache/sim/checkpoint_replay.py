@@ -31,6 +31,7 @@ from hybrid_cache.sim.checkpoint_placement import candidates
 from hybrid_cache.sim.checkpoint_placement import parse_placement
 from hybrid_cache.sim.eviction_weightings import DEFAULT_WEIGHTING
 from hybrid_cache.sim.eviction_weightings import SHADOW_WEIGHTINGS
+from hybrid_cache.sim.eviction_weightings import Weighting
 from hybrid_cache.sim.eviction_weightings import _check_setting
 from hybrid_cache.sim.seen_trie import SeenTrie
 
@@ -103,17 +104,19 @@ class _Replay:
     bank = self.bank = CacheBank()  # every cache's per-node state, one row each
     if not caches:
       return
+
+    def cache(w: Weighting, sizes: CacheSizes, retuned: bool = False) -> UnitCache:
+      return UnitCache(
+        trie, sizes, model, w.alpha, w.prior, w.frequency, bank, retuned=retuned,
+        penultimate=w.penultimate,
+      )  # fmt: skip
+
     for st, sizes in self.specs:
       if st is None:  # `adaptive`'s online re-tuning: a live cache and its shadows
-        _, a0, p0, f0, q0 = weightings[DEFAULT_WEIGHTING]
-        live = UnitCache(trie, sizes, model, a0, p0, f0, bank, retuned=True, penultimate=q0)
-        shadows = [
-          UnitCache(trie, sizes, model, a, pr, fr, bank, penultimate=q)
-          for _, a, pr, fr, q in weightings
-        ]
+        live = cache(weightings[DEFAULT_WEIGHTING], sizes, retuned=True)
+        shadows = [cache(w, sizes) for w in weightings]
       else:
-        alpha, prior, frequency, q = st
-        live = UnitCache(trie, sizes, model, alpha, prior, frequency, bank, penultimate=q)
+        live = cache(st, sizes)
         shadows = []
       self.points.append(_Point(sizes, live, shadows, [0.0] * len(shadows), tuned=st is None))
     # the trie never outgrows the requests' computed units: reserve once (np.zeros pages are
@@ -183,7 +186,7 @@ def _summary(pt: _Point, model, rep: _Replay, wall: float, conc=None):
     "superseded_used_share": None if sup is None else sup.share(),
     "learned_retirement": bool(sup and rep.retirement and sizes.recurrent and sup.retire()),
     "alpha": live.alpha,
-    "weighting": weightings[pt.current][0] if tuned else None,
+    "weighting": weightings[pt.current].name if tuned else None,
     "alpha_requests": dict(sorted(pt.alphas_used.items())) if tuned else None,
     "wall_s": wall,
   }

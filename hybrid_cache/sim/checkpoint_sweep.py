@@ -18,6 +18,7 @@ runs with `backend="python"`; `tests/hybrid_cache/sim/compiled_replay_test.py` f
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -30,10 +31,20 @@ from hybrid_cache.sim.checkpoint_replay import _LiveCounts
 from hybrid_cache.sim.checkpoint_replay import _Point
 from hybrid_cache.sim.checkpoint_replay import _Replay
 from hybrid_cache.sim.checkpoint_replay import _summary
+from hybrid_cache.sim.compiled_kernels import CAND_DEPTH
+from hybrid_cache.sim.compiled_kernels import CAND_KIND
+from hybrid_cache.sim.compiled_kernels import REQ_CAP
+from hybrid_cache.sim.compiled_kernels import REQ_COLS
+from hybrid_cache.sim.compiled_kernels import REQ_DEEPEST
+from hybrid_cache.sim.compiled_kernels import REQ_LEN
+from hybrid_cache.sim.compiled_kernels import REQ_NCANDS
+from hybrid_cache.sim.compiled_kernels import REQ_NCOMP
+from hybrid_cache.sim.compiled_kernels import REQ_OLD
+from hybrid_cache.sim.compiled_kernels import REQ_RETIRE
+from hybrid_cache.sim.compiled_kernels import REQ_START
 from hybrid_cache.sim.cost_model import ModelConfig
 from hybrid_cache.sim.eviction_weightings import DEFAULT_WEIGHTING
 from hybrid_cache.sim.eviction_weightings import RETUNE_HALF_LIFE
-from hybrid_cache.sim.eviction_weightings import _best_shadow
 from hybrid_cache.sim.eviction_weightings import _retune
 from hybrid_cache.sim.trace import Trace
 
@@ -67,10 +78,10 @@ def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
         hs = sh.serve(r, path, cap, n_comp, place, found[sh.row], fresh, retire)
         score[i] = score[i] * decay + (fl[hs // u] if hs else 0)  # = sh.flops(hs // u)
       if pt.tuned:
-        lab = weightings[pt.current][0]
+        lab = weightings[pt.current].name
         pt.alphas_used[lab] = pt.alphas_used.get(lab, 0) + 1
         if (r + 1) % eviction_weightings.RETUNE_EVERY == 0:
-          _retune(pt, weightings, retire)
+          pt.current = _retune(pt.current, score, weightings, retire, live.retune)
     if 0 < seen < cap:
       stats.observe(seen, trie.out[path[seen - 1]])
     if progress is not None:
@@ -94,7 +105,7 @@ def _walk_all(rep: _Replay, trace: Trace):
   when a FLOPs value does not fit int64."""
   trie, stats, u = rep.trie, rep.stats, rep.unit
   n_req = len(trace.requests)
-  req = np.zeros((n_req, 8), np.int64)
+  req = np.zeros((n_req, REQ_COLS), np.int64)
   cands = np.zeros((n_req, 2, compiled_replay.MAX_CANDS), np.int64)
   reach = np.full((n_req, compiled_replay.NUM_KINDS), 0.5)  # (0 + 1) / (0 + 2)
   longest = 0
@@ -103,9 +114,12 @@ def _walk_all(rep: _Replay, trace: Trace):
     path, seen, cap, cs, deepest, retire = rep.walk(q, r)
     n_in = q.num_input_tokens
     n_comp = n_in + max(q.num_output_tokens - 1, 0)
-    req[r] = (start, len(path), trie.last_old, cap, n_comp, deepest, len(cs), retire)
+    row = req[r]
+    row[REQ_START], row[REQ_LEN], row[REQ_OLD] = start, len(path), trie.last_old
+    row[REQ_CAP], row[REQ_NCOMP], row[REQ_DEEPEST] = cap, n_comp, deepest
+    row[REQ_NCANDS], row[REQ_RETIRE] = len(cs), retire
     for i, (depth, kind) in enumerate(cs):
-      cands[r, 0, i], cands[r, 1, i] = depth, kind
+      cands[r, CAND_DEPTH, i], cands[r, CAND_KIND, i] = depth, kind
     for kind, placed in trie.placed.items():
       reach[r, kind] = (trie.reached.get(kind, 0.0) + 1.0) / (placed + 2.0)
     longest = max(longest, len(path))
@@ -133,7 +147,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
     return None
   tables, reach, req, cands = walked
   u, weightings = rep.unit, rep.weightings
-  sizes0 = rep.specs[0][1]
+  _, sizes0 = rep.specs[0]
   bank = compiled_replay.CompiledBank(
     len(rep.trie),
     (u, sizes0.block_size, sizes0.kv_page_bytes, sizes0.ckpt_bytes),
@@ -147,12 +161,10 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   rows = []  # per point: (setting, sizes, live row, shadow rows)
   for st, sizes in rep.specs:
     if st is None:
-      _, a0, p0, f0, q0 = weightings[DEFAULT_WEIGHTING]
-      live = bank.add(sizes.capacity, a0, p0, f0, q0, retuned=True)
-      shadows = [bank.add(sizes.capacity, a, pr, fr, q) for _, a, pr, fr, q in weightings]
+      live = bank.add(sizes.capacity, weightings[DEFAULT_WEIGHTING], retuned=True)
+      shadows = [bank.add(sizes.capacity, w) for w in weightings]
     else:
-      a, pr, fr, q = st
-      live = bank.add(sizes.capacity, a, pr, fr, q)
+      live = bank.add(sizes.capacity, st)
       shadows = []
     rows.append((st, sizes, live, shadows))
   bank.start()
@@ -170,15 +182,11 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
       if st is not None:
         continue
       scores[i] = bank.score(shadows, r0, r1, u, decay, scores[i])
-      lab = weightings[current[i]][0]
+      lab = weightings[current[i]].name
       used[i][lab] = used[i].get(lab, 0) + (r1 - r0)
-      if r1 % eviction_weightings.RETUNE_EVERY == 0:  # `_retune`
-        best = _best_shadow(scores[i], weightings, bool(req[r1 - 1, 7]))
-        if best != current[i]:
-          current[i] = best
-          _, a, pr, fr, q = weightings[best]
-          bank.set_weighting(live, a, pr, fr, q)
-          bank.reweigh(live, r1)
+      if r1 % eviction_weightings.RETUNE_EVERY == 0:
+        switch = functools.partial(bank.retune, live, r1)
+        current[i] = _retune(current[i], scores[i], weightings, bank.retires(r1 - 1), switch)
     if progress is not None:
       progress(r1)
   bank.close()
@@ -188,7 +196,7 @@ def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
   for i, (st, sizes, live, _) in enumerate(rows):
     hits = (bank.hits_out[live] * u).tolist()
     restores = bank.added_out[live] + (bank.hits_out[live] > 0)
-    live_alpha = weightings[current[i]][1] if st is None else st[0]
+    live_alpha = (weightings[current[i]] if st is None else st).alpha
     pt = _Point(
       sizes,
       _LiveCounts(

@@ -1,19 +1,18 @@
 """The numba kernels of the compiled replay: one checkpoint cache's step over arrays.
 
 Part of `compiled_replay.py` (issue 15): `CompiledBank` holds the arrays, these kernels replay
-requests on them. Same decisions as `UnitCache.serve` bit for bit: the lookup
-(`cache_bank.lookup`), the write of the units a request creates (`CacheBank.insert_fresh`), the
-hit's pin and re-weighting, the chain-aware GreedyDual eviction (`chain_eviction.py`:
-`_evict_one`, `_drop`, `fit`), the insertion (`_insert`) and `reweigh`, with the same float
-operations in the same order (a pop takes the least (priority, seq), a total order, so any
-binary heap pops what `heapq` pops; numba's typed dicts iterate in insertion order as Python's
-do, which `reweigh`'s seq order needs).
+requests on them. Same decisions as `UnitCache.serve` bit for bit: the lookup (`cache_bank.lookup`),
+the write of the units a request creates (`CacheBank.insert_fresh`), the hit's pin and re-weighting,
+the chain-aware GreedyDual eviction (`chain_eviction.py`: `_evict_one`, `_drop`, `fit`), the
+insertion (`_insert`) and `reweigh`, with the same float operations in the same order (a pop takes
+the least (priority, seq), a total order, so any binary heap pops what `heapq` pops; numba's typed
+dicts iterate in insertion order as Python's do, which `reweigh`'s seq order needs).
 
-Every jitted function and the row layout they read stay in this one file: numba's cache
-(`cache=True`) is invalidated by changes to the file that defines a function only, so a kernel
-calling a kernel of another file would keep a stale compiled copy of it (the flag bits,
-`NO_HISTORY` and `_COMPACT_MIN` come from the Python cache: after changing one, delete the
-`__pycache__` entries of this file).
+Every jitted function and the row layouts they read (also `REQ_*`, the requests' columns, which
+`checkpoint_sweep` writes) stay in this one file: numba's cache (`cache=True`) is invalidated by
+changes to the file that defines a function only, so a kernel calling a kernel of another file would
+keep a stale compiled copy of it (the flag bits, `NO_HISTORY` and `_COMPACT_MIN` come from the
+Python cache: after changing one, delete the `__pycache__` entries of this file).
 """
 
 from __future__ import annotations
@@ -26,20 +25,22 @@ from hybrid_cache.sim.cache_bank import _CKPT
 from hybrid_cache.sim.chain_eviction import _COMPACT_MIN
 from hybrid_cache.sim.chain_eviction import NO_HISTORY
 
-# rows of `CompiledBank.ints` (per-cache int64 scalars)
+# rows of `CompiledBank.ints` (per-cache int64 scalars; _NOW: lookups so far, `UnitCache._now`;
+# _RETIRED: superseded checkpoints dropped at insertion, `UnitCache.retired_ckpts`)
 _PAGES, _NCKPT, _SEQ, _EFF_N, _ROOTC, _COMPACT_AT, _ABSENT, _EVICTED, _ADMITTED, _HSIZE = range(10)
-_NOW = 10  # lookups so far (`UnitCache._now`)
-_RETIRED = 11  # superseded checkpoints dropped at insertion (`UnitCache.retired_ckpts`)
-_NINTS = 12
+_NOW, _RETIRED, _NINTS = 10, 11, 12
 # rows of `CompiledBank.flts`: GreedyDual's clock, the FLOPs ratio's running sum, the
 # penultimate access new checkpoints of the current request get (`UnitCache._inherit`)
 _CLOCK, _EFF_SUM, _INHERIT = range(3)
 _NFLTS = 3
-# rows of `CompiledBank.cfg`: capacity bytes, prior code, frequency, plain LRU (alpha None),
-# flat weight (`UnitCache._flat_weight`), LRU-2 (`UnitCache.penultimate`), access history kept
-# (`UnitCache._history`)
+# rows of `CompiledBank.cfg`: capacity bytes, prior code, frequency, plain LRU (alpha None), flat
+# weight (`UnitCache._flat_weight`), LRU-2 (`.penultimate`), access history kept (`._history`)
 _CAP, _PRIOR, _FREQ, _LRU, _FLAT, _PEN, _HIST = range(7)
 _NCFG = 7
+# columns of the per-request rows `CompiledBank.req` (`checkpoint_sweep._walk_all` writes them)
+REQ_START, REQ_LEN, REQ_OLD, REQ_CAP, REQ_NCOMP, REQ_DEEPEST, REQ_NCANDS, REQ_RETIRE = range(8)
+REQ_COLS = 8
+CAND_DEPTH, CAND_KIND = range(2)  # rows of `CompiledBank.cands[r]`
 _JIT = {"cache": True, "nogil": True}
 
 
@@ -502,15 +503,13 @@ def _serve_chunk(
       khit[k], ENTRY[k], HITS[k], KIND[k], STAMP[k], LAST[k], PEN[k],
     )  # fmt: skip
     for r in range(r0, r1):
-      s0, n, old, cap, n_comp, rdeep, nc, retire = (
-        req[r, 0], req[r, 1], req[r, 2], req[r, 3], req[r, 4], req[r, 5], req[r, 6], req[r, 7],
-      )  # fmt: skip
-      d, added = _serve(
+      q = req[r]
+      s0, n, old, cap = q[REQ_START], q[REQ_LEN], q[REQ_OLD], q[REQ_CAP]
+      n_comp, rdeep, nc, retire = q[REQ_NCOMP], q[REQ_DEEPEST], q[REQ_NCANDS], q[REQ_RETIRE]
+      hit_out[k, r], add_out[k, r] = _serve(
         C, HP, HS, HN, k, T, S, reach[r], flat[s0 : s0 + n], old, cap, n_comp, rdeep,
-        rule, kspars, cands[r, 0], cands[r, 1], nc, retire != 0, r,
+        rule, kspars, cands[r, CAND_DEPTH], cands[r, CAND_KIND], nc, retire != 0, r,
       )  # fmt: skip
-      hit_out[k, r] = d
-      add_out[k, r] = added
 
 
 @nb.njit(**_JIT)

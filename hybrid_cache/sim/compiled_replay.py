@@ -24,6 +24,7 @@ candidate points) is done for the whole trace first (`checkpoint_sweep._walk_all
 from __future__ import annotations
 
 import concurrent.futures
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import types
@@ -47,9 +48,13 @@ from hybrid_cache.sim.compiled_kernels import _PAGES
 from hybrid_cache.sim.compiled_kernels import _PEN
 from hybrid_cache.sim.compiled_kernels import _PRIOR
 from hybrid_cache.sim.compiled_kernels import _RETIRED
+from hybrid_cache.sim.compiled_kernels import REQ_RETIRE
 from hybrid_cache.sim.compiled_kernels import _reweigh
 from hybrid_cache.sim.compiled_kernels import _score
 from hybrid_cache.sim.compiled_kernels import _serve_chunk
+
+if TYPE_CHECKING:
+  from hybrid_cache.sim.eviction_weightings import Weighting
 
 PRIOR_CODES = {"hits": 0, "reach": 1, "none": 2}
 RULE_CODES = {"ckpt_dense": 0, "ckpt_sparse": 1, "ckpt_branch": 2, "adaptive": 3}
@@ -67,10 +72,12 @@ class CompiledBank:
       offset of its creating path in flat (every walked path end to end); flops[d] = F(d U),
       d >= 0 up to the longest path and at least 1; per node `SeenTrie.reused_from`.
     reach: float64[R, NUM_KINDS], the reach prior of each kind as of each request.
-    req: int64[R, 8] per request: (offset of its path in flat, path length, units that existed
-      before it, hit cap in units, computed tokens, deepest placement, candidate count,
-      retire: 1 = drop the checkpoints it supersedes, `UnitCache._retire`).
-    cands: int64[R, 2, MAX_CANDS]: candidate depths and kinds (ascending depth).
+    req: int64[R, REQ_COLS] per request, columns `compiled_kernels.REQ_*`: the offset of its
+      path in flat (START), path length (LEN), units that existed before it (OLD), hit cap in
+      units (CAP), computed tokens (NCOMP), deepest placement (DEEPEST), candidate count
+      (NCANDS), retire (RETIRE: 1 = drop the checkpoints it supersedes, `UnitCache._retire`).
+    cands: int64[R, 2, MAX_CANDS]: candidate depths (row CAND_DEPTH) and kinds (CAND_KIND),
+      ascending depth.
     rule, kspars: the placement rule (`RULE_CODES`) and ckpt_sparse's K.
   """
 
@@ -80,24 +87,15 @@ class CompiledBank:
     self.T = trie
     self.reach, self.req, self.cands = reach, req, cands
     self.rule, self.kspars = int(rule), int(kspars)
-    self.configs: list[tuple[int, float | None, str, bool, bool, bool, bool]] = []
+    self.configs: list[tuple[int, Weighting, bool, bool]] = []  # capacity, weighting, flat, hist
     self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
-  def add(
-    self,
-    capacity: int,
-    alpha: float | None,
-    prior: str,
-    frequency: bool,
-    penultimate: bool,
-    retuned: bool = False,
-  ) -> int:
+  def add(self, capacity: int, weighting: Weighting, retuned: bool = False) -> int:
     """Adds a cache (its weighting and `retuned` as `UnitCache`'s arguments); returns its row."""
-    hist = bool(penultimate or retuned)  # `UnitCache._history`
-    fl = self.T[3]  # `UnitCache._flat_weight` (the table holds depth 1)
-    flat = alpha == 0 and not retuned and bool(fl[1] > fl[0])
-    cfg = (int(capacity), alpha, prior, bool(frequency), bool(penultimate), bool(flat), hist)
-    self.configs.append(cfg)
+    hist = bool(weighting.penultimate or retuned)  # `UnitCache._history`
+    _, _, _, fl, _ = self.T  # `UnitCache._flat_weight` (the table holds depth 1)
+    flat = weighting.alpha == 0 and not retuned and bool(fl[1] > fl[0])
+    self.configs.append((int(capacity), weighting, bool(flat), hist))
     return len(self.configs) - 1
 
   def start(self) -> None:
@@ -111,8 +109,8 @@ class CompiledBank:
     self.flts = np.zeros((k, _NFLTS), np.float64)
     self.cfg = np.zeros((k, _NCFG), np.int64)
     self.alpha = np.zeros(k, np.float64)
-    for i, (cap, alpha, prior, freq, pen, flat, hist) in enumerate(self.configs):
-      self.set_weighting(i, alpha, prior, freq, pen)
+    for i, (cap, weighting, flat, hist) in enumerate(self.configs):
+      self.set_weighting(i, weighting)
       self.cfg[i, _CAP], self.cfg[i, _FLAT], self.cfg[i, _HIST] = cap, int(flat), int(hist)
     self.kplaced = np.zeros((k, NUM_KINDS), np.float64)
     self.khit = np.zeros((k, NUM_KINDS), np.float64)
@@ -134,16 +132,25 @@ class CompiledBank:
     self.hits_out = np.zeros((k, r), np.int64)
     self.added_out = np.zeros((k, r), np.int64)
 
-  def set_weighting(
-    self, row: int, alpha: float | None, prior: str, frequency: bool, penultimate: bool
-  ) -> None:
-    """`UnitCache`'s alpha / prior / frequency / penultimate of one cache (None alpha: plain
-    LRU)."""
-    self.cfg[row, _LRU] = int(alpha is None)
-    self.alpha[row] = 0.0 if alpha is None else float(alpha)
-    self.cfg[row, _PRIOR] = PRIOR_CODES[prior]
-    self.cfg[row, _FREQ] = int(frequency)
-    self.cfg[row, _PEN] = int(penultimate)
+  def set_weighting(self, row: int, w: Weighting) -> None:
+    """Gives one cache weighting `w` (`UnitCache`'s alpha / prior / frequency / penultimate):
+    the one place a `Weighting` becomes the kernels' numbers (`cfg`, `alpha`; None alpha:
+    plain LRU)."""
+    self.cfg[row, _LRU] = int(w.alpha is None)
+    self.alpha[row] = 0.0 if w.alpha is None else float(w.alpha)
+    self.cfg[row, _PRIOR] = PRIOR_CODES[w.prior]
+    self.cfg[row, _FREQ] = int(w.frequency)
+    self.cfg[row, _PEN] = int(w.penultimate)
+
+  def retune(self, row: int, r: int, w: Weighting) -> None:
+    """The re-tuning's switch (`eviction_weightings._retune`) after request r - 1: cache `row`
+    takes weighting `w` and re-weights its held checkpoints under it (`UnitCache.retune`)."""
+    self.set_weighting(row, w)
+    self.reweigh(row, r)
+
+  def retires(self, r: int) -> bool:
+    """Request r's retirement decision (`_Replay.walk`)."""
+    return bool(self.req[r, REQ_RETIRE])
 
   def _state(self):
     return (
@@ -188,11 +195,13 @@ class CompiledBank:
   def score(self, rows, r0: int, r1: int, unit: int, decay: float, score: list[float]):
     """`adaptive`'s decayed score of `rows` over requests r0..r1 - 1; returns the new list."""
     out = np.asarray(score, np.float64)
-    _score(self.hits_out, np.asarray(rows, np.int64), r0, r1, self.T[3], unit, decay, out)
+    _, _, _, fl, _ = self.T
+    _score(self.hits_out, np.asarray(rows, np.int64), r0, r1, fl, unit, decay, out)
     return out.tolist()
 
   def used(self, row: int) -> int:
-    return int(self.ints[row, _PAGES] * self.S[2] + self.ints[row, _NCKPT] * self.S[3])
+    _, _, page, state = self.S
+    return int(self.ints[row, _PAGES] * page + self.ints[row, _NCKPT] * state)
 
   def admitted(self, row: int) -> int:
     return int(self.ints[row, _ADMITTED])

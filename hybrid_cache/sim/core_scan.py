@@ -15,7 +15,8 @@ Host preparation is vectorised (`prepare`): chained prefix hashes of every hash 
 request come from a position-weighted sum over the prefix (mod 2^64, `_prefix_hashes`), so a
 Mooncake symbol (a run of consecutive token ids) costs O(1) and no per-token Python runs. The
 values differ from `hashing.block_hashes` (blake2b) but identify the same prefixes (collision
-probability ~2^-64 per pair), which is all the core compares.
+probability ~2^-64 per pair), which is all the core compares (`hashing.py` on the simulator's
+hashing schemes and why they differ).
 
 Per-request outputs (`_OUT_COLS`, read back by name): reused tokens, failed flag, steps, the
 recurrent blocks the request held at finish, recurrent keys admitted / recurrent keyed blocks
@@ -44,6 +45,7 @@ from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import ReqInfo
+from hybrid_cache.hashing import mix64
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_CHUNK = 1024
@@ -59,15 +61,6 @@ def _col(out: np.ndarray, name: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------
 # host side: vectorised prefix hashes
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """splitmix64 finaliser (uint64 in, uint64 out)."""
-  x = x ^ (x >> np.uint64(30))
-  x = x * np.uint64(0xBF58476D1CE4E5B9)
-  x = x ^ (x >> np.uint64(27))
-  x = x * np.uint64(0x94D049BB133111EB)
-  return x ^ (x >> np.uint64(31))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +123,7 @@ def _prefix_hashes(trace: Trace, hbs: int, ends_tokens: np.ndarray) -> tuple[np.
   e = (j + 1) * hbs  # local end of each hash block
   s = np.searchsorted(g_c0, e - 1 + tok_off[req_of_block], side="right") - 1
   h = before[s] + a[s] * (sr[e] - sr[c0[s]]) + (tr[e] - tr[c0[s]])
-  h = _mix64(h)
+  h = mix64(h)
   out = np.stack(
     [(h & np.uint64(0xFFFFFFFF)).astype(np.uint32), (h >> np.uint64(32)).astype(np.uint32)], 1
   )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hybrid_cache.hashing import mix64
 from hybrid_cache.sim.trace import Request
 from hybrid_cache.sim.vllm_plus import request_tokens
 
@@ -24,15 +25,6 @@ _MASK64 = (1 << 64) - 1
 NEVER_REUSED = np.iinfo(np.int64).max  # `SeenTrie.reused_from` of a node not reused
 _SEED = 0x5EED_C4EC  # fixed: unit hashes are identical across runs
 _ROOT = -1
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """splitmix64's finaliser on uint64 (wrapping arithmetic)."""
-  x = x ^ (x >> np.uint64(30))
-  x = x * np.uint64(0xBF58476D1CE4E5B9)
-  x = x ^ (x >> np.uint64(27))
-  x = x * np.uint64(0x94D049BB133111EB)
-  return x ^ (x >> np.uint64(31))
 
 
 def grown(a: np.ndarray, n: int, fill=0) -> np.ndarray:
@@ -46,14 +38,18 @@ def grown(a: np.ndarray, n: int, fill=0) -> np.ndarray:
 
 
 def unit_hashes(tokens: np.ndarray, unit: int, weights: np.ndarray) -> list[int]:
-  """64-bit hash of each whole `unit`-token chunk of `tokens` (a random linear form, mixed)."""
+  """64-bit hash of each whole `unit`-token chunk of `tokens` (a random linear form, mixed).
+
+  Per unit, not per prefix (`hashing.block_hashes`, `core_scan._prefix_hashes`): `SeenTrie`
+  keys a node by its parent and this hash, which chains it (`hashing.py` on the three schemes).
+  """
   n = len(tokens) // unit
   if n == 0:
     return []
   t = np.asarray(tokens[: n * unit], np.int64).astype(np.uint64).reshape(n, unit)
   with np.errstate(over="ignore"):
     h = (t * weights[None, :unit]).sum(axis=1, dtype=np.uint64)
-    return _mix64(h + np.uint64(unit)).tolist()
+    return mix64(h + np.uint64(unit)).tolist()
 
 
 class SeenTrie:

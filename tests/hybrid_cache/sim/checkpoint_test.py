@@ -202,7 +202,7 @@ def test_adaptive_alpha_retuned_online_and_placements_counted():
   cap = TINY.state_bytes + 4 * longest + 4 * 600
   triples, extra = cp.run_checkpoint(trace, TINY, cap, "adaptive", unit=16, block_size=64)
   assert sum(extra["alpha_requests"].values()) == len(trace)
-  assert extra["weighting"] in [w[0] for w in weightings.SHADOW_WEIGHTINGS]
+  assert extra["weighting"] in [w.name for w in weightings.SHADOW_WEIGHTINGS]
   assert extra["states_admitted"] >= extra["states_evicted"] > 0
   assert any(t[2] for t in triples)
 
@@ -263,7 +263,6 @@ def test_reweigh_puts_every_held_checkpoint_under_the_new_weighting():
 
   held = set(c.entry)
   assert len(held) > 3 and any(w != 1.0 for w in weights().values())
-  c.alpha, c.prior, c.frequency = None, "none", False
-  c.reweigh()
+  c.retune(weightings.PLAIN_LRU)
   assert set(c.entry) == held and set(weights()) == held
   assert set(weights().values()) == {1.0}

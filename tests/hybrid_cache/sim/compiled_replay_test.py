@@ -132,16 +132,24 @@ def test_settings_grid_points_equal_their_own_runs(backend, monkeypatch):
   longest = max(r.num_tokens for r in trace.requests)
   floor = TINY.state_bytes + 4 * (longest + 48) + 64
   caps = [floor + 200, floor + 1500]
-  settings = [None, (1.0, "hits", True), (None, "none", False), (0.0, "reach", True)]
+  settings = [
+    None,
+    weightings.Weighting("hits/1", 1.0, "hits", True),
+    weightings.PLAIN_LRU,
+    weightings.Weighting("reach/0", 0.0, "reach", True),
+  ]
   grid = cp.sweep_settings(trace, TINY, caps, "adaptive", settings, 16, 48, backend=backend)
   assert [len(row) for row in grid] == [len(caps)] * len(settings)
   for setting, row in zip(settings, grid):
-    alpha, prior, frequency = (None, "hits", True) if setting is None else setting
     for cap, (triples, extra) in zip(caps, row):
-      if setting is not None and alpha is None:  # plain LRU under adaptive's placement
+      if setting is None:
+        alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48)
+      elif setting.alpha is None:  # plain LRU under adaptive's placement
         alone = cp.sweep_settings(trace, TINY, [cap], "adaptive", [setting], 16, 48)[0][0]
       else:
-        alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, alpha, prior, frequency)
+        alone = cp.run_checkpoint(
+          trace, TINY, cap, "adaptive", 16, 48, setting.alpha, setting.prior, setting.frequency
+        )
       assert triples == alone[0]
       assert _without_wall(extra) == _without_wall(alone[1])
   lru_row, tuned_row = grid[2], grid[0]
@@ -153,13 +161,19 @@ def test_settings_are_checked():
   with pytest.raises(ValueError, match="online re-tuning"):
     cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [None])
   with pytest.raises(ValueError, match="alpha must be None or in"):
-    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [(1.0, "hits", True)])
+    cp.sweep_settings(
+      trace, TINY, [1e6], "ckpt_branch", [weightings.Weighting("hits/1", 1.0, "hits", True)]
+    )
   with pytest.raises(ValueError, match="prior must be one of"):
-    cp.sweep_settings(trace, TINY, [1e6], "adaptive", [(1.0, "often", True)])
+    cp.sweep_settings(
+      trace, TINY, [1e6], "adaptive", [weightings.Weighting("x", 1.0, "often", True)]
+    )
   with pytest.raises(ValueError, match="a setting must be None or"):
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [1.0])
+  with pytest.raises(ValueError, match="a setting must be None or"):
+    cp.sweep_settings(trace, TINY, [1e6], "adaptive", [(1.0, "hits", True)])  # a tuple is not one
   with pytest.raises(ValueError, match="penultimate"):
-    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [(None, "none", False, True)])
+    cp.sweep_settings(trace, TINY, [1e6], "ckpt_branch", [weightings.LRU2])
   with pytest.raises(ValueError, match="settings must hold at least one"):
     cp.sweep_settings(trace, TINY, [1e6], "adaptive", [])
 
@@ -187,7 +201,7 @@ def test_lru2_compiled_equals_python(model, seed):
   longest = max(r.num_tokens for r in trace.requests)
   floor = model.state_bytes + 4 * (longest + 48) + 64
   caps = [floor + 100, floor + 700, floor + 3000]
-  settings = [(None, "none", False, True), (1.0, "hits", True, False), None]
+  settings = [weightings.LRU2, weightings.Weighting("hits/1", 1.0, "hits", True), None]
   got = [
     [[(t, _without_wall(x)) for t, x in row] for row in cp.sweep_settings(
       trace, model, caps, "adaptive", settings, 16, 48, backend=backend
@@ -204,7 +218,7 @@ def test_run_checkpoint_penultimate_is_the_lru2_setting():
   longest = max(r.num_tokens for r in trace.requests)
   cap = TINY.state_bytes + 4 * (longest + 48) + 500
   alone = cp.run_checkpoint(trace, TINY, cap, "adaptive", 16, 48, penultimate=True)
-  (grid,) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [weightings.LRU2[1:]], 16, 48)
+  (grid,) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [weightings.LRU2], 16, 48)
   assert alone[0] == grid[0][0] and alone[1]["alpha"] is None
   conc = cp.run_checkpoint(
     trace, TINY, cap, "adaptive", 16, 48, penultimate=True, replay="concurrent"

@@ -159,7 +159,7 @@ def test_learned_on_linear_chat_not_on_agentic(seed):
 
 def test_lru2_shadow_eligible_only_while_retiring():
   w = weightings.SHADOW_WEIGHTINGS
-  lru2 = [i for i, x in enumerate(w) if x[4]]
+  lru2 = [i for i, x in enumerate(w) if x.penultimate]
   assert lru2 == [len(w) - 1] and w[-1] == weightings.LRU2
   score = [1.0] * len(w)
   score[-1] = 5.0
@@ -179,7 +179,8 @@ def test_retirement_compiled_equals_python(seed, monkeypatch):
   longest = max(r.num_tokens for r in trace.requests)
   floor = TINY.state_bytes + 4 * (longest + 48) + 64
   caps = [floor + 50, floor + 400, floor + 2000]
-  settings = [None, weightings.LRU2[1:], (1.0, "hits", True, False), (None, "none", False, False)]
+  hits1 = weightings.Weighting("hits/1", 1.0, "hits", True)
+  settings = [None, weightings.LRU2, hits1, weightings.PLAIN_LRU]
   got = []
   for backend in cp.BACKENDS:
     grid = cp.sweep_settings(trace, TINY, caps, "adaptive", settings, 16, 48, backend=backend)
@@ -196,7 +197,7 @@ def test_retiring_adaptive_stays_below_offline_bound(seed):
   longest = max(r.num_tokens for r in trace.requests)
   for cap in (TINY.state_bytes + 4 * longest + 64, 1_500, 6_000):
     bound = offline_bound(trace, TINY, cap, 4, iterations=60)
-    for setting in (None, weightings.LRU2[1:]):
+    for setting in (None, weightings.LRU2):
       (((triples, extra),),) = cp.sweep_settings(trace, TINY, [cap], "adaptive", [setting], 4, 8)
       assert extra["states_retired"] > 0
       reused = np.array([t[2] for t in triples])
