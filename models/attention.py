@@ -61,9 +61,13 @@ class Attention(nnx.Module):
     slot_mapping: jax.Array,
     seq_lens: jax.Array,
     query_start_loc: jax.Array,
+    layer: int | None = None,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """x: [T, d_model]; pages [num_blocks, B, H_kv, D]. Returns (y [T, d_model], k, v pages)."""
+    """x: [T, d_model]; pages [num_blocks, B, H_kv, D]. Returns (y [T, d_model], k, v pages).
+
+    `layer`: the pages are the model's stacked [L, num_blocks, B, H_kv, D] and this layer's
+    are written in place and read (`models.state_pool` on why); the stacked pages return."""
     t = x.shape[0]
     q = self.q_proj(x)
     gate = None
@@ -79,7 +83,7 @@ class Attention(nnx.Module):
     q = layers.apply_rope(q, positions, self.theta, **rope)
     k = layers.apply_rope(k, positions, self.theta, **rope)
     k_pages, v_pages = attn_api.write_kv(
-      k_pages, v_pages, k.astype(k_pages.dtype), v.astype(v_pages.dtype), slot_mapping
+      k_pages, v_pages, k.astype(k_pages.dtype), v.astype(v_pages.dtype), slot_mapping, layer
     )
     o = attn_api.paged_attention(
       q,
@@ -91,6 +95,7 @@ class Attention(nnx.Module):
       window=self.window,
       scale=self.scale,
       implementation=implementation,
+      layer=layer,
     )
     o = o.reshape(t, self.num_heads * self.head_dim).astype(x.dtype)
     if gate is not None:

@@ -61,6 +61,7 @@ class GatedDeltaNet(nnx.Module):
     ckpt_every: int | None,
     decode: bool = False,
     num_decodes: int = 0,
+    layer: int | None = None,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [T, d_model]; pools [NB, H_v, d_k, d_v] / [NB, conv_dim, K-1]. Returns (y, pools).
@@ -70,11 +71,13 @@ class GatedDeltaNet(nnx.Module):
     prefill kernels (same recurrence; no checkpoints can fall inside one token).
     `num_decodes` (static, D): a mixed step whose first D sequences have one token each; those
     run the decode kernels, the rest the chunked ones (`decode_split`).
+    `layer`: the pools are the model's stacked [L, NB, ...] arrays and this layer's rows are
+    read and written in place (`state_pool`); the returned pools are the stacked ones.
     """
     t = x.shape[0]
     mixed = self.in_proj_qkv(x)
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
-    conv0 = state_pool.read_states(conv_pool, state_read)
+    conv0 = state_pool.read_states(conv_pool, state_read, layer)
     y, conv_out = short_conv.causal_conv(
       mixed,
       self.conv_weight[...],
@@ -93,7 +96,7 @@ class GatedDeltaNet(nnx.Module):
     beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32))
     a = self.in_proj_a(x).astype(jnp.float32)
     g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a + self.dt_bias[...])
-    s0 = state_pool.read_states(state_pool_, state_read)
+    s0 = state_pool.read_states(state_pool_, state_read, layer)
 
     def recurrent(q, k, v, g, beta, s0):
       ids = state_pool.slot_ids(q.shape[0])
@@ -143,6 +146,7 @@ class GatedDeltaNet(nnx.Module):
       state_out,
       conv_out,
       checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,
+      layer=layer,
     )
     z = self.in_proj_z(x)
     o = self.norm(o.reshape(t, self.hv * self.dv).astype(x.dtype), z)

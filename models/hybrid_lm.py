@@ -179,10 +179,10 @@ class HybridLM(nnx.Module):
         y, k_all, v_all = _attend(block, h, k_all, v_all, slot, group, inputs, implementation)
       else:
         sp, cp = pools[kind]
-        y, s_new, c_new = block.mixer(
+        y, sp, cp = block.mixer(
           h,
-          sp[slot],
-          cp[slot],
+          sp,
+          cp,
           query_start_loc=inputs.query_start_loc,
           state_read=inputs.state_read[rec[kind]],
           state_write=inputs.state_write[rec[kind]],
@@ -190,9 +190,10 @@ class HybridLM(nnx.Module):
           ckpt_every=inputs.ckpt_every,
           decode=inputs.decode,
           num_decodes=d,
+          layer=slot,
           implementation=implementation,
         )
-        pools[kind] = [sp.at[slot].set(s_new), cp.at[slot].set(c_new)]
+        pools[kind] = [sp, cp]
       x = block.feed_forward(block.mixer_residual(x, y))
     if logits_rows is not None:
       x = x[logits_rows]
@@ -268,18 +269,19 @@ def _attend(block, h, k_all, v_all, slot: int, group: int, inputs: StepInputs, i
   """One attention layer (full or sliding window) of `__call__` and `verify`: reads and writes
   its paged K/V (layer `slot` of the stacked pools, block tables of `group`).
   Returns (y, k_all, v_all)."""
-  y, kp, vp = block.mixer(
+  y, k_all, v_all = block.mixer(
     h,
-    k_all[slot],
-    v_all[slot],
+    k_all,
+    v_all,
     positions=inputs.positions,
     block_table=inputs.block_tables[group],
     slot_mapping=inputs.slot_mapping[group],
     seq_lens=inputs.seq_lens,
     query_start_loc=inputs.query_start_loc,
+    layer=slot,
     implementation=implementation,
   )
-  return y, k_all.at[slot].set(kp), v_all.at[slot].set(vp)
+  return y, k_all, v_all
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> HybridLM:

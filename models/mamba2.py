@@ -85,6 +85,7 @@ class Mamba2(nnx.Module):
     ckpt_every: int | None,
     decode: bool = False,
     num_decodes: int = 0,
+    layer: int | None = None,
     implementation: str | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """x [T, d_model]; pools [NB, H, P, N] / [NB, conv_dim, K-1]. Returns (y, pools).
@@ -93,6 +94,8 @@ class Mamba2(nnx.Module):
     run the decode kernels on the gathered states instead of the chunked prefill kernels.
     `num_decodes` (static, D): a mixed step whose first D sequences have one token each; those
     run the decode kernels, the rest the chunked ones (`decode_split`).
+    `layer`: the pools are the model's stacked [L, NB, ...] arrays and this layer's rows are
+    read and written in place (`state_pool`); the returned pools are the stacked ones.
     """
     t = x.shape[0]
     proj = self.in_proj(x)
@@ -100,7 +103,7 @@ class Mamba2(nnx.Module):
     xbc = proj[:, self.d_inner : self.d_inner + self.conv_dim]
     dt = proj[:, self.d_inner + self.conv_dim :]
     ckpt_kw = state_pool.checkpoint_kwargs(ckpt_write, ckpt_every)
-    conv0 = state_pool.read_states(conv_pool, state_read)
+    conv0 = state_pool.read_states(conv_pool, state_read, layer)
     xbc, conv_out = short_conv.causal_conv(
       xbc,
       self.conv_weight[...],
@@ -116,7 +119,7 @@ class Mamba2(nnx.Module):
     xs = xbc[:, : self.d_inner].reshape(t, self.h, self.p)
     b = xbc[:, self.d_inner : self.d_inner + gn].reshape(t, self.g, self.n)
     c = xbc[:, self.d_inner + gn :].reshape(t, self.g, self.n)
-    s0 = state_pool.read_states(state_pool_, state_read)
+    s0 = state_pool.read_states(state_pool_, state_read, layer)
     dt, dt_kw = self._time_step(dt)
     a = -jnp.exp(self.A_log[...])
 
@@ -170,6 +173,7 @@ class Mamba2(nnx.Module):
       state_out,
       conv_out,
       checkpointed=not decode and ckpt_kw["checkpoint_every"] is not None,
+      layer=layer,
     )
     y = self.norm(y.reshape(t, self.d_inner).astype(x.dtype), z)
     return self.out_proj(y), state_pool_, conv_pool

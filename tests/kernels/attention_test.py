@@ -212,6 +212,19 @@ def test_write_kv_then_attend_equals_dense_causal():
       q, kp, vp, bt, np.array([t], np.int32), query_start_loc=qsl, implementation=impl
     )
     np.testing.assert_allclose(np.asarray(out), dense, atol=1e-5, rtol=1e-5)
+  # the same pages as layer 1 of a stacked [L, ...] array (the model's): written and attended
+  # in place, the other layers untouched
+  stacked = jnp.stack([jnp.full_like(kp, 7.0), jnp.zeros_like(kp), jnp.full_like(kp, 7.0)])
+  sk, sv = api.write_kv(stacked, stacked, k, v, slots, 1)
+  np.testing.assert_array_equal(np.asarray(sk[1]), np.asarray(kp))
+  np.testing.assert_array_equal(np.asarray(sv[0]), 7.0)
+  for impl in IMPLS:
+    out = api.paged_attention(
+      q, sk, sv, bt, np.array([t], np.int32), query_start_loc=qsl, implementation=impl, layer=1
+    )
+    np.testing.assert_allclose(np.asarray(out), dense, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="layer=3"):
+    api.paged_attention(q, sk, sv, bt, np.array([t], np.int32), query_start_loc=qsl, layer=3)
 
 
 def _good():

@@ -58,3 +58,19 @@ def test_write_states_checkpoints_then_final_and_drops():
   # A final state wins over a checkpoint on the same block.
   out = state_pool.write_states(pool, jnp.array([1, -1]), final, ids, ckpts, counts)
   np.testing.assert_array_equal(out[:, 0], [0, 10, 0, 4, 0, 0])
+
+
+def test_stacked_pools_read_and_write_one_layer():
+  """`layer=l` on a stacked [L, NB, ...] pool == the same call on pool[l], other layers kept."""
+  stacked = jnp.arange(3 * 6, dtype=jnp.float32).reshape(3, 6, 1) + 1
+  ids = jnp.array([4, -1, 0])
+  np.testing.assert_array_equal(
+    state_pool.read_states(stacked, ids, 1), state_pool.read_states(stacked[1], ids)
+  )
+  final = jnp.array([[10.0], [20.0]])
+  ckpts = jnp.array([[[1.0], [2.0]], [[4.0], [5.0]]])
+  ck_ids, counts = jnp.array([[1, 2], [3, -1]]), jnp.array([2, 1])
+  out = state_pool.write_states(stacked, jnp.array([5, -1]), final, ck_ids, ckpts, counts, layer=2)
+  want = state_pool.write_states(stacked[2], jnp.array([5, -1]), final, ck_ids, ckpts, counts)
+  np.testing.assert_array_equal(out[2], want)
+  np.testing.assert_array_equal(out[:2], stacked[:2])

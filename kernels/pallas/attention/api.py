@@ -113,6 +113,7 @@ def paged_attention(
   implementation=None,
   block_q=None,
   block_k=None,
+  layer=None,
 ):
   """Causal (optionally sliding-window) paged attention over a ragged batch.
 
@@ -127,6 +128,10 @@ def paged_attention(
     scale: score scale, default D**-0.5.
     implementation: ``"xla" | "pallas" | "interpret"`` or None (Pallas on GPU, else XLA).
     block_q, block_k: Pallas tiling (query tokens per program, keys per inner step).
+    layer: (static int) the pages are the stacked [L, num_blocks, block_size, H_kv, D] of every
+      layer and layer ``layer``'s are attended: the XLA path gathers from the stacked array
+      directly (slicing the layer out first costs a copy of its pages per step); the Pallas
+      kernels are given the slice.
 
   Returns:
     [T, H_q, D] in q's dtype (fp32 softmax); rows past ``query_start_loc[N]`` are zero.
@@ -138,14 +143,33 @@ def paged_attention(
       read on the host for the checks (a sync; call under ``jit`` to avoid it).
   """
   impl = resolve_implementation(implementation)
-  _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window, scale)
+  if layer is not None:
+    if np.ndim(k_pages) != 5 or not 0 <= layer < k_pages.shape[0]:
+      raise ValueError(
+        f"layer={layer} needs stacked pages [L, num_blocks, block_size, H_kv, D] with "
+        f"0 <= layer < L, got shape {np.shape(k_pages)}"
+      )
+    view = jax.ShapeDtypeStruct(k_pages.shape[1:], k_pages.dtype)
+    _validate(q, view, view, block_tables, seq_lens, query_start_loc, window, scale)
+  else:
+    _validate(q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window, scale)
   decode_only = query_start_loc is None
   if decode_only:
     query_start_loc = np.arange(block_tables.shape[0] + 1, dtype=np.int32)
   if impl == "xla":
     return _reference_jit(
-      q, k_pages, v_pages, block_tables, seq_lens, query_start_loc, window=window, scale=scale
+      q,
+      k_pages,
+      v_pages,
+      block_tables,
+      seq_lens,
+      query_start_loc,
+      window=window,
+      scale=scale,
+      layer=layer,
     )
+  if layer is not None:
+    k_pages, v_pages = k_pages[layer], v_pages[layer]
   group = q.shape[1] // k_pages.shape[2]
   if block_q is None:
     # One query per sequence: the smallest tile that keeps the MMA at >= 16 rows.
@@ -183,21 +207,29 @@ def paged_attention(
   )
 
 
-_reference_jit = jax.jit(reference.paged_attention_reference, static_argnames=("window", "scale"))
+_reference_jit = jax.jit(
+  reference.paged_attention_reference, static_argnames=("window", "scale", "layer")
+)
 
 
-def write_kv(k_pages, v_pages, k, v, slot_mapping):
+def write_kv(k_pages, v_pages, k, v, slot_mapping, layer=None):
   """Writes ``k, v [T, H_kv, D]`` into flat slots ``block * block_size + offset`` (-1 = skip).
 
   Returns ``(k_pages, v_pages)``. XLA scatter; donate the pages in the caller's ``jit`` for an
-  in-place update. Raises ValueError on shape mismatches and (concrete values only) slots outside
-  ``[-1, num_blocks * block_size)``; traced out-of-range slots are skipped.
+  in-place update. ``layer`` (static int): the pages are the stacked ``[L, num_blocks,
+  block_size, H_kv, D]`` of every layer; layer ``layer``'s are written (``reference``). Raises
+  ValueError on shape mismatches and (concrete values only) slots outside ``[-1, num_blocks *
+  block_size)``; traced out-of-range slots are skipped.
   """
-  if np.ndim(k_pages) != 4:
-    _shape_error("k_pages", "[num_blocks, block_size, H_kv, D]", np.shape(k_pages))
+  rank = 4 if layer is None else 5
+  if np.ndim(k_pages) != rank:
+    want = "[num_blocks, block_size, H_kv, D]" if layer is None else "[L, num_blocks, ...]"
+    _shape_error("k_pages", want, np.shape(k_pages))
   if tuple(v_pages.shape) != tuple(k_pages.shape):
     _shape_error("v_pages", f"{tuple(k_pages.shape)} (same as k_pages)", v_pages.shape)
-  num_blocks, block_size, num_kv_heads, head_dim = k_pages.shape
+  if layer is not None and not 0 <= layer < k_pages.shape[0]:
+    raise ValueError(f"layer must be in [0, {k_pages.shape[0]}), got {layer}")
+  num_blocks, block_size, num_kv_heads, head_dim = k_pages.shape[rank - 4 :]
   if np.ndim(slot_mapping) != 1:
     _shape_error("slot_mapping", "[T]", np.shape(slot_mapping))
   validation.check_int("slot_mapping", slot_mapping)
@@ -209,7 +241,7 @@ def write_kv(k_pages, v_pages, k, v, slot_mapping):
   total = num_blocks * block_size
   if slots is not None:
     _first_bad("slot_mapping", slots, (slots < -1) | (slots >= total), f"[-1, {total})")
-  return _write_kv_jit(k_pages, v_pages, k, v, slot_mapping)
+  return _write_kv_jit(k_pages, v_pages, k, v, slot_mapping, layer)
 
 
-_write_kv_jit = jax.jit(reference.write_kv_reference)
+_write_kv_jit = jax.jit(reference.write_kv_reference, static_argnums=(5,))

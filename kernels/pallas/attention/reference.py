@@ -54,10 +54,13 @@ def paged_attention_reference(
   *,
   window=None,
   scale=None,
+  layer=None,
 ):
-  """Paged attention by gathering each query row's keys; see the module docstring."""
+  """Paged attention by gathering each query row's keys; see the module docstring. `layer`:
+  the pages are stacked [L, num_blocks, ...] and layer `layer`'s are gathered directly."""
   num_tokens, num_q_heads, head_dim = q.shape
-  _, block_size, num_kv_heads, _ = k_pages.shape
+  _, block_size, num_kv_heads, _ = k_pages.shape[-4:]
+  lead = () if layer is None else (layer,)
   max_blocks = block_tables.shape[1]
   group = num_q_heads // num_kv_heads
   if query_start_loc is None:
@@ -91,8 +94,8 @@ def paged_attention_reference(
     kpos = (blk_idx[:, :, None] * block_size + jnp.arange(block_size)[None, None]).reshape(
       tile, nkeys
     )
-    k = k_pages[blocks].reshape(tile, nkeys, num_kv_heads, head_dim).astype(jnp.float32)
-    v = v_pages[blocks].reshape(tile, nkeys, num_kv_heads, head_dim).astype(jnp.float32)
+    k = k_pages[(*lead, blocks)].reshape(tile, nkeys, num_kv_heads, head_dim).astype(jnp.float32)
+    v = v_pages[(*lead, blocks)].reshape(tile, nkeys, num_kv_heads, head_dim).astype(jnp.float32)
     s = jnp.einsum("thgd,tkhd->thgk", qt.astype(jnp.float32), k, precision=_HIGHEST) * scale
     mask = kpos <= pt[:, None]
     if window is not None:
@@ -114,20 +117,22 @@ def paged_attention_reference(
   return out.astype(q.dtype)
 
 
-def write_kv_reference(k_pages, v_pages, k, v, slot_mapping):
+def write_kv_reference(k_pages, v_pages, k, v, slot_mapping, layer=None):
   """Scatters ``k, v [T, H_kv, D]`` to flat slots ``block * block_size + offset``; -1 skips.
 
   Slots out of range are skipped as well. Returns ``(k_pages, v_pages)``; in place when the
-  caller donates the pages to its ``jit``.
+  caller donates the pages to its ``jit``. With ``layer`` (a static int) the pages are the
+  stacked ``[L, num_blocks, B, H_kv, D]`` of every layer and layer ``layer``'s are written in
+  place (no copy of the layer's pages out and back).
   """
-  num_blocks, block_size = k_pages.shape[:2]
+  lead = () if layer is None else (layer,)
+  num_blocks, block_size = k_pages.shape[len(lead) : len(lead) + 2]
   total = num_blocks * block_size
   slot = jnp.asarray(slot_mapping, jnp.int32)
   slot = jnp.where((slot >= 0) & (slot < total), slot, total)
+  blk, off = slot // block_size, slot % block_size
 
   def scatter(pages, x):
-    flat = pages.reshape(total, *pages.shape[2:])
-    flat = flat.at[slot].set(x.astype(pages.dtype), mode="drop")
-    return flat.reshape(pages.shape)
+    return pages.at[(*lead, blk, off)].set(x.astype(pages.dtype), mode="drop")
 
   return scatter(k_pages, k), scatter(v_pages, v)
