@@ -1,7 +1,7 @@
 """Benchmark of the jitted cache core.
 
 1. Batched admissions (lookup + split + allocate + cache) through `JaxCacheManager.schedule`
-   vs `ReferencePolicy.schedule` on the same requests, at batch sizes 1, 16 and 64: µs per
+   vs `PythonCacheManager.schedule` on the same requests, at batch sizes 1, 16 and 64: µs per
    request and the ratio. Hashing (host, identical for both) is excluded.
 2. 10k admissions as one `lax.scan` over the jitted step vs a Python loop of jitted, donated
    calls (each admission preempts the request again so the pool is stationary).

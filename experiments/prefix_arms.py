@@ -33,7 +33,7 @@ class ArmsSetup:
     max_new_tokens: decode tokens per request.
     block_size, num_blocks, max_num_batched_tokens, max_model_len: cache/engine sizes.
     concurrency: requests in flight (1: one after another); also the engine's max_num_seqs.
-    cache_manager: "jax" (jitted core) or "reference" (host reference policy).
+    cache_manager: "jax" (jitted core) or "reference" (the plain-Python twin).
     repeats: timed rounds after the warm-up round; the best round is reported.
     token_buckets: padded step sizes of the jitted model step (None: engine default).
     implementation: kernels of the model step ("xla" | "pallas" | "interpret" | None = by

@@ -117,7 +117,7 @@ def run(
   engines = {
     a: Engine(model, cache_config_for(model, **common, **kw), **ekw) for a, kw in arms.items()
   }
-  # the oracle: prefix caching off, on the host reference manager (no hits: no policy acts)
+  # the oracle: prefix caching off, on the plain-Python twin (no hits: no policy acts)
   uncached = Engine(
     model,
     cache_config_for(model, enable_prefix_caching=False, **common),

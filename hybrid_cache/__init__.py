@@ -8,7 +8,7 @@ The public API (everything else is reached through its package):
   manager.add_request("r0", prompt_tokens)
   step = manager.schedule([ScheduleEntry("r0")])  # StepResult: hits, chunks, blocks, slots, copies
 
-Packages: `core` (the jitted rules), `oracle` (their plain-Python reference), `replay`
+Packages: `core` (the jitted rules), `twin` (their plain-Python twin), `replay`
 (scenario CLI), `engine` (serving a real model), `sim` (trace simulator and bounds).
 """
 

@@ -4,8 +4,13 @@ Both backends implement the `types.CacheManager` protocol with the same vLLM 0.3
 
   "jax"        `manager.JaxCacheManager`: the jitted core (`hybrid_cache.core`), pure functions
                over one `CacheState` pytree; the backend for speed and for the engine.
-  "reference"  `oracle.reference_policy.ReferencePolicy`: the plain-Python twin, obviously
+  "reference"  `twin.python_manager.PythonCacheManager`: the plain-Python twin, obviously
                correct; the backend differential tests compare the jitted core with.
+
+The backend string "reference" (`make_manager(cfg, "reference")`, `--backend reference` on the
+replay, simulator and experiment command lines, `Engine(cache_manager="reference")`) names the
+plain-Python twin `PythonCacheManager` (package `hybrid_cache.twin`); it keeps its old name so
+that saved command lines and configs still run.
 
 Imports are deferred so that the reference backend never imports jax.
 """
@@ -25,7 +30,7 @@ def make_manager(config: CacheConfig, backend: str = "jax") -> CacheManager:
 
     return JaxCacheManager(config)
   if backend == "reference":
-    from hybrid_cache.oracle.reference_policy import ReferencePolicy
+    from hybrid_cache.twin.python_manager import PythonCacheManager
 
-    return ReferencePolicy(config)
+    return PythonCacheManager(config)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

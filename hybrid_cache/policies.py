@@ -1,31 +1,31 @@
 """The policy registry: the names `CacheConfig` accepts, and where each policy's two twins live.
 
-A policy is one core file `hybrid_cache/core/policies/<name>.py` + its oracle twin
-`hybrid_cache/oracle/policies/<name>.py` + one line here, in the table of its seam. Names are
+A policy is one core file `hybrid_cache/core/policies/<name>.py` + its twin
+`hybrid_cache/twin/policies/<name>.py` + one line here, in the table of its seam. Names are
 unique across seams (one file per name). Each seam's built-in default is vLLM 0.33's own rule
 and has no file.
 
   eviction   core   `priority(lay, state, blocks) -> i32[NB]`
-             oracle `priority(config, blocks, order) -> list[int]`
+             twin `priority(config, blocks, order) -> list[int]`
              For every eviction candidate (a keyed free block that can still be hit), an integer
              priority: lower is evicted first; ties go least recently freed first.
              Default `lru`: vLLM's free queue itself (no re-ordering). The registry line says
              what the policy reads beyond `FreeBlocks`' base fields (`Reads`: cost fields,
              chain features); the core keeps only what is declared.
   placement  core   `keep(lay, r, g, pos, boundaries, default) -> bool[MB]`
-             oracle `keep(config, i, block_size, alignment, boundaries, default) -> bool`
+             twin `keep(config, i, block_size, alignment, boundaries, default) -> bool`
              Which state blocks of a recurrent group a request keeps (registers a key for): the
              positions of its recurrent checkpoints. `default` is vLLM's mask (§2.4.7: dense,
              or `retention_interval` plus the replay boundaries). Default `vllm`: that mask.
   admission  core   `STATE_SIZE`, `admit(lay, table, g, keys, candidates)`
                     -> (table, bool[MB])
-             oracle `Admission(config)` with `admit(gid, key) -> bool`
+             twin `Admission(config)` with `admit(gid, key) -> bool`
              Whether a recurrent state block that placement keeps is admitted to the cache,
              from the policy's own statistics across requests (`table`, the state's
-             `policy_state` i32[R, STATE_SIZE], R = recurrent groups; the oracle's object). The
+             `policy_state` i32[R, STATE_SIZE], R = recurrent groups; the twin's object). The
              candidates of one request are offered in block order. Default `all`: every block.
   retention  core   `pin(lay, state, slot, keyed, default) -> list[bool[MB]]`
-             oracle `pin(config, groups, keyed, default, num_prompt, alignment)`
+             twin `pin(config, groups, keyed, default, num_prompt, alignment)`
                     -> list[list[int]]
              With `pinning` on, which held blocks a finishing request pins (SPEC B1's pinned
              tier), per group. `default` is SPEC B1's rule (`finish_pin_mask` of each kind).
@@ -102,9 +102,9 @@ def core_eviction(name: str) -> ModuleType | None:
   return core_policy("eviction", name)
 
 
-def oracle_eviction(name: str) -> ModuleType | None:
+def twin_eviction(name: str) -> ModuleType | None:
   """The plain-Python twin of eviction policy `name` (None for `lru`)."""
-  return oracle_policy("eviction", name)
+  return twin_policy("eviction", name)
 
 
 def core_policy(seam: str, name: str) -> ModuleType | None:
@@ -115,8 +115,8 @@ def core_policy(seam: str, name: str) -> ModuleType | None:
   return importlib.import_module(f"hybrid_cache.core.policies.{name}")
 
 
-def oracle_policy(seam: str, name: str) -> ModuleType | None:
+def twin_policy(seam: str, name: str) -> ModuleType | None:
   """The plain-Python twin of policy `name` of `seam`; None for the seam's built-in default."""
   if name == _DEFAULTS[seam]:
     return None
-  return importlib.import_module(f"hybrid_cache.oracle.policies.{name}")
+  return importlib.import_module(f"hybrid_cache.twin.policies.{name}")

@@ -1,8 +1,8 @@
 """Host-side records and the manager protocol shared by every implementation of the core.
 
 Two implementations answer `CacheManager`: the jitted core (`hybrid_cache.manager.
-JaxCacheManager`, pure functions over one `CacheState` pytree) and the plain-Python oracle
-(`hybrid_cache.oracle.reference_policy.ReferencePolicy`). The replay CLI, the engine, the
+JaxCacheManager`, pure functions over one `CacheState` pytree) and the plain-Python twin
+(`hybrid_cache.twin.python_manager.PythonCacheManager`). The replay CLI, the engine, the
 simulator and the differential tests talk only to this protocol, so both are driven by
 the same calls and must give equal answers (block ids included in the `vllm` profile).
 

@@ -59,12 +59,16 @@ def test_cited_name_resolves(name, where):
 
 
 def test_no_citation_of_the_removed_reference_package():
-  # The plain-Python twin was `hybrid_cache/reference*` and is now `hybrid_cache.oracle`.
-  stale = re.compile(r"`reference\.(?:rules|policies|eviction)\b|hybrid_cache[./]reference\b")
+  # The plain-Python twin was `hybrid_cache/reference*`, then the `oracle` package (state class
+  # `OracleState`), and is now `hybrid_cache.twin` (`PythonCacheManager`, `TwinState`).
+  stale = re.compile(
+    r"`reference\.(?:rules|policies|eviction)\b|hybrid_cache[./](?:reference|oracle)\b"
+    r"|\bOracleState\b"
+  )
   hits = [
     f"{f.relative_to(_ROOT)}:{i}"
     for f in _sources()
     for i, line in enumerate(f.read_text().splitlines(), 1)
     if stale.search(line)
   ]
-  assert not hits, f"cite hybrid_cache.oracle instead: {hits}"
+  assert not hits, f"cite hybrid_cache.twin instead: {hits}"

@@ -5,5 +5,5 @@ Modules: `state` (the pytree and its layout), `block_pool` (free queue, ref coun
 schedule step: split, allocate, copy-on-write, key caching), `admission`, `eviction` and
 `eviction_costs`, `release` (free / pin), `invariants`, `groups/` (per-kind rules),
 `compile_cache` (compile keys and buckets), `alpha_tuning` (Marconi's online alpha).
-The plain-Python twin of every rule lives in `hybrid_cache.oracle`.
+The plain-Python twin of every rule lives in `hybrid_cache.twin`.
 """

@@ -15,7 +15,7 @@ simulator can drive it:
       state = flop_aware.set_alpha(state, new)
 
 `cost_fields(model, groups, block_size)` turns a sim cost model
-(`hybrid_cache.sim.cost_model.ModelConfig`, duck-typed) into `CacheConfig`'s eviction cost
+(`hybrid_cache.sim.cost_model.CostModel`, duck-typed) into `CacheConfig`'s eviction cost
 fields.
 """
 
@@ -141,7 +141,7 @@ def _lin_quad(f: Callable[[int], Any], window: int | None = None) -> tuple[float
 def cost_fields(
   model: Any, groups: Sequence[Any], block_size: int, per_group_bytes: bool = False
 ) -> dict[str, tuple[float, ...]]:
-  """`CacheConfig` eviction cost fields for a sim cost model (`sim.cost_model.ModelConfig`).
+  """`CacheConfig` eviction cost fields for a sim cost model (`sim.cost_model.CostModel`).
 
   Layers are shared evenly among the groups of their kind: full groups get the attention
   layers (`attn_flops`, linear + quadratic) plus the MLP layers; swa groups the sliding-window

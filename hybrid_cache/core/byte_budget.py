@@ -22,7 +22,7 @@ to be guessed:
   in its queue. Popping itself evicts as vLLM does (a popped cached block loses its key), so
   this only adds the evictions that bytes, not ids, require.
 
-Oracle twin: `oracle/byte_budget.py` (`fits`: the byte check, `enforce`).
+Twin: `twin/byte_budget.py` (`fits`: the byte check, `enforce`).
 All functions are pure and jittable; they are traced only when `Layout.byte_budget`.
 """
 

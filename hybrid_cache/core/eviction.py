@@ -11,13 +11,13 @@ normal free queue in `prepare`, at the start of every scheduler step, so that th
 never be hit), least recently freed first; then the other keyed free blocks ("candidates") by
 increasing `policy.priority(lay, state, FreeBlocks)`, ties least recently freed first.
 A policy may define `active(state)`: when it is false the queue is left as it is (flop_aware:
-alpha = 0 is exactly LRU). The oracle twin (`hybrid_cache.oracle.eviction`) orders the
-reference's free list by the same rule, so both cores agree exactly.
+alpha = 0 is exactly LRU). The twin (`hybrid_cache.twin.eviction`) orders the
+Python free list by the same rule, so both cores agree exactly.
 
 Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
 [W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
 and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14; beyond, K levels,
-equal levels tie in block-id order, which the oracle does not model);
+equal levels tie in block-id order, which the twin does not model);
 blocks freed to the tail later get keys >= W_END (`prepare` lifts the tail counter there), so
 the next `prepare` recovers the LRU order as (window blocks by l, then later frees by key).
 The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare

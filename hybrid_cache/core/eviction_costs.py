@@ -15,7 +15,7 @@ model's non-causal count) and `lin*L` (mamba) (each kind's `prefix_flops` / `blo
 `CacheConfig.eviction_flops_linear / _quadratic / eviction_block_bytes` (empty = 1, 0, 1).
 Efficiency = FLOPs / bytes, quantised once per config to int32 in [0, 2^30] relative to the
 largest efficiency any block of the config can have, so the jitted core and the plain-Python
-oracle compare exactly the same integers.
+twin compare exactly the same integers.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ ALPHA_MILLI_MAX = int(ALPHA_MAX * 1000)  # 1000 * NORM + ALPHA_MILLI_MAX * NORM 
 def alpha_milli(alpha: float) -> int:
   """alpha as the int32 thousandths the state holds; ValueError outside [0, ALPHA_MAX].
 
-  Shared by the jitted core (`policies.flop_aware.set_alpha`) and the plain-Python oracle
-  (`oracle.eviction`), so both accept and round alpha the same way.
+  Shared by the jitted core (`policies.flop_aware.set_alpha`) and the plain-Python twin
+  (`twin.eviction`), so both accept and round alpha the same way.
   """
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
     raise ValueError(f"alpha must be a number in [0, {ALPHA_MAX:g}], got {alpha!r}")
@@ -58,7 +58,7 @@ def group_costs(config: CacheConfig) -> tuple[tuple[float, float, float], ...]:
 def block_flops(config: CacheConfig) -> np.ndarray:
   """float64[G, MB + 1]: FLOPs saved by the block of group g ending at token j * B_g (j >= 1):
   its kind's `block_flops` (`groups.rules`; module docstring)."""
-  from hybrid_cache.core.groups import rules  # the oracle imports this module without JAX
+  from hybrid_cache.core.groups import rules  # the twin imports this module without JAX
 
   mb = config.max_blocks_per_request
   out = np.zeros((config.num_groups, mb + 1), np.float64)

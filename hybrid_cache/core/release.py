@@ -7,7 +7,7 @@ the blocks that keep its prefix hittable are flagged pinned, so they join the pi
 instead of the normal free tail: every keyed full-attention block, the keyed blocks of each
 sliding-window group's last window (the `swa_need` positions ending at its deepest keyed
 block) and each recurrent group's deepest keyed state
-(`hybrid_cache.oracle.rules.finish_pin_indices`).
+(`hybrid_cache.twin.rules.finish_pin_indices`).
 A *preempted* request pins nothing: it was preempted because allocation failed, it is
 re-admitted soon and finds its own blocks at the fresh end of the LRU tail anyway, and pinning
 is for cross-request retention (reference §6.1: PR #40676 pins only to keep prefixes for later

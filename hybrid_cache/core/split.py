@@ -19,7 +19,7 @@ from hybrid_cache.core.state import floor_to
 
 
 def checkpoint_position(num_tokens, unit: int, eagle: bool):
-  """vLLM `get_mamba_prefill_checkpoint_position` (`hybrid_cache.oracle.rules.checkpoint_position`):
+  """vLLM `get_mamba_prefill_checkpoint_position` (`hybrid_cache.twin.rules.checkpoint_position`):
   floor((N-1)/unit)*unit, EAGLE floor(N/unit)*unit - unit, never below 0."""
   if eagle:
     return jnp.maximum(floor_to(num_tokens, unit) - unit, 0)
@@ -30,7 +30,7 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   """Tokens to schedule so chunk ends land where a recurrent state is cached (align mode).
 
   vLLM 0.33 `Scheduler._mamba_block_aligned_split`, the same rule as
-  `hybrid_cache.oracle.rules.block_aligned_split` (see there), on the scheduler block: a chunk
+  `hybrid_cache.twin.rules.block_aligned_split` (see there), on the scheduler block: a chunk
   ending before the prefill end is floored to the block unless that leaves nothing and the block is
   wider than `max_chunk` (the entry's cap, else the configured budget); then it stops at the
   earliest of the next block boundary (a chunk starting mid-block), the last cacheable

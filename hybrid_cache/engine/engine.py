@@ -104,7 +104,7 @@ class Engine:
     implementation: kernel implementation (`engine_config.IMPLEMENTATIONS`: "xla", "pallas",
       "interpret" = the Pallas kernels in the Pallas interpreter; None = "pallas" on a GPU,
       else "xla").
-    cache_manager: "jax" (the jitted core, default), "reference" (the plain-Python oracle,
+    cache_manager: "jax" (the jitted core, default), "reference" (the plain-Python twin,
       same protocol and block ids) or a factory `CacheConfig -> CacheManager`.
     max_num_seqs: most sequences per step (default: cache_config.max_requests).
     token_buckets / seq_buckets: ascending pad sizes for T (tokens) and N (sequences incl.

@@ -18,7 +18,7 @@ Where things go (B = block size, c = the block column of p, b = (c + 1) * B):
     (p + 1 <= b <= p + a + 1), the state after exactly b tokens (window index b - p - 1) is
     also written to the core's state block of column c: that is the block whose hash the core
     registers for [0, b) (vLLM's post-forward copy §5.3 picks the same per-token state,
-    `hybrid_cache.oracle.rules.post_forward_copy`; here the verify step writes it directly).
+    `hybrid_cache.twin.rules.post_forward_copy`; here the verify step writes it directly).
     Requires k < B, so a window crosses at most one boundary.
   * K/V: window positions in column c are written to the core's block; positions >= b go to
     the request's private page (same private id), because the core allocated blocks only
@@ -121,7 +121,7 @@ def boundary_commit(start: int, block_size: int) -> tuple[int, int]:
   The boundary b = (start // B + 1) * B; its state (after b tokens, window index b - start - 1)
   belongs to the core's state block in column start // B and is committed iff the accepted
   count a >= that index. This is vLLM's post-forward copy (§5.3,
-  `hybrid_cache.oracle.rules.post_forward_copy` with num_computed = start, num_scheduled = 1 + k,
+  `hybrid_cache.twin.rules.post_forward_copy` with num_computed = start, num_scheduled = 1 + k,
   num_draft = k, num_accepted = a + 1): dest = column, bias = window index.
   """
   col = start // block_size

@@ -79,7 +79,7 @@ from hybrid_cache.sim.chain_eviction import NO_HISTORY
 from hybrid_cache.sim.chain_eviction import ChainEviction
 from hybrid_cache.sim.checkpoint_costs import CacheSizes
 from hybrid_cache.sim.checkpoint_costs import flops_table
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.seen_trie import SeenTrie
 
 PRIORS = ("hits", "reach", "none")
@@ -105,7 +105,7 @@ class UnitCache(ChainEviction):
     self,
     trie: SeenTrie,
     sizes: CacheSizes,
-    model: ModelConfig,
+    model: CostModel,
     alpha: float | None,
     prior: str = "hits",
     frequency: bool = True,

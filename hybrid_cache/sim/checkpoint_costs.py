@@ -10,7 +10,7 @@ plus the present leaves that end inside a page, KV bytes = kv_bytes_per_token * 
 its unit, plus the sliding-window KV of the last `swa_window` tokens when the model has
 sliding-window layers.
 
-FLOPs: a hit at depth d units saves F(d U), F = `ModelConfig.prefill_flops`, tabulated per
+FLOPs: a hit at depth d units saves F(d U), F = `CostModel.prefill_flops`, tabulated per
 depth once for every cache of a replay (`flops_table`).
 """
 
@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class CacheSizes:
   ckpt_bytes: int  # recurrent state (+ one window of sliding-window KV); 0 = attention only
 
   @classmethod
-  def of(cls, model: ModelConfig, capacity_bytes: float, unit: int, block_size: int):
+  def of(cls, model: CostModel, capacity_bytes: float, unit: int, block_size: int):
     for name, v in (("unit", unit), ("block_size", block_size)):
       if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -59,7 +59,7 @@ class FlopsTable:
   """`int(model.prefill_flops(d * unit))` for d = 0, 1, ..., extended on demand; one table is
   shared by every cache of a replay (`flops_table`)."""
 
-  def __init__(self, model: ModelConfig, unit: int):
+  def __init__(self, model: CostModel, unit: int):
     self.model, self.unit = model, unit
     self.values: list[int] = []
 
@@ -71,10 +71,10 @@ class FlopsTable:
     return v
 
 
-_TABLES: dict[tuple[ModelConfig, int], FlopsTable] = {}
+_TABLES: dict[tuple[CostModel, int], FlopsTable] = {}
 
 
-def flops_table(model: ModelConfig, unit: int) -> FlopsTable:
+def flops_table(model: CostModel, unit: int) -> FlopsTable:
   """The shared `FlopsTable` of (model, unit)."""
   t = _TABLES.get((model, unit))
   if t is None:

@@ -46,7 +46,7 @@ from hybrid_cache.sim.checkpoint_concurrent import _run_concurrent
 from hybrid_cache.sim.checkpoint_replay import _Replay
 from hybrid_cache.sim.checkpoint_sweep import _sweep_compiled
 from hybrid_cache.sim.checkpoint_sweep import _sweep_python
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.eviction_weightings import Weighting
 from hybrid_cache.sim.eviction_weightings import _setting_of
 from hybrid_cache.sim.trace import Trace
@@ -57,7 +57,7 @@ BACKENDS = ("compiled", "python")
 
 def run_checkpoint(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   policy: str,
   unit: int = 64,
@@ -134,7 +134,7 @@ def run_checkpoint(
 
 def sweep_checkpoint(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacities: Sequence[float],
   policy: str,
   unit: int = 64,
@@ -188,7 +188,7 @@ def sweep_checkpoint(
 
 def sweep_settings(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacities: Sequence[float],
   policy: str,
   settings: Sequence[Weighting | None],

@@ -9,7 +9,7 @@ cache and, under `adaptive`'s re-tuning, its shadows (`eviction_weightings.py`),
 `CacheBank`. The sequential replays (`checkpoint_sweep.py`) and the concurrent one
 (`checkpoint_concurrent.py`) drive them; `_summary` reports one point.
 
-TTFT with copies: each request's TTFT (`ModelConfig.ttft_ms` of its uncached tokens) plus the
+TTFT with copies: each request's TTFT (`CostModel.ttft_ms` of its uncached tokens) plus the
 time to write its new checkpoints and to restore the hit's state, at `STATE_COPY_GB_PER_S`
 (`ttft_*_ms_with_copies`, `checkpoint_copy_bytes`).
 """

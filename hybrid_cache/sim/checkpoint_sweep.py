@@ -42,14 +42,14 @@ from hybrid_cache.sim.compiled_kernels import REQ_NCOMP
 from hybrid_cache.sim.compiled_kernels import REQ_OLD
 from hybrid_cache.sim.compiled_kernels import REQ_RETIRE
 from hybrid_cache.sim.compiled_kernels import REQ_START
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.eviction_weightings import DEFAULT_WEIGHTING
 from hybrid_cache.sim.eviction_weightings import RETUNE_HALF_LIFE
 from hybrid_cache.sim.eviction_weightings import _retune
 from hybrid_cache.sim.trace import Trace
 
 
-def _sweep_python(rep: _Replay, trace: Trace, model: ModelConfig, progress):
+def _sweep_python(rep: _Replay, trace: Trace, model: CostModel, progress):
   """The sequential replay on `UnitCache`s (the reference backend): every point's result."""
   trie, stats, bank, points = rep.trie, rep.stats, rep.bank, rep.points
   weightings = rep.weightings
@@ -138,7 +138,7 @@ def _walk_all(rep: _Replay, trace: Trace):
   return tables, reach, req, cands
 
 
-def _sweep_compiled(rep: _Replay, trace: Trace, model: ModelConfig, progress):
+def _sweep_compiled(rep: _Replay, trace: Trace, model: CostModel, progress):
   """`sweep_checkpoint` on `compiled_replay.CompiledBank` (None: FLOPs overflow int64, use
   the Python backend). The same caches as `_Replay` builds, the same re-tuning."""
   t0 = time.perf_counter()

@@ -7,7 +7,7 @@
 Models (`cost_model.MODELS`): marconi_7b (Marconi's default), qwen3_5_like (Qwen3.5-4B shapes,
 GDN 3:1), nemotron_h_like (Nemotron-H-8B shapes, Mamba2), qwen3_5_0_8b, qwen3_5_9b,
 nemotron_h_8b, gemma3_4b. --block-size vllm takes the attention block size vLLM 0.33 would
-pick for the model by page equality (`ModelConfig.vllm_block_size`: qwen3_5_like 576,
+pick for the model by page equality (`CostModel.vllm_block_size`: qwen3_5_like 576,
 nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
 --model-config PATH instead builds the cost model from a Hugging Face config.json (PATH: the file
 or a directory holding one; `hf_cost_model.py`: Qwen3.5 / Qwen3-Next dense, Nemotron-H dense,

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_STEP_TOKENS = 8192
@@ -90,7 +90,7 @@ def _check(name: str, v, lo: int) -> None:
 
 def replay_concurrent(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   admit: Callable[[int], tuple[int, int] | None],
   finish: Callable[[int], int],
   copy_ms: Callable[[int], float],
@@ -102,7 +102,7 @@ def replay_concurrent(
 
   Args:
     trace: requests (arrival `ts` in seconds).
-    model: the step time (`ModelConfig.step_ms`).
+    model: the step time (`CostModel.step_ms`).
     admit: admit(i) -> (hit tokens <= input - 1, bytes copied to restore the hit), or None when
       the cache refuses request i now (it stays at the head of the queue). Must not refuse
       when nothing runs.

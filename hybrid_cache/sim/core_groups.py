@@ -12,7 +12,7 @@ _get_kv_cache_groups_uniform_page_size`): every group holds G layers, G = the fe
 any kind (the most, if that is < 1.5 x the fewest), a kind of n layers makes cdiv(n, G) groups
 (Qwen3.5-4B: 1 full + 3 mamba groups of 8 layers; Nemotron-H-8B and Marconi's 7B: 1 full + 6
 mamba groups of 4), and one page = G layers x the per-layer page, max(B x one layer's KV per
-token, one layer's state) (`ModelConfig.vllm_block_size` picks the B where the two meet; vLLM
+token, one layer's state) (`CostModel.vllm_block_size` picks the B where the two meet; vLLM
 raises a smaller B to it). So a KV block costs its exact bytes and a recurrent state costs
 cdiv(n_rec, G) pages, its per-layer padding included. "pools": the "model" groups in two pools
 (`CacheConfig.state_slots`, `hybrid_cache.pools`): pages of the attention groups (page = the
@@ -30,17 +30,17 @@ import dataclasses
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 
 LAYOUTS = ("model", "vllm", "pools")
 
 
-def _layer_counts(model: ModelConfig) -> dict[str, int]:
+def _layer_counts(model: CostModel) -> dict[str, int]:
   counts = {"full": model.n_attn, "swa": model.n_swa, "mamba": model.n_recurrent}
   return {k: v for k, v in counts.items() if v}
 
 
-def vllm_group_size(model: ModelConfig) -> int:
+def vllm_group_size(model: CostModel) -> int:
   """Layers per group in vLLM's grouping (module docstring, "vllm" layout)."""
   counts = list(_layer_counts(model).values())
   if not counts:
@@ -49,7 +49,7 @@ def vllm_group_size(model: ModelConfig) -> int:
   return mx if mx < 1.5 * g else g
 
 
-def model_groups(model: ModelConfig, mode: str, layout: str = "model") -> tuple[GroupSpec, ...]:
+def model_groups(model: CostModel, mode: str, layout: str = "model") -> tuple[GroupSpec, ...]:
   """The core's groups for `model` (module docstring; `layout` one of `LAYOUTS`)."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -70,7 +70,7 @@ def model_groups(model: ModelConfig, mode: str, layout: str = "model") -> tuple[
 
 
 def group_block_bytes(
-  model: ModelConfig, groups, block_size: int, layout: str = "model"
+  model: CostModel, groups, block_size: int, layout: str = "model"
 ) -> list[int]:
   """Bytes one block of each group really uses (before page padding)."""
   if layout == "vllm":  # group i of a kind holds that kind's layers i::groups of the kind
@@ -98,7 +98,7 @@ def group_block_bytes(
   return out
 
 
-def page_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model") -> int:
+def page_bytes(model: CostModel, groups, block_size: int, layout: str = "model") -> int:
   """The shared pool's page (module docstring); "pools": the page of the attention groups."""
   if layout == "vllm":
     per_layer = model.kv_bytes_per_token_per_layer * block_size
@@ -111,7 +111,7 @@ def page_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model
   return max(gb)
 
 
-def unit_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model") -> list[int]:
+def unit_bytes(model: CostModel, groups, block_size: int, layout: str = "model") -> list[int]:
   """Per group, the bytes one of its blocks takes from its pool: the page, or with "pools"
   the page for attention groups and one state slot (`model.state_bytes`) for mamba groups."""
   page = page_bytes(model, groups, block_size, layout)
@@ -120,7 +120,7 @@ def unit_bytes(model: ModelConfig, groups, block_size: int, layout: str = "model
   return [model.state_bytes if g.kind == "mamba" else page for g in groups]
 
 
-def eviction_costs(model: ModelConfig, groups, block_size: int, layout: str = "model") -> dict:
+def eviction_costs(model: CostModel, groups, block_size: int, layout: str = "model") -> dict:
   """The core's FLOP-aware cost fields for `model` (per group, `CacheConfig.eviction_*`).
 
   Each group's prefix cost is F(L) = linear * L + quadratic * L^2 from the sim cost model

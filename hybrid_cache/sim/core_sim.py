@@ -34,7 +34,7 @@ free. Reused tokens = the first step's `hit.hit_tokens`.
 
 Backends (`replay`): "jax" runs the same life in one jitted `lax.scan` per chunk of requests
 (`core_scan.py`, the fast path); "jax_protocol" drives JaxCacheManager request by request
-through the `types.CacheManager` protocol and "reference" the ReferencePolicy (cross-checks).
+through the `types.CacheManager` protocol and "reference" the PythonCacheManager (cross-checks).
 
 Tokens: the trace's token-level expansion (Mooncake: hash id * 512 + offset), so any
 block size that divides 512 hashes Mooncake blocks exactly.
@@ -58,7 +58,7 @@ from hybrid_cache.sim.core_groups import model_groups
 from hybrid_cache.sim.core_groups import page_bytes
 from hybrid_cache.sim.core_groups import unit_bytes
 from hybrid_cache.sim.core_groups import vllm_group_size
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.trace import Trace
 from hybrid_cache.sim.vllm_plus import request_tokens
 from hybrid_cache.types import ScheduleEntry
@@ -72,7 +72,7 @@ CORE_POLICY_CONFIGS = profiles.PROFILES
 
 def build_config(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   policy: str,
   block_size: int,
@@ -254,7 +254,7 @@ def build_config(
 
 
 def make_manager(config: CacheConfig, backend: str):
-  """A protocol manager: JaxCacheManager ("jax", "jax_protocol") or ReferencePolicy."""
+  """A protocol manager: JaxCacheManager ("jax", "jax_protocol") or PythonCacheManager."""
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   return factory.make_manager(config, "jax" if backend == "jax_protocol" else backend)
@@ -340,10 +340,10 @@ def replay(
   config: CacheConfig,
   backend: str = "jax",
   alpha: float | str | None = None,
-  model: ModelConfig | None = None,
+  model: CostModel | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
-  JaxCacheManager through the protocol, "reference" = ReferencePolicy. `alpha`: FLOP-aware
+  JaxCacheManager through the protocol, "reference" = PythonCacheManager. `alpha`: FLOP-aware
   eviction's static alpha (jax backends), or "tuned" (scan only: Marconi's online tuner,
   scored with `model`'s FLOPs)."""
   if alpha == "tuned" and backend != "jax":

@@ -38,7 +38,7 @@ and then pads the recurrent page to exactly B * page_1. Qwen3.5-4B shapes: page_
 state = 2,146,304 B (524 tokens of one layer's KV), so B = 528 with a = 16 (the 528 reported in
 vLLM #40696) and 576 with FlashInfer's 64-token checkpoint alignment (Hopper, align mode).
 
-Presets in `MODELS`; `hf_cost_model.py` builds a `ModelConfig` from a Hugging Face
+Presets in `MODELS`; `hf_cost_model.py` builds a `CostModel` from a Hugging Face
 `config.json` (Qwen3.5 / Qwen3-Next, Nemotron-H, Gemma 3).
 
 Example (Marconi's default 7B hybrid)::
@@ -60,7 +60,7 @@ VLLM_DEFAULT_BLOCK = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class CostModel:
   """Layer counts and shapes of a hybrid model (see module docstring for the formulas).
 
   Attributes:
@@ -240,9 +240,9 @@ class ModelConfig:
     return self.ttft_intercept_ms + self.ttft_slope_ms * tokens
 
 
-MODELS: dict[str, ModelConfig] = {
+MODELS: dict[str, CostModel] = {
   # Marconi's default: NVIDIA Attention-Mamba2 hybrid 7B (24 SSM, 4 attention, 28 MLP layers).
-  "marconi_7b": ModelConfig(
+  "marconi_7b": CostModel(
     name="marconi_7b",
     d_model=4096,
     n_attn=4,
@@ -256,7 +256,7 @@ MODELS: dict[str, ModelConfig] = {
     flops_style="marconi",
   ),
   # Qwen3.5-0.8B-like: 24 layers (18 GDN / 6 attention), GDN Hk 16 / Hv 16, d 128, conv 6144.
-  "qwen3_5_0_8b": ModelConfig(
+  "qwen3_5_0_8b": CostModel(
     name="qwen3_5_0_8b",
     d_model=1024,
     n_attn=6,
@@ -273,7 +273,7 @@ MODELS: dict[str, ModelConfig] = {
     d_ff=3584,
   ),
   # Qwen3.5-9B-like: 32 layers (24 GDN / 8 attention), GDN Hk 16 / Hv 32, d 128, conv 8192.
-  "qwen3_5_9b": ModelConfig(
+  "qwen3_5_9b": CostModel(
     name="qwen3_5_9b",
     d_model=4096,
     n_attn=8,
@@ -290,7 +290,7 @@ MODELS: dict[str, ModelConfig] = {
     d_ff=12288,
   ),
   # Nemotron-H-8B-like: 24 Mamba2 + 4 attention + 24 MLP, H 128, P 64, N 128, G 8.
-  "nemotron_h_8b": ModelConfig(
+  "nemotron_h_8b": CostModel(
     name="nemotron_h_8b",
     d_model=4096,
     n_attn=4,
@@ -315,7 +315,7 @@ MODELS: dict[str, ModelConfig] = {
   # B/token. vLLM block: 576 with FlashInfer's GDN prefill (Hopper, align mode: checkpoint
   # alignment 64, `vllm_checkpoint_alignment`), 528 with Triton's (vLLM #40696's figure).
   # Assumption: the MLP is dense SwiGLU in every layer (3 matrices), as the 0.8B/9B configs.
-  "qwen3_5_like": ModelConfig(
+  "qwen3_5_like": CostModel(
     name="qwen3_5_like",
     d_model=2560,
     n_attn=8,
@@ -339,7 +339,7 @@ MODELS: dict[str, ModelConfig] = {
   # DEFAULT_MAMBA_SSM_CACHE_DTYPE) and the conv state in the model dtype (bf16). One Mamba2 layer:
   # 128*64*128*4 + 3*(8192 + 2*8*128)*2 = 4,255,744 B; one attention layer 4,096 B/token; vLLM
   # block 16 * cdiv(4,255,744, 16 * 4,096) = 1,040 (Mamba2 declares no checkpoint alignment).
-  "nemotron_h_like": ModelConfig(
+  "nemotron_h_like": CostModel(
     name="nemotron_h_like",
     d_model=4096,
     n_attn=4,
@@ -357,7 +357,7 @@ MODELS: dict[str, ModelConfig] = {
     mlp_matrices=2,
   ),
   # Gemma-3-4B-like: 34 layers, 5 sliding-window (1024) : 1 full, GQA 8 / 4, head_dim 256.
-  "gemma3_4b": ModelConfig(
+  "gemma3_4b": CostModel(
     name="gemma3_4b",
     d_model=2560,
     n_attn=6,
@@ -374,7 +374,7 @@ MODELS: dict[str, ModelConfig] = {
 }
 
 
-def get_model(name: str) -> ModelConfig:
+def get_model(name: str) -> CostModel:
   """The preset `name`; ValueError listing the presets otherwise."""
   if name not in MODELS:
     raise ValueError(f"model must be one of {sorted(MODELS)}, got {name!r}")

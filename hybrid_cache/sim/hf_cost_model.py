@@ -1,4 +1,4 @@
-"""The simulator's cost model (`cost_model.ModelConfig`) from a Hugging Face `config.json`.
+"""The simulator's cost model (`cost_model.CostModel`) from a Hugging Face `config.json`.
 
 Reads the fields of transformers 5's configs with the same meaning as the engine's loader
 (`models/hf_config.py`, the authority on which field means what; not imported: the simulator
@@ -9,7 +9,7 @@ never imports `models/`). Each supported `model_type` maps to layer counts and s
       `full_attention_interval`-th layer (default 4) is full. Every layer also has a dense SwiGLU
       MLP of `intermediate_size` (3 matrices). Attention: `num_attention_heads` Hq,
       `num_key_value_heads` Hkv, `head_dim` (default hidden_size // Hq), with an output gate
-      (q_proj emits 2 Hq head_dim: `ModelConfig.attn_output_gate`). GDN: `linear_num_key_heads`
+      (q_proj emits 2 Hq head_dim: `CostModel.attn_output_gate`). GDN: `linear_num_key_heads`
       Hk, `linear_num_value_heads` Hv, `linear_key_head_dim` dk, `linear_value_head_dim` dv,
       `linear_conv_kernel_dim` K (default 4); conv_dim = 2 Hk dk + Hv dv. Qwen3-Next with sparse
       MoE layers (`num_experts` > 0 on a layer not in `mlp_only_layers` with
@@ -54,7 +54,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 
 SUPPORTED_MODEL_TYPES = (
   "qwen3_5",
@@ -71,7 +71,7 @@ _GDN_CHECKPOINT_ALIGNMENT = 64  # FlashInfer's GDN prefill (Hopper), as `qwen3_5
 _NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
-def load_cost_model(path: str | os.PathLike, *, name: str | None = None) -> ModelConfig:
+def load_cost_model(path: str | os.PathLike, *, name: str | None = None) -> CostModel:
   """The cost model of the `config.json` at `path` (the file, or a directory holding one).
 
   `name` defaults to `path` as given. ValueError (one line, naming the path) when the file is
@@ -100,7 +100,7 @@ def load_cost_model(path: str | os.PathLike, *, name: str | None = None) -> Mode
     raise ValueError(f"model config {file!r}: {e}") from None
 
 
-def cost_model_from_hf_config(raw: Mapping[str, Any], *, name: str | None = None) -> ModelConfig:
+def cost_model_from_hf_config(raw: Mapping[str, Any], *, name: str | None = None) -> CostModel:
   """The cost model of a parsed Hugging Face config (module docstring for the mapping).
 
   Args:
@@ -187,7 +187,7 @@ def _attention(raw: Mapping[str, Any], head_dim_fields: tuple[str, ...]) -> dict
 # ---- per model type ----
 
 
-def _qwen(raw: Mapping[str, Any], name: str) -> ModelConfig:
+def _qwen(raw: Mapping[str, Any], name: str) -> CostModel:
   """Qwen3.5 text / Qwen3-Next with dense MLPs: GDN + gated full attention, SwiGLU everywhere."""
   experts = raw.get("num_experts") or 0
   if raw["model_type"] == "qwen3_next" and (not isinstance(experts, int) or experts > 0):
@@ -205,7 +205,7 @@ def _qwen(raw: Mapping[str, Any], name: str) -> ModelConfig:
   else:
     types = _layer_types(raw, "layer_types", ("linear_attention", "full_attention"))
   model_bytes = _model_bytes(raw)
-  return ModelConfig(
+  return CostModel(
     name=name,
     d_model=_int(raw, "hidden_size"),
     n_attn=types.count("full_attention"),
@@ -228,7 +228,7 @@ def _qwen(raw: Mapping[str, Any], name: str) -> ModelConfig:
   )
 
 
-def _nemotron_h(raw: Mapping[str, Any], name: str) -> ModelConfig:
+def _nemotron_h(raw: Mapping[str, Any], name: str) -> CostModel:
   """Nemotron-H: one sublayer per layer (Mamba2, attention or a relu2 MLP of 2 matrices)."""
   allowed = ("linear_attention", "full_attention", "mlp")
   field = "layers_block_type"
@@ -250,7 +250,7 @@ def _nemotron_h(raw: Mapping[str, Any], name: str) -> ModelConfig:
     )
   types = _layer_types(raw, field, allowed)
   model_bytes = _model_bytes(raw)
-  return ModelConfig(
+  return CostModel(
     name=name,
     d_model=_int(raw, "hidden_size"),
     n_attn=types.count("full_attention"),
@@ -271,7 +271,7 @@ def _nemotron_h(raw: Mapping[str, Any], name: str) -> ModelConfig:
   )
 
 
-def _gemma3(raw: Mapping[str, Any], name: str) -> ModelConfig:
+def _gemma3(raw: Mapping[str, Any], name: str) -> CostModel:
   """Gemma 3 text: sliding-window and full attention, a GeGLU MLP (3 matrices) everywhere."""
   if raw.get("layer_types") is None:
     field = "sliding_window_pattern"
@@ -281,7 +281,7 @@ def _gemma3(raw: Mapping[str, Any], name: str) -> ModelConfig:
   else:
     types = _layer_types(raw, "layer_types", ("sliding_attention", "full_attention"))
   n_swa = types.count("sliding_attention")
-  return ModelConfig(
+  return CostModel(
     name=name,
     d_model=_int(raw, "hidden_size"),
     n_attn=types.count("full_attention"),

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.trace import Request
 from hybrid_cache.sim.trace import Trace
 
@@ -94,7 +94,7 @@ class MarconiTree:
 
   def __init__(
     self,
-    model: ModelConfig,
+    model: CostModel,
     capacity_bytes: float,
     version: int = 2,
     alpha: float = 0.0,
@@ -387,7 +387,7 @@ def replay(tree: MarconiTree, requests: Sequence[Request]) -> list[tuple[bool, i
   return [tree.step(r) for r in requests]
 
 
-def tune_alpha(window: Sequence[Request], model: ModelConfig, capacity, default: float) -> float:
+def tune_alpha(window: Sequence[Request], model: CostModel, capacity, default: float) -> float:
   """Marconi's one-shot tuner: replay `window` under V3 per alpha, keep the max FLOPs saved
   over the last 500 replayed requests (ties: the smallest alpha)."""
   best, best_flops = default, None
@@ -403,7 +403,7 @@ def tune_alpha(window: Sequence[Request], model: ModelConfig, capacity, default:
 
 def run_marconi(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   version: int,
   alpha: float = 0.0,

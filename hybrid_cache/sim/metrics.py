@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 
 
 def as_triples(triples: Sequence[Sequence[int]]) -> np.ndarray:
@@ -27,14 +27,14 @@ def as_triples(triples: Sequence[Sequence[int]]) -> np.ndarray:
   return arr
 
 
-def flops_saved(model: ModelConfig, reused: np.ndarray) -> int:
+def flops_saved(model: CostModel, reused: np.ndarray) -> int:
   """Exact (Python int) FLOPs saved by the reused tokens of every request."""
   return int(sum(model.prefill_flops(int(r)) for r in reused if r))
 
 
 def summarize(
   triples: Sequence[Sequence[int]],
-  model: ModelConfig,
+  model: CostModel,
   *,
   oracle_reused: Sequence[int] | None = None,
   oracle_own_reused: Sequence[int] | None = None,

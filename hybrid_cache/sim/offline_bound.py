@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.trace import Trace
 
 OBJECTIVES = ("flops", "tokens", "both")
@@ -159,7 +159,7 @@ def _records(trace: Trace) -> list[list[tuple[int, int]]]:
   return out
 
 
-def _build(trace: Trace, model: ModelConfig, capacity: int, unit: int, full_hit: bool):
+def _build(trace: Trace, model: CostModel, capacity: int, unit: int, full_hit: bool):
   n = len(trace.requests)
   sb, kpt = int(model.state_bytes), int(model.kv_bytes_per_token)
   max_h_bytes = (capacity - sb) // kpt if kpt else None
@@ -213,13 +213,13 @@ def _build(trace: Trace, model: ModelConfig, capacity: int, unit: int, full_hit:
   )
 
 
-def _gains(p: _Problem, model: ModelConfig, objective: str) -> np.ndarray:
+def _gains(p: _Problem, model: CostModel, objective: str) -> np.ndarray:
   if objective == "tokens":
     return p.cand_h.astype(np.float64)
   return np.asarray(model.prefill_flops(p.cand_h.astype(np.float64)), np.float64)
 
 
-def _exact_gain(model: ModelConfig, h: np.ndarray, objective: str) -> int:
+def _exact_gain(model: CostModel, h: np.ndarray, objective: str) -> int:
   if objective == "tokens":
     return int(h.sum())
   return int(sum(model.prefill_flops(int(x)) for x in h if x))
@@ -342,7 +342,7 @@ def _greedy(p: _Problem, gain: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 def offline_bound(
   trace: Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   unit: int,
   *,
@@ -417,7 +417,7 @@ def offline_bound(
   )
 
 
-def feasible(trace: Trace, model: ModelConfig, capacity_bytes: float, unit: int, h) -> bool:
+def feasible(trace: Trace, model: CostModel, capacity_bytes: float, unit: int, h) -> bool:
   """Whether hits `h` (int[n]) fit the bound's model: B_t(h) <= C at every arrival."""
   p = _build(trace, model, int(capacity_bytes), int(unit), True)
   h = np.asarray(h, np.int64)

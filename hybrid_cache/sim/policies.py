@@ -17,7 +17,7 @@ vllm_default, vllm_align_dense, vllm_none, align_dense_no_junction, all_dense_no
 flop_aware, deepest_first, ...
                         the named profiles of the cache core (`hybrid_cache.profiles`, the
                         engine's arms use the same names): `core_sim.py` replays them through
-                        JaxCacheManager, or ReferencePolicy with --backend reference, any block
+                        JaxCacheManager, or PythonCacheManager with --backend reference, any block
                         size. `vllm_default` = vLLM 0.33's serving default; an eviction policy's
                         name = `vllm_default` with that eviction.
 vllm_align, vllm_align_marconi, lru, align_marconi, align_dense, vllm_all

@@ -19,7 +19,7 @@ from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.checkpoint_placement import PLACEMENTS
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
@@ -45,7 +45,7 @@ def _alpha(text):
   return v
 
 
-def check_capacity(trace: trace_lib.Trace, model: ModelConfig, capacity: float) -> None:
+def check_capacity(trace: trace_lib.Trace, model: CostModel, capacity: float) -> None:
   """ValueError when one request alone (1 state + KV of input + output) exceeds capacity."""
   if not trace.requests:
     return
@@ -77,7 +77,7 @@ def hit_granularity(kind: str, block_size: int, core: dict | None, checkpoint_un
 
 def simulate(
   trace: trace_lib.Trace,
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   policy_name: str,
   block_size: int | None = None,

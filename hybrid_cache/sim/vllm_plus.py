@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_cache.sim.cost_model import ModelConfig
+from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.trace import Request
 from hybrid_cache.sim.trace import Trace
 
@@ -84,7 +84,7 @@ class VllmPlusTree:
     block_size: tokens per block (Marconi: 32).
   """
 
-  def __init__(self, model: ModelConfig, capacity_bytes: float, block_size: int = VLLM_PLUS_BLOCK):
+  def __init__(self, model: CostModel, capacity_bytes: float, block_size: int = VLLM_PLUS_BLOCK):
     if not capacity_bytes > 0:
       raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -334,7 +334,7 @@ class VllmPlusTree:
 
 def run_vllm_plus(
   trace: Trace | Sequence[Request],
-  model: ModelConfig,
+  model: CostModel,
   capacity_bytes: float,
   block_size: int = VLLM_PLUS_BLOCK,
 ) -> tuple[list[tuple[bool, int, int]], VllmPlusTree]:

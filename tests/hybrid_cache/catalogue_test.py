@@ -2,7 +2,7 @@
 
 Scenarios expressible through the `CacheManager` API run on both backends (the jax one is
 skipped while `hybrid_cache.manager` is not importable); the rest test the pure rules of
-`hybrid_cache.oracle.rules` or use the reference's test-only helpers.
+`hybrid_cache.twin.rules` or use the twin's test-only helpers.
 """
 
 import pytest
@@ -13,8 +13,8 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.factory import make_manager
 from hybrid_cache.hashing import MultiModalItem
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.python_manager import PythonCacheManager
 from hybrid_cache.types import ScheduleEntry
 
 
@@ -129,7 +129,7 @@ S03_CASES = [
 
 @pytest.mark.parametrize("evict,hit", S03_CASES)
 def test_s03_eviction_variants(evict, hit):
-  m = ReferencePolicy(CacheConfig(groups=(FULL, SWA32, SWA32), block_size=16, num_blocks=21))
+  m = PythonCacheManager(CacheConfig(groups=(FULL, SWA32, SWA32), block_size=16, num_blocks=21))
   r0, r1 = COMMON3 + [3] * 7, COMMON3 + [4] * 5
   run(m, "R0", r0)
   run(m, "R1", r1)
@@ -271,7 +271,7 @@ def test_s08_mixed_block_sizes(backend):
 
 
 def test_s08_unaligned_run_start():
-  m = ReferencePolicy(
+  m = PythonCacheManager(
     CacheConfig(groups=(FA32, GroupSpec("swa", block_size=16, window=32)), num_blocks=100)
   )
   run(m, "R0", S08_TOKENS, chunk=112)
@@ -353,7 +353,7 @@ PREFIX15 = [0] * 16 + [1] * 16 + [2] * 16
 
 
 def test_s15_marconi_detection():
-  m = ReferencePolicy(CacheConfig(groups=(FULL, MAMBA), block_size=16, num_blocks=30))
+  m = PythonCacheManager(CacheConfig(groups=(FULL, MAMBA), block_size=16, num_blocks=30))
   e = run(m, "q0", PREFIX15)
   assert e.hit.hit_tokens == 0 and e.hit.shared_prefix_boundary == 0
   while m.request_view("q0").num_computed_tokens < 48:
@@ -643,7 +643,7 @@ def test_s35_extra_keys(backend):
 
 
 def test_s36_duplicates_first_inserted_and_survivor():
-  m = ReferencePolicy(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
+  m = PythonCacheManager(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
   p = list(range(16))
   prefill(m, "A", p + [100] * 6)
   a_blocks = m.request_view("A").block_ids[0][:4]

@@ -1,4 +1,4 @@
-"""Differential test: JaxCacheManager vs ReferencePolicy driven by the same random operations.
+"""Differential test: JaxCacheManager vs PythonCacheManager driven by the same random operations.
 
 Configs come from a small fixed set (jit caches are reused across examples); every operation's
 result (or ValueError), the pool counters, every active request's view and the state

@@ -1,7 +1,7 @@
 """`CacheConfig.fine_keys` (beyond vLLM, issue 15): full attention keyed at every hash block.
 
 A full-attention block larger than the hash block gets, when it is cached full, an extra index
-entry at each hash-block boundary inside it (`cache_keys.fine_key_entries`, oracle
+entry at each hash-block boundary inside it (`cache_keys.fine_key_entries`, twin
 `cache_keys.cache_fine_keys`), so a recurrent state kept at any multiple of the hash block U is
 a hit there, not at the KV block below it. Hand-derived hits on both twins, validation, the
 differential machine over fine-key configs (jitted core == reference after every operation)

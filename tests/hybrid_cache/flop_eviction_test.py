@@ -1,5 +1,5 @@
 """FLOP-aware eviction (SPEC B2): jitted `eviction.prepare` vs hand-computed orders and vs the
-plain-Python oracle (`hybrid_cache.oracle.eviction`), alpha = 0 == LRU, invariants,
+plain-Python twin (`hybrid_cache.twin.eviction`), alpha = 0 == LRU, invariants,
 cost table, alpha tuner and config validation."""
 
 from __future__ import annotations
@@ -34,19 +34,19 @@ from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.eviction import EvictionOrder
-from hybrid_cache.oracle.eviction import dead_states
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
 from hybrid_cache.replay import replay as replay_lib
 from hybrid_cache.replay import scenario as scenario_lib
+from hybrid_cache.twin.eviction import EvictionOrder
+from hybrid_cache.twin.eviction import dead_states
+from hybrid_cache.twin.python_manager import PythonCacheManager
 from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.paired_rules import eviction_rules
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "scenarios")
 
 
-# The plain-Python oracle with the FLOP-aware hook (reference_policy.ReferencePolicy has it).
-FlopReference = ReferencePolicy
+# The plain-Python twin with the FLOP-aware hook (python_manager.PythonCacheManager has it).
+FlopReference = PythonCacheManager
 
 
 def _jax_free_queue(state) -> list[int]:
@@ -121,7 +121,7 @@ def test_prepare_hand_computed_order(alpha, expected):
   assert _jax_free_queue(again) == expected
   qk = np.asarray(again.free_key)
   assert len(set(qk[qk < BIG].tolist())) == 7  # keys stay unique (no index here: no invariants)
-  # the oracle on the same list gives the same order
+  # the twin on the same list gives the same order
   fe = EvictionOrder(TINY, alpha)
   groups = [None, None, 0, 1, 0, 1, 0, None]
   ends = [-1, -1, 16, 16, 4, 4, 8, -1]
@@ -219,7 +219,7 @@ def test_alpha_zero_replays_scenarios_like_lru(path, backend):
 
 
 # ---------------------------------------------------------------------------------------------
-# jitted == oracle on random operations (alpha in a small grid, changed mid-run)
+# jitted == twin on random operations (alpha in a small grid, changed mid-run)
 
 _COMMON = dict(max_model_len=64, max_requests=5, max_num_batched_tokens=24, eviction="flop_aware")
 CONFIGS = (

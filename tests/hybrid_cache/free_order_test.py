@@ -11,11 +11,11 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.twin.python_manager import PythonCacheManager
 from hybrid_cache.types import ScheduleEntry
 
 
-@pytest.mark.parametrize("manager", [ReferencePolicy, JaxCacheManager])
+@pytest.mark.parametrize("manager", [PythonCacheManager, JaxCacheManager])
 @pytest.mark.parametrize("order,expected", [("scratch_first", (2,)), ("all_tail", (3,))])
 def test_freed_unhashed_block_is_reused_first_only_in_scratch_first(manager, order, expected):
   cfg = CacheConfig(groups=(GroupSpec("full"),), block_size=4, num_blocks=8, free_order=order)

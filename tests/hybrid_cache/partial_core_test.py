@@ -232,10 +232,10 @@ _SCENARIO_TESTS = (
 
 @pytest.mark.parametrize("name", _SCENARIO_TESTS)
 def test_hand_derived_scenarios_on_jax(name, monkeypatch):
-  from hybrid_cache.oracle import reference_policy
   from hybrid_cache.replay import replay as replay_lib
+  from hybrid_cache.twin import python_manager
   from tests.hybrid_cache import partial_hits_test as ph
 
   monkeypatch.setattr(ph, "_run", lambda sc: replay_lib.replay(sc, "jax")["results"])
-  monkeypatch.setattr(reference_policy, "ReferencePolicy", JaxCacheManager)
+  monkeypatch.setattr(python_manager, "PythonCacheManager", JaxCacheManager)
   getattr(ph, name)()

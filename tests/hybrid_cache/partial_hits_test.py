@@ -16,8 +16,8 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.factory import make_manager
-from hybrid_cache.oracle import rules
 from hybrid_cache.replay import replay as replay_lib
+from hybrid_cache.twin import rules
 
 
 def _scenario(num_blocks, actions, **extra):

@@ -14,7 +14,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.core.invariants import assert_invariants
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle import rules
+from hybrid_cache.twin import rules
 from hybrid_cache.types import ScheduleEntry as E
 
 BASE = CacheConfig(

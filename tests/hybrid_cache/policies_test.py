@@ -42,11 +42,11 @@ def _serve(m, name, tokens):
 
 @pytest.mark.parametrize("name", policies.EVICTION_POLICIES)
 def test_every_registered_policy_has_both_twins(name):
-  core, oracle = policies.core_eviction(name), policies.oracle_eviction(name)
+  core, twin = policies.core_eviction(name), policies.twin_eviction(name)
   if name == "lru":
-    assert core is None and oracle is None
+    assert core is None and twin is None
   else:
-    assert callable(core.priority) and callable(oracle.priority)
+    assert callable(core.priority) and callable(twin.priority)
   CacheConfig(groups=(GroupSpec("full"),), num_blocks=8, eviction=name)  # accepted by name
 
 
@@ -83,7 +83,7 @@ def test_deepest_first_evicts_the_deepest_key_first(backend):
 
 
 # ---------------------------------------------------------------------------------------------
-# jitted == oracle on random operations, for every registered (non-flop) eviction policy
+# jitted == twin on random operations, for every registered (non-flop) eviction policy
 
 _COMMON = dict(max_model_len=64, max_requests=len(NAMES), max_num_batched_tokens=24)
 CONFIGS = (
@@ -106,7 +106,7 @@ _PHASES = tuple(p for p in Phase if os.environ.get("HC_SHRINK") or p != Phase.sh
 
 
 class EvictionMachine(eviction_rules(prompts)):
-  """Drives the jitted core and the oracle under one registered eviction policy; compares every
+  """Drives the jitted core and the twin under one registered eviction policy; compares every
   result, the pool counters, the free-queue order and the state invariants."""
 
   @initialize(ci=st.integers(0, len(CONFIGS) - 1), name=st.sampled_from(GENERIC))
@@ -193,15 +193,15 @@ _FA_MAMBA = dict(
   "seam,name", [(seam, name) for seam, names in SEAMS.items() for name in names]
 )
 def test_every_registered_seam_policy_has_both_twins(seam, name):
-  core, oracle = policies.core_policy(seam, name), policies.oracle_policy(seam, name)
+  core, twin = policies.core_policy(seam, name), policies.twin_policy(seam, name)
   if name == SEAMS[seam][0]:  # the built-in vLLM rule
-    assert core is None and oracle is None
+    assert core is None and twin is None
   elif seam == "placement":
-    assert callable(core.keep) and callable(oracle.keep)
+    assert callable(core.keep) and callable(twin.keep)
   elif seam == "admission":
-    assert core.STATE_SIZE > 0 and callable(core.admit) and callable(oracle.Admission)
+    assert core.STATE_SIZE > 0 and callable(core.admit) and callable(twin.Admission)
   else:
-    assert callable(core.pin) and callable(oracle.pin)
+    assert callable(core.pin) and callable(twin.pin)
   CacheConfig(**_FA_MAMBA, pinning=True, **{seam: name})  # accepted by name
 
 
@@ -279,21 +279,21 @@ def test_second_sighting_registers_a_state_when_its_prefix_recurs(backend):
 
 
 def test_second_sighting_twins_agree_on_colliding_marks():
-  """The jitted `admit` against the oracle's `Admission` on key sequences whose low bits
+  """The jitted `admit` against the twin's `Admission` on key sequences whose low bits
   collide (several candidates of one request on one mark, marks left by earlier requests)."""
   import jax.numpy as jnp
   import numpy as np
 
   from hybrid_cache.core.layout import layout
   from hybrid_cache.core.policies import second_sighting as core
-  from hybrid_cache.oracle.policies import second_sighting as oracle
+  from hybrid_cache.twin.policies import second_sighting as twin
 
   config = CacheConfig(**_FA_MAMBA, admission="second_sighting")
   lay = layout(config)
   g = lay.recurrent_groups[0]
   rng = np.random.default_rng(0)
   table = jnp.zeros((len(lay.recurrent_groups), core.STATE_SIZE), jnp.int32)
-  ref = oracle.Admission(config)
+  ref = twin.Admission(config)
   mb = lay.max_blocks
   for _ in range(12):
     slots = rng.integers(0, 6, mb).astype(np.uint64)  # 6 marks: many collisions
@@ -336,7 +336,7 @@ def test_junctions_placement_equals_retention_zero(backend):
 
 
 class SeamMachine(eviction_rules(prompts)):
-  """Drives the jitted core and the oracle under every registered placement, admission and
+  """Drives the jitted core and the twin under every registered placement, admission and
   retention policy (and the retention intervals they combine with); compares every result, the pool
   counters, the free-queue order and the state invariants."""
 
@@ -418,7 +418,7 @@ def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypa
 
   compile_cache.clear()  # the jitted twin's priority is read when a step is traced
   seen = {}
-  twin = policies.core_eviction if backend == "jax" else policies.oracle_eviction
+  twin = policies.core_eviction if backend == "jax" else policies.twin_eviction
   for name in ("deepest_first", "chain_value"):
     module = twin(name)
 

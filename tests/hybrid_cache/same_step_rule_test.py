@@ -5,11 +5,11 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.manager import JaxCacheManager
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.twin.python_manager import PythonCacheManager
 from hybrid_cache.types import ScheduleEntry
 
 
-@pytest.mark.parametrize("backend", [ReferencePolicy, JaxCacheManager])
+@pytest.mark.parametrize("backend", [PythonCacheManager, JaxCacheManager])
 def test_recurrent_all_mode_defers_same_step_hit(backend):
   cfg = CacheConfig(
     groups=(GroupSpec("full"), GroupSpec("mamba", mode="all")),

@@ -1,7 +1,7 @@
 """Two pools under one byte budget (`CacheConfig.state_slots`): KV pages and recurrent-state slots.
 
 Hand-derived cases on both backends, the byte split (`hybrid_cache.pools`), the compile key and
-a jitted-vs-oracle state machine over configs with a state pool.
+a jitted-vs-twin state machine over configs with a state pool.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ class StatePoolMachine(DifferentialMachine):
   """`DifferentialMachine` (every operation, view, pool count and invariant compared, the
   pool membership of every table entry and, with a byte budget, its bound included) over
   configs with a state pool, plus the free-queue order (both pools share its keys; with a
-  re-keying eviction policy the oracle's recency stamps once diverged here)."""
+  re-keying eviction policy the twin's recency stamps once diverged here)."""
 
   @initialize(ci=st.integers(0, len(POOL_CONFIGS) - 1))
   def setup(self, ci):
@@ -277,13 +277,13 @@ TestStatePool.settings = settings(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_reused_blocks_are_restamped_in_the_oracle(backend):
+def test_reused_blocks_are_restamped_in_the_twin(backend):
   """Pages 1-4, slots 5-8, `deepest_first` (the deepest key first, ties least recently freed
   first). a takes pages 1-2 and slots 5-6, b pages 3-4 and slots 7-8; each is freed. At c's
   step the queue is re-keyed deepest first: the blocks ending at 8 (a's 2 and 6 before b's 4 and
   8), so c pops pages 2, 4 and slots 6, 8, and is freed. Re-keyed again: c's 4 and 8 (end 8),
   then the blocks ending at 4 by when they were last freed: a's 1, 5, b's 3, 7, c's 2, 6. (The
-  oracle once replaced its stamping free list by a plain list when popping from one pool, so c's
+  twin once replaced its stamping free list by a plain list when popping from one pool, so c's
   2 and 6 kept the stamps of a's life and came before b's.)"""
   m = make_manager(
     _all_mode(num_blocks=5, state_slots=4).replace(eviction="deepest_first"), backend

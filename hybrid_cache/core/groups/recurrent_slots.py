@@ -6,7 +6,7 @@ group into the step results (`outputs.EntryColumns.slots`) and read by the manag
 `EntryResult.recurrent`. The host rules (`kernel_checkpoints`, `copies_after_verify`,
 `kernel_chunk_cap`, `check_kernel_chunk`) are the engine's, so that no caller re-derives the
 modes. The cache rules of the kind (lookup, allocation, key registration) are in `recurrent`;
-the plain-Python twin of `state_slots` is `oracle.rules.recurrent_state_slots`.
+the plain-Python twin of `state_slots` is `twin.rules.recurrent_state_slots`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ is the KV span the key stands for: one block for attention, and for a recurrent 
 tokens back to the previous state its request kept, which a miss on the state recomputes
 (Marconi M§1.4 values a radix node by its edge's tokens and its hits). Lower value is evicted
 first; ties least recently freed first (the frame's rule, `hybrid_cache.core.eviction`). Reads
-no cost fields. Oracle twin: `hybrid_cache/oracle/policies/chain_value.py`.
+no cost fields. Twin: `hybrid_cache/twin/policies/chain_value.py`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The worked example of the README's "Writing a policy". In a prefix tree the deep
 its leaves, the least shared ones; evicting them first keeps shared trunks (system prompts,
 common history) longer, like SGLang's leaf-first radix-tree eviction. Among blocks whose keys
 end at the same depth, the least recently freed goes first (the frame's tie rule,
-`hybrid_cache.core.eviction`). Oracle twin: `hybrid_cache/oracle/policies/deepest_first.py`.
+`hybrid_cache.core.eviction`). Twin: `hybrid_cache/twin/policies/deepest_first.py`.
 """
 
 from __future__ import annotations

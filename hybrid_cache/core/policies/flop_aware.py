@@ -5,8 +5,8 @@ Each candidate's priority is `1000 * rn + alpha_milli * en`, where
 freed) among the n candidates and `en = floor((q - q_min) * 2^14 / (q_max - q_min))` the
 normalised efficiency q (FLOPs saved per byte of the block's group at its key's token end,
 `eviction_costs.efficiency_table`); a single candidate or all-equal values normalise to 2^14
-(Marconi's `_normalize`). Integer arithmetic only, so the oracle twin
-(`hybrid_cache.oracle.policies.flop_aware`) agrees exactly. alpha = 0 (`CacheState.alpha_milli`)
+(Marconi's `_normalize`). Integer arithmetic only, so the twin
+(`hybrid_cache.twin.policies.flop_aware`) agrees exactly. alpha = 0 (`CacheState.alpha_milli`)
 leaves the queue alone: exactly LRU. alpha is the policy's runtime parameter, held in the state
 (`set_alpha` / `get_alpha`; tuned online by `alpha_tuning`).
 

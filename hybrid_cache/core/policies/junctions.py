@@ -8,7 +8,7 @@ floored to the hit alignment, as vLLM's `reachable_block_mask` floors them: the 
 groups keep exactly vLLM's mask at `retention_interval=0`, whatever `retention_interval` says
 (so on a model without sliding-window groups the whole run equals `retention_interval=0` under
 the built-in `vllm` placement; tests/hybrid_cache/policies_test.py checks that equality).
-Oracle twin: `hybrid_cache/oracle/policies/junctions.py`.
+Twin: `hybrid_cache/twin/policies/junctions.py`.
 """
 
 from __future__ import annotations

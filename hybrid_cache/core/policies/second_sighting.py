@@ -9,7 +9,7 @@ hits. It trades the hits of prefixes seen exactly twice for fewer one-off states
 The marks are a table of `STATE_SIZE` bits per recurrent group (`CacheState.policy_state`
 i32[R, STATE_SIZE]), indexed by the low `TABLE_BITS` bits of the block's key (its prefix hash,
 low lane): distinct prefixes may share a mark (a false "seen", never a false "unseen"). The
-oracle twin (`hybrid_cache/oracle/policies/second_sighting.py`) keeps the same table.
+twin (`hybrid_cache/twin/policies/second_sighting.py`) keeps the same table.
 """
 
 from __future__ import annotations

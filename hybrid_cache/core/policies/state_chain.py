@@ -11,7 +11,7 @@ of the prompt's last boundary floored to the hit alignment, floor((P - 1) / alig
 usually been freed, keyed, by the time the request finishes) and the token end of the
 deepest keyed state the request still holds. Full attention pins its keyed blocks ending at
 or before E, a sliding-window group the keyed blocks of the `swa_need` positions ending at the
-block holding E. Oracle twin: `hybrid_cache/oracle/policies/state_chain.py`.
+block holding E. Twin: `hybrid_cache/twin/policies/state_chain.py`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recurrent state slots (vLLM §5.1-5.4) and the engine's mode-"all" chunk cap.
 
 `recurrent_slots.state_slots` (jitted core) against its plain-Python twin
-`oracle.rules.recurrent_state_slots` on random chunks; both backends' `EntryResult.recurrent`
+`twin.rules.recurrent_state_slots` on random chunks; both backends' `EntryResult.recurrent`
 on served requests (the hypothesis machines of `differential_test.py` compare them on random
 schedules too); and the property the engine relies on in mode "all": chunks capped by
 `recurrent_slots.kernel_chunk_cap` get every block boundary's state written into that boundary's
@@ -24,7 +24,7 @@ from hybrid_cache.config import GroupSpec
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.core.groups import recurrent_slots
 from hybrid_cache.factory import make_manager
-from hybrid_cache.oracle import rules
+from hybrid_cache.twin import rules
 from hybrid_cache.types import ScheduleEntry
 
 MB = 16
@@ -50,7 +50,7 @@ def _decode(spec, row, start, n):
   bs=st.sampled_from((2, 4, 8)),
   data=st.data(),
 )
-def test_state_slots_match_the_oracle_rule(mode, bs, data):
+def test_state_slots_match_the_twin_rule(mode, bs, data):
   end = data.draw(st.integers(1, MB * bs))
   start = data.draw(st.integers(0, end - 1))
   row = data.draw(st.lists(st.integers(0, 99), min_size=MB, max_size=MB))

@@ -1,6 +1,6 @@
 """Engine tests: exactness of caching on vs off (SPEC D), preemption, sharding, bad input.
 
-Most runs drive the plain-Python `ReferencePolicy` (same protocol and block ids as the jitted
+Most runs drive the plain-Python `PythonCacheManager` (same protocol and block ids as the jitted
 core, no schedule compilations); one test runs the jitted `JaxCacheManager` against it. Every
 engine pads T to one bucket so each model compiles once per shape.
 """

@@ -237,7 +237,7 @@ def _serve(preset: str, manager: str, engine_kw: dict[str, Any], **cache: Any):
 
 @functools.cache
 def _uncached(preset: str):
-  # The oracle: prefix caching off (the host reference manager; no policy acts without hits).
+  # The oracle: prefix caching off (the plain-Python twin; no policy acts without hits).
   outs, _ = _serve(preset, "reference", {}, enable_prefix_caching=False)
   return outs
 

@@ -20,7 +20,7 @@ from hybrid_cache.engine import spec as engine_spec
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.drafter import NgramDrafter
 from hybrid_cache.engine.engine import Engine
-from hybrid_cache.oracle import rules
+from hybrid_cache.twin import rules
 
 B = 8  # block size: small, so windows cross many block boundaries
 K = 3  # drafts per window

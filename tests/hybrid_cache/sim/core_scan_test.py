@@ -204,7 +204,7 @@ def test_flop_aware_scan_matches_protocol_and_alpha_zero_is_lru():
   p, cp = core_sim.run_core(tr, cfg, "jax", alpha=5.0)
   assert s == p and s != lru  # alpha 5 changes the victims here
   assert cs.get("states_evicted") == cp.get("states_evicted")
-  ref, _ = core_sim.run_core(tr, cfg, "reference", alpha=5.0)  # the plain-Python oracle
+  ref, _ = core_sim.run_core(tr, cfg, "reference", alpha=5.0)  # the plain-Python twin
   assert ref == s
 
 

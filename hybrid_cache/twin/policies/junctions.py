@@ -1,9 +1,9 @@
-"""Oracle twin of `hybrid_cache.core.policies.junctions`: states at the replay boundaries only."""
+"""Twin of `hybrid_cache.core.policies.junctions`: states at the replay boundaries only."""
 
 from __future__ import annotations
 
 from hybrid_cache.config import CacheConfig
-from hybrid_cache.oracle import rules
+from hybrid_cache.twin import rules
 
 
 def keep(config: CacheConfig, i: int, block_size: int, alignment: int, boundaries, default) -> bool:

@@ -2,7 +2,7 @@
 
 Jitted twins: `core/coordinator.py` (`lookup`) and, for partial hits (§2.5), `core/partial.py`
 (`lookup_partial`). The per-kind finders (`find_full`, `find_swa`, `find_mamba` and their
-fine-grained forms) are pure rules in `oracle/rules.py`; here they read the hash index.
+fine-grained forms) are pure rules in `twin/rules.py`; here they read the hash index.
 
 `lookup` reports each group's hit alone (vLLM's `find_longest_cache_hit_per_group`: equal-spec
 groups looked up together) and the hit every group agrees on (`reconcile`, §3.2): full
@@ -17,14 +17,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from hybrid_cache import hashing
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import SpecGroup
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import SpecGroup
+from hybrid_cache.twin.state import TwinState
 from hybrid_cache.types import HitInfo
 
 
-def group_hashes(s: OracleState, fine: np.ndarray, block_size: int) -> list[int]:
+def group_hashes(s: TwinState, fine: np.ndarray, block_size: int) -> list[int]:
   """The chained hashes of a group's blocks from the hash-block ones ([] if not a multiple)."""
   if block_size % s.hbs:
     return []
@@ -32,7 +32,7 @@ def group_hashes(s: OracleState, fine: np.ndarray, block_size: int) -> list[int]
   return [int(x) for x in hashing.as_u64(view)] if len(view) else []
 
 
-def cached_fn(s: OracleState, hashes: list[int], members: Sequence[int]):
+def cached_fn(s: TwinState, hashes: list[int], members: Sequence[int]):
   """`cached(i)` of `rules`: the first block of key i in every member group, or None."""
 
   def cached(i: int):
@@ -49,7 +49,7 @@ def cached_fn(s: OracleState, hashes: list[int], members: Sequence[int]):
   return cached
 
 
-def find(s: OracleState, sg: SpecGroup, fine, members, max_length: int, drop: bool):
+def find(s: TwinState, sg: SpecGroup, fine, members, max_length: int, drop: bool):
   """One spec group's longest hit up to `max_length`: (entries, hit tokens), per kind."""
   hashes = group_hashes(s, fine, sg.block_size)
   cached = cached_fn(s, hashes, members)
@@ -70,7 +70,7 @@ def find(s: OracleState, sg: SpecGroup, fine, members, max_length: int, drop: bo
   return rules.find_mamba(cached, sg.block_size, max_length, align)
 
 
-def lookup(s: OracleState, fine: np.ndarray, num_tokens: int):
+def lookup(s: TwinState, fine: np.ndarray, num_tokens: int):
   """(HitInfo, per-group hit rows) for a fresh request of `num_tokens` tokens."""
   ng = len(s.groups)
   max_len = num_tokens - 1
@@ -100,7 +100,7 @@ def lookup(s: OracleState, fine: np.ndarray, num_tokens: int):
   return info, rows
 
 
-def reconcile(s: OracleState, fine: np.ndarray, max_len: int):
+def reconcile(s: TwinState, fine: np.ndarray, max_len: int):
   """The coordinator's fixed point (§3.2): (hit, entries per spec group, longest)."""
   sgs = s.spec_groups
   if len(sgs) == 1:

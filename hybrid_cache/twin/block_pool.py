@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import TwinState
 
 
-def pool_of(s: OracleState, b: int) -> int:
+def pool_of(s: TwinState, b: int) -> int:
   """0 = page, 1 = state slot (`CacheConfig.state_slots`)."""
   return int(b >= s.config.num_blocks)
 
 
-def num_free(s: OracleState, pool: int | None = None) -> int:
+def num_free(s: TwinState, pool: int | None = None) -> int:
   """Free blocks (normal queue + pinned tier), of one pool or of both."""
   if pool is None:
     return len(s.free) + len(s.pinned_free)
   return sum(1 for b in s.free + s.pinned_free if pool_of(s, b) == pool)
 
 
-def unindex(s: OracleState, key: tuple[int, int], b: int) -> None:
+def unindex(s: TwinState, key: tuple[int, int], b: int) -> None:
   """Removes b from the index entry of `key`."""
   ids = s.index.get(key)
   if ids and b in ids:
@@ -41,7 +41,7 @@ def unindex(s: OracleState, key: tuple[int, int], b: int) -> None:
       del s.index[key]
 
 
-def evict_key(s: OracleState, b: int) -> list[tuple[int, int]]:
+def evict_key(s: TwinState, b: int) -> list[tuple[int, int]]:
   """Drops every key of block b (primary first, then extras); returns them in that order."""
   key = s.key[b]
   removed = [] if key is None else [key]
@@ -55,7 +55,7 @@ def evict_key(s: OracleState, b: int) -> list[tuple[int, int]]:
   return removed
 
 
-def insert_key(s: OracleState, b: int, key: tuple[int, int], end: int, chain: int) -> None:
+def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int) -> None:
   """vLLM `_insert_block_hash`: a key becomes b's primary key (token end `end`, chain start
   `chain`, no hits yet), or an extra one if b has one."""
   if s.key[b] == key or b in s.index.get(key, ()):
@@ -70,7 +70,7 @@ def insert_key(s: OracleState, b: int, key: tuple[int, int], end: int, chain: in
   s.index.setdefault(key, []).append(b)
 
 
-def demote(s: OracleState, n: int, pool: int | None = None) -> None:
+def demote(s: TwinState, n: int, pool: int | None = None) -> None:
   """Moves the n oldest pinned free blocks (of `pool`, None = any) to the normal free-queue
   tail (hash kept)."""
   for b in [b for b in s.pinned_free if pool is None or pool_of(s, b) == pool][:n]:
@@ -79,7 +79,7 @@ def demote(s: OracleState, n: int, pool: int | None = None) -> None:
     s.free.append(b)
 
 
-def get_new_blocks(s: OracleState, n: int, gid: int) -> list[int]:
+def get_new_blocks(s: TwinState, n: int, gid: int) -> list[int]:
   """Pops n blocks for group `gid` from the head of its pool's free queue."""
   if n <= 0:
     return []
@@ -102,7 +102,7 @@ def get_new_blocks(s: OracleState, n: int, gid: int) -> list[int]:
   return out
 
 
-def touch(s: OracleState, blocks: Sequence[int]) -> None:
+def touch(s: TwinState, blocks: Sequence[int]) -> None:
   """Takes a reference on each block; a free one leaves its queue (or the pinned tier)."""
   for b in blocks:
     if b == NULL:
@@ -115,7 +115,7 @@ def touch(s: OracleState, blocks: Sequence[int]) -> None:
     s.ref[b] += 1
 
 
-def free_blocks(s: OracleState, ordered: Sequence[int]) -> None:
+def free_blocks(s: TwinState, ordered: Sequence[int]) -> None:
   """Drops a reference on each block, in order; blocks reaching 0 join the free queue."""
   head = []
   for b in ordered:

@@ -1,7 +1,7 @@
 """The plain-Python twin's entry points over a whole step or the whole pool.
 
 Jitted twin: `core/scheduler.py` (`schedule_step`, `reset_prefix_cache`, `pool_stats`). A step
-first lets a registered eviction policy re-order the free queue (`oracle/eviction.py`, core
+first lets a registered eviction policy re-order the free queue (`twin/eviction.py`, core
 `eviction.prepare`), then runs its entries in list order (`step.schedule_one`), so a later
 entry sees the keys an earlier one registered in the same step (§2.4.6); the partial-hit
 copies queued during the step run first and their retention is released at its end (§2.5).
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybrid_cache.oracle import allocate
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import eviction
-from hybrid_cache.oracle import step
-from hybrid_cache.oracle.state import OracleState
+from hybrid_cache.twin import allocate
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import eviction
+from hybrid_cache.twin import step
+from hybrid_cache.twin.state import TwinState
 from hybrid_cache.types import PoolStats
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StepResult
 
 
-def schedule_step(s: OracleState, entries: Sequence[ScheduleEntry]) -> StepResult:
+def schedule_step(s: TwinState, entries: Sequence[ScheduleEntry]) -> StepResult:
   """One scheduler step over validated entries (active requests, each at most once)."""
   if s.evict is not None:  # a registered eviction policy re-orders the free list
     groups = [None if k is None else k[1] for k in s.key]
@@ -39,7 +39,7 @@ def schedule_step(s: OracleState, entries: Sequence[ScheduleEntry]) -> StepResul
   return StepResult(tuple(out), tuple(copies))
 
 
-def reset_prefix_cache(s: OracleState) -> bool:
+def reset_prefix_cache(s: TwinState) -> bool:
   """Drops every key when no block is held (vLLM `reset_prefix_cache`); False otherwise."""
   if block_pool.num_free(s) != s.config.pool_size - 1:
     return False
@@ -54,7 +54,7 @@ def reset_prefix_cache(s: OracleState) -> bool:
   return True
 
 
-def pool_stats(s: OracleState) -> PoolStats:
+def pool_stats(s: TwinState) -> PoolStats:
   """Free, used, free cached and pinned blocks; keyed blocks per group."""
   ng = len(s.groups)
   per_group = [0] * ng

@@ -1,4 +1,4 @@
-"""ReferencePolicy specifics: state copies, pinned tier (SPEC B1), pool invariants."""
+"""PythonCacheManager specifics: state copies, pinned tier (SPEC B1), pool invariants."""
 
 import random
 
@@ -7,7 +7,7 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.factory import make_manager
-from hybrid_cache.oracle.reference_policy import ReferencePolicy
+from hybrid_cache.twin.python_manager import PythonCacheManager
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
 
@@ -20,7 +20,7 @@ def step(m, name, chunk=None):
 
 
 def test_state_copies_follow_prev_and_curr_columns():
-  m = ReferencePolicy(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
+  m = PythonCacheManager(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
   p = list(range(1000, 1016))
   m.add_request("A", p + list(range(100, 106)))
   r1 = step(m, "A")
@@ -93,7 +93,7 @@ def test_pinned_blocks_are_demoted_under_pressure():
 
 
 def test_preempt_and_readmit():
-  m = ReferencePolicy(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
+  m = PythonCacheManager(CacheConfig(groups=(FULL, MAMBA), block_size=4, num_blocks=64))
   m.add_request("A", list(range(18)))
   step(m, "A")
   step(m, "A")
@@ -108,7 +108,7 @@ def test_preempt_and_readmit():
 
 
 def test_token_budget_shared_by_entries():
-  m = ReferencePolicy(
+  m = PythonCacheManager(
     CacheConfig(groups=(FULL,), block_size=4, num_blocks=64, max_num_batched_tokens=10)
   )
   m.add_request("A", list(range(8)))
@@ -120,7 +120,7 @@ def test_token_budget_shared_by_entries():
 
 
 def test_allocation_failure_when_pool_is_full():
-  m = ReferencePolicy(CacheConfig(groups=(FULL,), block_size=4, num_blocks=5))
+  m = PythonCacheManager(CacheConfig(groups=(FULL,), block_size=4, num_blocks=5))
   m.add_request("A", list(range(12)))
   step(m, "A")
   m.add_request("B", list(range(100, 108)))

@@ -2,7 +2,7 @@
 
 Everything here is a small function over plain ints and lists, so the rules can be tested
 one by one (reference §7: S06 scan table, S07 freeing sequence, S21/S22 masks, S30 copies,
-S32 admission counts) and shared by the oracle's rule modules (`coordinator`, `admission`,
+S32 admission counts) and shared by the twin's rule modules (`coordinator`, `admission`,
 `allocate`, `cache_keys`, `release`, `step`), which call them as `rules.<name>`. Each family has
 its own file, re-exported here:
 
@@ -22,30 +22,30 @@ returns such a tuple or None when block i misses in any member group.
 
 from __future__ import annotations
 
-from hybrid_cache.oracle.block_arith import cdiv
-from hybrid_cache.oracle.block_arith import floor_to
-from hybrid_cache.oracle.lookup_rules import CachedFn
-from hybrid_cache.oracle.lookup_rules import Entry
-from hybrid_cache.oracle.lookup_rules import find_full
-from hybrid_cache.oracle.lookup_rules import find_full_fine
-from hybrid_cache.oracle.lookup_rules import find_mamba
-from hybrid_cache.oracle.lookup_rules import find_mamba_fine
-from hybrid_cache.oracle.lookup_rules import find_swa
-from hybrid_cache.oracle.lookup_rules import swa_need
-from hybrid_cache.oracle.retention_rules import finish_pin_indices
-from hybrid_cache.oracle.retention_rules import mamba_cacheable
-from hybrid_cache.oracle.retention_rules import num_skipped_tokens
-from hybrid_cache.oracle.retention_rules import skipped_indices
-from hybrid_cache.oracle.retention_rules import swa_cacheable
-from hybrid_cache.oracle.schedule_rules import FRESH
-from hybrid_cache.oracle.schedule_rules import block_aligned_split
-from hybrid_cache.oracle.schedule_rules import checkpoint_position
-from hybrid_cache.oracle.schedule_rules import generic_blocks_needed
-from hybrid_cache.oracle.schedule_rules import mamba_align_blocks_needed
-from hybrid_cache.oracle.schedule_rules import mamba_align_layout
-from hybrid_cache.oracle.state_copy_rules import post_forward_copy
-from hybrid_cache.oracle.state_copy_rules import pre_forward_copy
-from hybrid_cache.oracle.state_copy_rules import recurrent_state_slots
+from hybrid_cache.twin.block_arith import cdiv
+from hybrid_cache.twin.block_arith import floor_to
+from hybrid_cache.twin.lookup_rules import CachedFn
+from hybrid_cache.twin.lookup_rules import Entry
+from hybrid_cache.twin.lookup_rules import find_full
+from hybrid_cache.twin.lookup_rules import find_full_fine
+from hybrid_cache.twin.lookup_rules import find_mamba
+from hybrid_cache.twin.lookup_rules import find_mamba_fine
+from hybrid_cache.twin.lookup_rules import find_swa
+from hybrid_cache.twin.lookup_rules import swa_need
+from hybrid_cache.twin.retention_rules import finish_pin_indices
+from hybrid_cache.twin.retention_rules import mamba_cacheable
+from hybrid_cache.twin.retention_rules import num_skipped_tokens
+from hybrid_cache.twin.retention_rules import skipped_indices
+from hybrid_cache.twin.retention_rules import swa_cacheable
+from hybrid_cache.twin.schedule_rules import FRESH
+from hybrid_cache.twin.schedule_rules import block_aligned_split
+from hybrid_cache.twin.schedule_rules import checkpoint_position
+from hybrid_cache.twin.schedule_rules import generic_blocks_needed
+from hybrid_cache.twin.schedule_rules import mamba_align_blocks_needed
+from hybrid_cache.twin.schedule_rules import mamba_align_layout
+from hybrid_cache.twin.state_copy_rules import post_forward_copy
+from hybrid_cache.twin.state_copy_rules import pre_forward_copy
+from hybrid_cache.twin.state_copy_rules import recurrent_state_slots
 
 __all__ = [
   "FRESH",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybrid_cache.oracle.block_arith import cdiv
-from hybrid_cache.oracle.block_arith import floor_to
+from hybrid_cache.twin.block_arith import cdiv
+from hybrid_cache.twin.block_arith import floor_to
 
 Entry = tuple[int, ...] | None
 CachedFn = Callable[[int], Entry]

@@ -1,4 +1,4 @@
-"""The plain-Python twin's state: one `OracleState` of named fields, and its requests.
+"""The plain-Python twin's state: one `TwinState` of named fields, and its requests.
 
 Jitted twins: `core/state.py` (`CacheState`), `core/layout.py` (`Layout`, the static part) and
 `core/fresh_state.py` (`init_state`). Here the static sizes and per-group constants of a config
@@ -24,7 +24,7 @@ from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import ResolvedGroup
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.oracle import eviction
+from hybrid_cache.twin import eviction
 
 NULL = 0
 
@@ -63,7 +63,7 @@ class Request:
 
 
 @dataclasses.dataclass
-class OracleState:
+class TwinState:
   """Everything the plain-Python manager holds; built by `init_state(config)`.
 
   Static (fixed by the config, the twin of `core/layout.py`'s `Layout`):
@@ -107,7 +107,7 @@ class OracleState:
   # per block: hits since its key was registered, its key's chain start (-1 = no key); the
   # core's `CacheState.key_hits` / `chain_start`, read by eviction policies. Kept for every
   # policy (plain Python, cheap); the core keeps them, and the eviction policy sees them,
-  # only when it declares it reads them (`policies.reads_chain`, `oracle.eviction.FreeBlocks`)
+  # only when it declares it reads them (`policies.reads_chain`, `twin.eviction.FreeBlocks`)
   hits: list[int]
   chain: list[int]
   evict: eviction.EvictionOrder | None  # None = lru (vLLM's free queue order)
@@ -141,7 +141,7 @@ def _spec_groups(
   return [sg for sg in out if sg.kind == "full"] + [sg for sg in out if sg.kind != "full"]
 
 
-def init_state(config: CacheConfig) -> OracleState:
+def init_state(config: CacheConfig) -> TwinState:
   """A config's fresh state: every block but the null one free, ordered by id; no keys."""
   cfg = config
   groups = cfg.resolved_groups
@@ -156,9 +156,9 @@ def init_state(config: CacheConfig) -> OracleState:
   sbs = cfg.scheduler_block_size
   hbs = cfg.resolved_hash_block_size
   partial = caching and cfg.partial_hits
-  admission = policies.oracle_policy("admission", cfg.admission)
+  admission = policies.twin_policy("admission", cfg.admission)
   n = cfg.pool_size
-  return OracleState(
+  return TwinState(
     config=cfg,
     groups=groups,
     caching=caching,
@@ -182,9 +182,9 @@ def init_state(config: CacheConfig) -> OracleState:
     hits=[0] * n,
     chain=[-1] * n,
     evict=None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg),
-    placement=policies.oracle_policy("placement", cfg.placement),
+    placement=policies.twin_policy("placement", cfg.placement),
     admission=None if admission is None else admission.Admission(cfg),
-    retention=policies.oracle_policy("retention", cfg.retention),
+    retention=policies.twin_policy("retention", cfg.retention),
     index={},
     extra={},
     cow=[],

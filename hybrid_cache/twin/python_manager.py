@@ -1,11 +1,11 @@
-"""Plain-Python reference of the cache core: vLLM 0.33's hybrid prefix cache, exactly.
+"""The plain-Python twin of the cache core: vLLM 0.33's hybrid prefix cache, exactly.
 
-`ReferencePolicy(config)` answers `hybrid_cache.types.CacheManager` with dicts, lists and
-an explicit ordered free queue (readability over speed). It is the oracle the jitted core
+`PythonCacheManager(config)` answers `hybrid_cache.types.CacheManager` with dicts, lists and
+an explicit ordered free queue (readability over speed). It is the twin the jitted core
 (`hybrid_cache.manager.JaxCacheManager`) is compared with, call by call, block ids included.
 
 This class is the host edge only (the twin of `manager.py`): it validates requests, hashes
-tokens and holds one `OracleState` (`oracle/state.py`); every rule is a free function over that
+tokens and holds one `TwinState` (`twin/state.py`); every rule is a free function over that
 state in the module named after its jitted twin in `core/`:
 
   pool, free queue, pinned tier (§1.6, SPEC B1)    `block_pool`
@@ -20,8 +20,8 @@ state in the module named after its jitted twin in `core/`:
 
 Example::
 
-  m = ReferencePolicy(CacheConfig(groups=(GroupSpec("full"), GroupSpec("mamba")),
-                                  block_size=4, num_blocks=64))
+  m = PythonCacheManager(CacheConfig(groups=(GroupSpec("full"), GroupSpec("mamba")),
+                                     block_size=4, num_blocks=64))
   m.add_request("A", list(range(22)))
   m.schedule([ScheduleEntry("A")]).entries[0].scheduled_tokens  # 20 (align split)
 """
@@ -34,12 +34,12 @@ from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.hashing import NO_EXTRAS
 from hybrid_cache.hashing import RequestExtras
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import coordinator
-from hybrid_cache.oracle import release
-from hybrid_cache.oracle import scheduler
-from hybrid_cache.oracle.state import Request
-from hybrid_cache.oracle.state import init_state
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import coordinator
+from hybrid_cache.twin import release
+from hybrid_cache.twin import scheduler
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import init_state
 from hybrid_cache.types import HitInfo
 from hybrid_cache.types import PoolStats
 from hybrid_cache.types import RequestView
@@ -47,7 +47,7 @@ from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StepResult
 
 
-class ReferencePolicy:
+class PythonCacheManager:
   """The plain-Python `CacheManager` (see module docstring)."""
 
   def __init__(self, config: CacheConfig):

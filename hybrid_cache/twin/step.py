@@ -9,18 +9,18 @@ then `allocate.allocate_slots` runs; the result carries the align-mode pre-forwa
 
 from __future__ import annotations
 
-from hybrid_cache.oracle import allocate
-from hybrid_cache.oracle import coordinator
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import Request
+from hybrid_cache.twin import allocate
+from hybrid_cache.twin import coordinator
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import TwinState
 from hybrid_cache.types import EntryResult
 from hybrid_cache.types import RecurrentSlots
 from hybrid_cache.types import ScheduleEntry
 from hybrid_cache.types import StateCopy
 
 
-def split(s: OracleState, req: Request, start: int, n: int, max_chunk: int) -> int:
+def split(s: TwinState, req: Request, start: int, n: int, max_chunk: int) -> int:
   """The chunk of n tokens from `start`, cut by the block-aligned split (align groups only)."""
   if s.split_bs is None:
     return n
@@ -38,7 +38,7 @@ def split(s: OracleState, req: Request, start: int, n: int, max_chunk: int) -> i
   )
 
 
-def state_copies(s: OracleState, req: Request, computed_before: int, n: int) -> list[StateCopy]:
+def state_copies(s: TwinState, req: Request, computed_before: int, n: int) -> list[StateCopy]:
   """The align groups' pre-forward state copies of the chunk (§5.2)."""
   out = []
   for gid in range(len(s.groups)):
@@ -52,7 +52,7 @@ def state_copies(s: OracleState, req: Request, computed_before: int, n: int) -> 
   return out
 
 
-def state_slots(s: OracleState, req: Request, start: int, n: int) -> tuple[RecurrentSlots, ...]:
+def state_slots(s: TwinState, req: Request, start: int, n: int) -> tuple[RecurrentSlots, ...]:
   """Each recurrent group's read / write / checkpoint blocks for the chunk (§5.1-5.4)."""
   out = []
   for gid, mode in enumerate(s.mode):
@@ -62,7 +62,7 @@ def state_slots(s: OracleState, req: Request, start: int, n: int) -> tuple[Recur
   return tuple(out)
 
 
-def schedule_one(s: OracleState, entry: ScheduleEntry, budget: int):
+def schedule_one(s: TwinState, entry: ScheduleEntry, budget: int):
   """(EntryResult, state copies, tokens scheduled) of one entry with `budget` tokens left."""
   req = s.reqs[entry.req]
   ng = len(s.groups)

@@ -1,4 +1,4 @@
-"""Oracle twin of `hybrid_cache.core.policies.second_sighting`: a state is registered the second
+"""Twin of `hybrid_cache.core.policies.second_sighting`: a state is registered the second
 time its prefix is computed (one mark per low `TABLE_BITS` bits of the key, per group)."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hybrid_cache.oracle.block_arith import cdiv
-from hybrid_cache.oracle.block_arith import floor_to
+from hybrid_cache.twin.block_arith import cdiv
+from hybrid_cache.twin.block_arith import floor_to
 
 
 def recurrent_state_slots(

@@ -1,4 +1,4 @@
-"""Oracle twin of `hybrid_cache.core.policies.chain_value`: lowest chain value goes first.
+"""Twin of `hybrid_cache.core.policies.chain_value`: lowest chain value goes first.
 
 Value = min((token_end - chain_start) * (1 + hits), 2^30), the span clipped to [0, 2^30] and
 the hits to [0, 2^30 - 1] like the core (exact integers, so the twins agree).

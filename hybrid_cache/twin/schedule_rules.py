@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 
-from hybrid_cache.oracle.block_arith import cdiv
-from hybrid_cache.oracle.block_arith import floor_to
+from hybrid_cache.twin.block_arith import cdiv
+from hybrid_cache.twin.block_arith import floor_to
 
 
 def checkpoint_position(num_tokens: int, unit: int, eagle: bool) -> int:

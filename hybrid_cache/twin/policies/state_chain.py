@@ -1,4 +1,4 @@
-"""Oracle twin of `hybrid_cache.core.policies.state_chain`: attention pins stop at the deepest
+"""Twin of `hybrid_cache.core.policies.state_chain`: attention pins stop at the deepest
 kept recurrent state."""
 
 from __future__ import annotations

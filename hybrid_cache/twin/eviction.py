@@ -1,8 +1,8 @@
-"""Plain-Python oracle of the eviction policies' free-list order, for `ReferencePolicy`.
+"""Plain-Python twin of the eviction policies' free-list order, for `PythonCacheManager`.
 
-Same rule as the jitted core (`hybrid_cache.core.eviction`), on the reference's ordered free list
+Same rule as the jitted core (`hybrid_cache.core.eviction`), on the twin's ordered free list
 (head first) instead of int32 keys. `lru` leaves the list alone. For any other registered
-policy (`hybrid_cache.policies`, twin `hybrid_cache/oracle/policies/<name>.py`), at the start of
+policy (`hybrid_cache.policies`, twin `hybrid_cache/twin/policies/<name>.py`), at the start of
 every scheduler step, unless the policy's `active(order)` is false (flop_aware: alpha = 0):
 
 1. blocks without a key stay first, in their current order (scratch first);
@@ -15,10 +15,10 @@ every scheduler step, unless the policy's `active(order)` is false (flop_aware: 
 `reorder` returns a `StampedFree` list that records appends, so the policy must keep using the
 returned list as its free list.
 
-Hook (in the oracle's `OracleState`, `oracle/state.py`): keep `key_end[b]` = token end of
+Hook (in the twin's `TwinState`, `twin/state.py`): keep `key_end[b]` = token end of
 block b's key when registered, `hits[b]` / `chain[b]` = its hits and chain start (`FreeBlocks`),
 build `evict = EvictionOrder(config)` unless `config.eviction == "lru"`, and at the start of
-each step (`oracle/scheduler.py`, `schedule_step`):
+each step (`twin/scheduler.py`, `schedule_step`):
 
   groups = [None if k is None else k[1] for k in s.key]
   dead = dead_states(s.config, s.key, s.key_end, s.index)
@@ -88,7 +88,7 @@ class StampedFree(list):
 
 @dataclasses.dataclass(frozen=True)
 class FreeBlocks:
-  """What an eviction policy's oracle twin sees (the jitted `core.eviction.FreeBlocks`).
+  """What an eviction policy's twin sees (the jitted `core.eviction.FreeBlocks`).
 
   Attributes:
     candidates: keyed free blocks that can still be hit, least recently freed first (a
@@ -103,7 +103,7 @@ class FreeBlocks:
 
   `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`), as in the core, which
-  maintains them only then. The oracle (`OracleState`) keeps them for every policy (plain
+  maintains them only then. The twin (`TwinState`) keeps them for every policy (plain
   Python, no speed to save); the machines compare them only where the core maintains them.
   """
 
@@ -115,11 +115,11 @@ class FreeBlocks:
 
 
 class EvictionOrder:
-  """Re-orders one reference policy's free list by a registered policy (module docstring)."""
+  """Re-orders the twin's free list by a registered policy (module docstring)."""
 
   def __init__(self, config: CacheConfig, alpha: float = 0.0):
     self.config = config
-    self.policy = policies.oracle_eviction(config.eviction)
+    self.policy = policies.twin_eviction(config.eviction)
     self._stamps: dict[int, int] = {}
     self._clock = 0
     self.alpha_milli = 0
@@ -157,7 +157,7 @@ class EvictionOrder:
       `hits` / `chains` reach the policy only if it reads them (`policies.reads_chain`).
     """
     if not (isinstance(free, StampedFree) and free._owner is self):
-      for b in free:  # keyed blocks this oracle has not seen freed: as if freed now, in order
+      for b in free:  # keyed blocks this twin has not seen freed: as if freed now, in order
         if groups[b] is not None and b not in self._stamps:
           self.stamp(b)
     active = getattr(self.policy, "active", None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence
 
-from hybrid_cache.oracle.block_arith import floor_to
+from hybrid_cache.twin.block_arith import floor_to
 
 
 def num_skipped_tokens(kind: str, computed: int, window: int | None = None) -> int:

@@ -7,14 +7,14 @@ pick), then frees its blocks tail first, one batch per group in group order.
 
 from __future__ import annotations
 
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import Request
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import TwinState
 
 
-def pin_finished(s: OracleState, r: Request) -> None:
+def pin_finished(s: TwinState, r: Request) -> None:
   """Flags the blocks that keep a finishing request's prefix hittable (SPEC B1), or those the
   retention policy picks (`hybrid_cache.policies`, seam `retention`)."""
   keyed, sel, kinds = [], [], []
@@ -31,7 +31,7 @@ def pin_finished(s: OracleState, r: Request) -> None:
       s.pinned[row[i]] = True
 
 
-def release(s: OracleState, r: Request, finished: bool) -> None:
+def release(s: TwinState, r: Request, finished: bool) -> None:
   """Frees a request's blocks tail first, group by group; a finished one pins first."""
   if finished and s.config.pinning:
     pin_finished(s, r)

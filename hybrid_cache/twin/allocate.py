@@ -11,18 +11,18 @@ enforces a shared byte budget and registers keys (`cache_keys.cache_blocks`). `a
 
 from __future__ import annotations
 
-from hybrid_cache.oracle import admission
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import byte_budget
-from hybrid_cache.oracle import cache_keys
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import Request
+from hybrid_cache.twin import admission
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import byte_budget
+from hybrid_cache.twin import cache_keys
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import TwinState
 from hybrid_cache.types import StateCopy
 
 
-def remove_skipped(s: OracleState, req: Request, computed: int) -> None:
+def remove_skipped(s: TwinState, req: Request, computed: int) -> None:
   """vLLM `remove_skipped_blocks`: nulls and frees what no group needs any more (window drops
   pin their last window, SPEC B1; align frees the superseded running state)."""
   for gid, row in enumerate(req.rows):
@@ -51,7 +51,7 @@ def remove_skipped(s: OracleState, req: Request, computed: int) -> None:
 
 
 def add_hits(
-  s: OracleState, req: Request, hit_rows: list[list[int]], total_computed: int, hit_tokens: int = 0
+  s: TwinState, req: Request, hit_rows: list[list[int]], total_computed: int, hit_tokens: int = 0
 ) -> None:
   """A new request takes its hit blocks (touched; skipped ones stay null); §2.5 partial tails
   are queued for a copy-on-write."""
@@ -76,9 +76,7 @@ def add_hits(
       req.num_cached[gid] = hit_tokens // bs
 
 
-def allocate(
-  s: OracleState, req: Request, gid: int, need: int, main: int, first: bool
-) -> list[int]:
+def allocate(s: TwinState, req: Request, gid: int, need: int, main: int, first: bool) -> list[int]:
   """Appends blocks to the group's row; returns the appended entries (nulls included)."""
   row = req.rows[gid]
   bs = s.bs[gid]
@@ -130,7 +128,7 @@ def allocate(
   return cows + row[before:]
 
 
-def apply_cow(s: OracleState, req: Request, gid: int, idx: int, src: int, cow: int) -> None:
+def apply_cow(s: TwinState, req: Request, gid: int, idx: int, src: int, cow: int) -> None:
   """A new request's partial hit: its row takes a private copy of the shared tail (§2.5).
 
   Both ends stay retained (src keeps the hit's reference, cow takes one more) until the
@@ -143,7 +141,7 @@ def apply_cow(s: OracleState, req: Request, gid: int, idx: int, src: int, cow: i
   s.ref[cow] += 1
 
 
-def release_cow(s: OracleState) -> list[StateCopy]:
+def release_cow(s: TwinState) -> list[StateCopy]:
   """End of step: the copy records (group order, then queue order) and the retention frees."""
   queued = sorted(s.cow, key=lambda c: c[0])  # stable: queue order within a group
   s.cow = []
@@ -155,7 +153,7 @@ def release_cow(s: OracleState) -> list[StateCopy]:
 
 
 def allocate_slots(
-  s: OracleState, req: Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
+  s: TwinState, req: Request, num_new: int, hit: int, hit_rows: list[list[int]] | None
 ) -> list[list[int]] | None:
   """vLLM's `allocate_slots` (§4.2); returns appended entries per group or None."""
   cfg = s.config

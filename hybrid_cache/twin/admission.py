@@ -2,21 +2,21 @@
 
 Jitted twins: `core/admission.py` (`blocks_needed`), `core/step.py` (`fits`) and, for a shared
 byte budget, `core/byte_budget.py` (`fits`). The per-kind counts are pure rules in
-`oracle/rules.py` (`generic_blocks_needed`, `mamba_align_blocks_needed`); a recurrent hit block
+`twin/rules.py` (`generic_blocks_needed`, `mamba_align_blocks_needed`); a recurrent hit block
 registered in the current step makes admission impossible (same-step rule, §2.4.6).
 """
 
 from __future__ import annotations
 
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import byte_budget
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import Request
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import byte_budget
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import TwinState
 
 
-def skipped_tokens(s: OracleState, gid: int, computed: int) -> int:
+def skipped_tokens(s: TwinState, gid: int, computed: int) -> int:
   """Tokens of group `gid` no longer needed once `computed` are computed (§2.1)."""
   g = s.groups[gid]
   if g.kind == "mamba" and s.mode[gid] == "none":
@@ -24,7 +24,7 @@ def skipped_tokens(s: OracleState, gid: int, computed: int) -> int:
   return rules.num_skipped_tokens(g.kind, computed, g.window)
 
 
-def admission_cap(s: OracleState, gid: int) -> int | None:
+def admission_cap(s: TwinState, gid: int) -> int | None:
   """A window group's cap on the full-sequence count (vLLM's SWA admission cap), else None."""
   g = s.groups[gid]
   if g.kind != "swa":
@@ -34,7 +34,7 @@ def admission_cap(s: OracleState, gid: int) -> int | None:
 
 
 def blocks_needed(
-  s: OracleState,
+  s: TwinState,
   req: Request,
   gid: int,
   num_tokens: int,
@@ -81,7 +81,7 @@ def blocks_needed(
   )
 
 
-def fits(s: OracleState, counts: list[int], watermark: int) -> bool:
+def fits(s: TwinState, counts: list[int], watermark: int) -> bool:
   """vLLM's admission check (§4.2): the blocks needed (`counts`, per group) plus the
   watermark fit the free blocks; with two pools (`state_slots`) each pool's groups fit that
   pool, the watermark counting pages only; with a shared `byte_budget` they also fit it in

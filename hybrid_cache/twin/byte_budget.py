@@ -9,23 +9,23 @@ blocks, in free-queue order, until the occupied bytes fit again.
 
 from __future__ import annotations
 
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle.state import OracleState
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin.state import TwinState
 
 
-def cost(s: OracleState, b: int) -> int:
+def cost(s: TwinState, b: int) -> int:
   """What block b occupies of the shared byte budget when held or cached."""
   return s.config.slot_bytes if block_pool.pool_of(s, b) else s.config.page_bytes
 
 
-def occupied_bytes(s: OracleState) -> int:
+def occupied_bytes(s: TwinState) -> int:
   """Bytes of the held and the cached blocks (shared byte budget)."""
   return sum(
     cost(s, b) for b in range(1, s.config.pool_size) if s.ref[b] > 0 or s.key[b] is not None
   )
 
 
-def enforce(s: OracleState) -> None:
+def enforce(s: TwinState) -> None:
   """`byte_budget.enforce`: while the held and cached blocks exceed the byte budget, the
   first cached free block in free-queue order (the normal queue, then the pinned tier,
   oldest first) loses its keys and keeps its place."""
@@ -38,7 +38,7 @@ def enforce(s: OracleState) -> None:
       over -= cost(s, b)
 
 
-def fits(s: OracleState, need: list[int], watermark: int) -> bool:
+def fits(s: TwinState, need: list[int], watermark: int) -> bool:
   """The byte part of admission (`admission.fits`): the held blocks plus `need` (pages, state
   slots) and the watermark pages fit the byte budget."""
   cfg = s.config

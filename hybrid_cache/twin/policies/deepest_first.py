@@ -1,4 +1,4 @@
-"""Oracle twin of `hybrid_cache.core.policies.deepest_first`: the deepest key end goes first."""
+"""Twin of `hybrid_cache.core.policies.deepest_first`: the deepest key end goes first."""
 
 from __future__ import annotations
 

@@ -12,15 +12,15 @@ hash-block boundary (`cache_fine_keys`; core `fine_key_entries`).
 from __future__ import annotations
 
 from hybrid_cache import hashing
-from hybrid_cache.oracle import block_pool
-from hybrid_cache.oracle import coordinator
-from hybrid_cache.oracle import rules
-from hybrid_cache.oracle.state import NULL
-from hybrid_cache.oracle.state import OracleState
-from hybrid_cache.oracle.state import Request
+from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import coordinator
+from hybrid_cache.twin import rules
+from hybrid_cache.twin.state import NULL
+from hybrid_cache.twin.state import Request
+from hybrid_cache.twin.state import TwinState
 
 
-def cacheable(s: OracleState, req: Request, gid: int, i: int) -> bool:
+def cacheable(s: TwinState, req: Request, gid: int, i: int) -> bool:
   """Whether block i of group `gid` is kept (registered): the retention masks (§2.3.4, §2.4.7)."""
   # vLLM `reachable_block_mask` segments and aligns on the hit alignment (the hash block with
   # partial hits, else the scheduler block)
@@ -55,7 +55,7 @@ def cacheable(s: OracleState, req: Request, gid: int, i: int) -> bool:
   return True
 
 
-def cache_blocks(s: OracleState, req: Request, num_tokens: int) -> None:
+def cache_blocks(s: TwinState, req: Request, num_tokens: int) -> None:
   """Optimistic caching (§1.7): register keys up to `num_tokens` (floored to the LCM).
 
   With partial hits (§2.5) nothing is floored and the prompt-tail entries are added too.
@@ -78,7 +78,7 @@ def cache_blocks(s: OracleState, req: Request, num_tokens: int) -> None:
       cache_fa_tail(s, req, gid, n)
 
 
-def cache_full(s: OracleState, req: Request, gid: int, full: int) -> None:
+def cache_full(s: TwinState, req: Request, gid: int, full: int) -> None:
   """Keys the group's blocks [num_cached, full) (null / masked ones skipped)."""
   row, bs = req.rows[gid], s.bs[gid]
   hashes = coordinator.group_hashes(s, req.fine_hashes, bs)
@@ -111,7 +111,7 @@ def cache_full(s: OracleState, req: Request, gid: int, full: int) -> None:
   req.num_cached[gid] = full
 
 
-def cache_fine_keys(s: OracleState, req: Request, gid: int, b: int, i: int) -> None:
+def cache_fine_keys(s: TwinState, req: Request, gid: int, b: int, i: int) -> None:
   """Beyond vLLM (`CacheConfig.fine_keys`, core `cache_keys.fine_key_entries`): full block
   b at table position i, just keyed, gets an extra key at every hash-block boundary inside
   it, in token order."""
@@ -120,7 +120,7 @@ def cache_fine_keys(s: OracleState, req: Request, gid: int, b: int, i: int) -> N
     block_pool.insert_key(s, b, partial_key(s, req, t, gid), t, i * bs)
 
 
-def cache_partial_tail(s: OracleState, req: Request, gid: int, n: int, full: int) -> None:
+def cache_partial_tail(s: TwinState, req: Request, gid: int, n: int, full: int) -> None:
   """Partial-hits caching of one group (§2.5): full blocks, then the prompt-tail entry.
 
   Full attention keys the block holding `t = _tail_boundary(req)` under the prefix hash at
@@ -154,7 +154,7 @@ def cache_partial_tail(s: OracleState, req: Request, gid: int, n: int, full: int
     req.num_cached[gid] = j
 
 
-def cache_fa_tail(s: OracleState, req: Request, gid: int, n: int) -> None:
+def cache_fa_tail(s: TwinState, req: Request, gid: int, n: int) -> None:
   """vLLM `FullAttentionManager._cache_partial_tail_block` (needs bs > HBS).
 
   Keys the block holding t = `tail_boundary` under the prefix hash at t once n >= t,
@@ -168,7 +168,7 @@ def cache_fa_tail(s: OracleState, req: Request, gid: int, n: int) -> None:
     cache_partial_block(s, req, row[t // bs], t, gid, t // bs * bs)
 
 
-def tail_boundary(s: OracleState, req: Request, gid: int) -> int:
+def tail_boundary(s: TwinState, req: Request, gid: int) -> int:
   """The prompt-tail boundary of group `gid` (vLLM `_cache_partial_tail_block`).
 
   Full attention: floor((P-1)/HBS)*HBS (a re-sent prompt hits at most P-1 tokens; EAGLE
@@ -181,12 +181,12 @@ def tail_boundary(s: OracleState, req: Request, gid: int) -> int:
   return rules.floor_to(p if eagle else p - 1, s.hbs)
 
 
-def partial_key(s: OracleState, req: Request, t: int, gid: int) -> tuple[int, int]:
+def partial_key(s: TwinState, req: Request, t: int, gid: int) -> tuple[int, int]:
   """The key of the prefix of `t` tokens (a hash-block multiple) in group `gid`."""
   return (int(hashing.as_u64(req.fine_hashes[t // s.hbs - 1])), gid)
 
 
-def cache_partial_block(s: OracleState, req: Request, b: int, t: int, gid: int, chain: int) -> None:
+def cache_partial_block(s: TwinState, req: Request, b: int, t: int, gid: int, chain: int) -> None:
   """vLLM `cache_partial_block`: key the prefix of t tokens on block b (t inside b); `chain`:
   the key's chain start if it becomes b's primary key."""
   key = partial_key(s, req, t, gid)

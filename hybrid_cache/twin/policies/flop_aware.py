@@ -1,4 +1,4 @@
-"""Oracle twin of `hybrid_cache.core.policies.flop_aware` (SPEC B2): the same integer utility.
+"""Twin of `hybrid_cache.core.policies.flop_aware` (SPEC B2): the same integer utility.
 
 Priority of the candidate of recency rank r among n: `1000 * rn + alpha_milli * en` with
 `rn = (r << 14) // (n - 1)` (2^14 when n == 1) and `en = ((q - q_min) << 14) // (q_max - q_min)`
