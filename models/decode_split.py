@@ -23,37 +23,39 @@ import jax
 import jax.numpy as jnp
 
 
-def split_decodes(
+def run_recurrence(
+  decode: bool,
   num_decodes: int,
   query_start_loc: jax.Array,
-  per_token: Sequence[jax.Array | None],
+  per_token: Sequence[jax.Array],
   per_seq: Sequence[jax.Array],
   decode_fn: Callable[..., tuple[jax.Array, jax.Array]],
   prefill_fn: Callable[..., tuple[jax.Array, jax.Array, tuple]],
-) -> tuple[jax.Array, jax.Array, tuple]:
-  """Runs sequences [0, D) through `decode_fn` and [D, N) through `prefill_fn`.
+) -> tuple[jax.Array, tuple[jax.Array, tuple]]:
+  """One recurrent op (a conv, a delta rule, an SSD) over a step, by the step's shape:
+  a decode step (`decode`) all through `decode_fn`, a mixed step (D = `num_decodes` > 0)
+  sequences [0, D) through `decode_fn` and [D, N) through `prefill_fn`, else all through
+  `prefill_fn`.
 
   Args:
-    num_decodes: D (static), 0 < D < N.
-    query_start_loc: int32[N+1] of the whole step.
-    per_token: arrays with a leading token axis [T, ...] (None passes through as None).
+    per_token: arrays with a leading token axis [T, ...].
     per_seq: arrays with a leading sequence axis [N, ...] (initial states).
-    decode_fn: (*per_token[:D], *per_seq[:D]) -> (y [D, ...], final [D, ...]).
-    prefill_fn: (*per_token[D:], *per_seq[D:], query_start_loc[D:] - D) ->
-      (y [T-D, ...], final [N-D, ...], checkpoints of sequences D.. as the kernel returns them).
+    decode_fn: (*per_token, *per_seq) -> (y, final) for one token per sequence.
+    prefill_fn: (*per_token, *per_seq, query_start_loc) -> (y, final, checkpoints).
   Returns:
-    (y [T, ...], final [N, ...], the prefill part's checkpoints): their rows belong to
-    sequences D.., so the caller writes them with `ckpt_write[D:]`.
+    (y [T, ...], (final [N, ...], checkpoints)) as `state_pool.write_recurrent` takes it: a
+    decode step's checkpoints are (None, None); a mixed step's are those of sequences D..,
+    written with `ckpt_write[D:]`.
   """
+  if decode:
+    y, final = decode_fn(*per_token, *per_seq)
+    return y, (final, (None, None))
   d = num_decodes
-
-  def cut(a, sl):
-    return None if a is None else a[sl]
-
-  y_d, final_d = decode_fn(*[cut(a, slice(None, d)) for a in per_token], *[s[:d] for s in per_seq])
+  if not d:
+    y, final, ckpts = prefill_fn(*per_token, *per_seq, query_start_loc)
+    return y, (final, ckpts)
+  y_d, final_d = decode_fn(*[a[:d] for a in per_token], *[s[:d] for s in per_seq])
   y_p, final_p, ckpts = prefill_fn(
-    *[cut(a, slice(d, None)) for a in per_token],
-    *[s[d:] for s in per_seq],
-    query_start_loc[d:] - d,
+    *[a[d:] for a in per_token], *[s[d:] for s in per_seq], query_start_loc[d:] - d
   )
-  return jnp.concatenate([y_d, y_p]), jnp.concatenate([final_d, final_p]), ckpts
+  return jnp.concatenate([y_d, y_p]), (jnp.concatenate([final_d, final_p]), ckpts)

@@ -127,17 +127,9 @@ class GatedDeltaNet(nnx.Module):
         implementation=implementation,
       )
 
-    if decode:
-      o, s_final = recurrent(q, k, v, g, beta, s0)
-      state_out = (s_final, (None, None))
-    elif num_decodes:
-      o, s_final, s_ckpts = decode_split.split_decodes(
-        num_decodes, query_start_loc, [q, k, v, g, beta], [s0], recurrent, chunked
-      )
-      state_out = (s_final, s_ckpts)
-    else:
-      o, s_final, s_ckpts = chunked(q, k, v, g, beta, s0, query_start_loc)
-      state_out = (s_final, s_ckpts)
+    o, state_out = decode_split.run_recurrence(
+      decode, num_decodes, query_start_loc, [q, k, v, g, beta], [s0], recurrent, chunked
+    )
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,

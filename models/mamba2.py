@@ -154,17 +154,9 @@ class Mamba2(nnx.Module):
         implementation=implementation,
       )
 
-    if decode:
-      y, s_final = recurrent(xs, dt, b, c, s0)
-      state_out = (s_final, (None, None))
-    elif num_decodes:
-      y, s_final, s_ckpts = decode_split.split_decodes(
-        num_decodes, query_start_loc, [xs, dt, b, c], [s0], recurrent, chunked
-      )
-      state_out = (s_final, s_ckpts)
-    else:
-      y, s_final, s_ckpts = chunked(xs, dt, b, c, s0, query_start_loc)
-      state_out = (s_final, s_ckpts)
+    y, state_out = decode_split.run_recurrence(
+      decode, num_decodes, query_start_loc, [xs, dt, b, c], [s0], recurrent, chunked
+    )
     state_pool_, conv_pool = state_pool.write_recurrent(
       state_pool_,
       conv_pool,

@@ -229,8 +229,7 @@ def build_step_inputs(
         )
       if pad_seqs < len(seqs):
         raise ValueError(f"pad_seqs={pad_seqs} is less than the step's {len(seqs)} sequences")
-      empty = [[] for _ in groups]
-      seqs = list(seqs) + [SeqStep([0], 0, empty) for _ in range(pad_seqs - len(seqs))]
+      seqs = list(seqs) + [padding_decode(cfg)] * (pad_seqs - len(seqs))
   elif pad_tokens is not None or pad_seqs is not None:
     n_pad_tok = 0 if pad_tokens is None else pad_tokens - n_real
     n_pad_seq = (len(seqs) + 1 if pad_seqs is None else pad_seqs) - len(seqs)

@@ -63,16 +63,9 @@ def causal_conv(
       implementation=implementation,
     )
 
-  if decode:
-    y, final = update(x, conv0)
-    return y, (final, (None, None))
-  if num_decodes:
-    y, final, ckpts = decode_split.split_decodes(
-      num_decodes, query_start_loc, [x], [conv0], update, chunked
-    )
-    return y, (final, ckpts)
-  y, final, ckpts = chunked(x, conv0, query_start_loc)
-  return y, (final, ckpts)
+  return decode_split.run_recurrence(
+    decode, num_decodes, query_start_loc, [x], [conv0], update, chunked
+  )
 
 
 def verify_conv(

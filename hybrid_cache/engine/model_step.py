@@ -233,9 +233,8 @@ def run_model(
     pad_n = pad_t = bucket(len(seqs), eng.seq_buckets, 2)
   else:
     if eng.decode_kernels:
-      n_real = len(seqs)
+      eng.stats.mixed_step_decodes += sum(len(s.token_ids) == 1 for s in seqs)
       seqs, position, num_decodes = decodes_first(eng.model_config, seqs)
-      eng.stats.mixed_step_decodes += sum(position[i] < num_decodes for i in range(n_real))
     pad_t = token_bucket(sum(len(s.token_ids) for s in seqs), eng.token_buckets)
     # the chunked kernels give every sequence after the decodes a chunk slot, padding ones
     # included (`kernels.pallas.packing`): the seq bucket counts those sequences only
