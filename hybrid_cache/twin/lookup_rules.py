@@ -17,16 +17,22 @@ Entry = tuple[int, ...] | None
 CachedFn = Callable[[int], Entry]
 
 
-def find_full(
-  cached: CachedFn, block_size: int, max_length: int, drop_eagle: bool, alignment: int
-) -> tuple[list[Entry], int]:
-  """Full attention: longest run of hits from block 0; EAGLE drops one block; aligned down."""
+def _leading_hits(cached: CachedFn, num_blocks: int) -> list[Entry]:
+  """The entries of blocks 0, 1, ... up to the first miss (at most `num_blocks`)."""
   entries: list[Entry] = []
-  for i in range(max_length // block_size):
+  for i in range(num_blocks):
     e = cached(i)
     if e is None:
       break
     entries.append(e)
+  return entries
+
+
+def find_full(
+  cached: CachedFn, block_size: int, max_length: int, drop_eagle: bool, alignment: int
+) -> tuple[list[Entry], int]:
+  """Full attention: longest run of hits from block 0; EAGLE drops one block; aligned down."""
+  entries = _leading_hits(cached, max_length // block_size)
   length = len(entries) * block_size
   if drop_eagle and length > 0:
     length -= block_size
@@ -52,12 +58,7 @@ def find_full_fine(
   the prefix of (i+1)*HBS tokens) adds its block and ends the hit at (i+1)*HBS. EAGLE drops one
   hash block; the entry list keeps cdiv(hit, block_size) blocks.
   """
-  entries: list[Entry] = []
-  for i in range(max_length // block_size):
-    e = cached(i)
-    if e is None:
-      break
-    entries.append(e)
+  entries = _leading_hits(cached, max_length // block_size)
   length = len(entries) * block_size
   k = block_size // hash_block_size
   first = len(entries) * k
