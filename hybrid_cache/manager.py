@@ -5,11 +5,11 @@ there, so every jitted call runs there): on a GPU or TPU machine the model runs 
 accelerator and the cache core beside it on the CPU, as vLLM's manager runs in host Python,
 without small scatter/gather programs and a device-to-host read per step on the accelerator.
 
-Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append),
-map request names to state slots, pad schedule batches to powers of two, pull each call's
-results once with `np.asarray`, and build the `types` records: the recurrent state slots of
-each scheduled chunk (computed by the core, `recurrent_slots.state_slots`) and the recurrent
-state-copy plan (vLLM §5.2) derived from the returned block tables.
+Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append), map
+request names to state slots, pad schedule batches to powers of 8 (`compile_cache.step_entries`),
+pull each call's results once with `np.asarray`, and build the `types` records: the recurrent state
+slots of each scheduled chunk (computed by the core, `recurrent_slots.state_slots`) and the
+recurrent state-copy plan (vLLM §5.2) derived from the returned block tables.
 
 Example::
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from hybrid_cache import hashing
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import compile_cache
 from hybrid_cache.core import outputs
 from hybrid_cache.core import scheduler
 from hybrid_cache.core.fresh_state import init_state
@@ -79,13 +80,6 @@ class _Req:
   # needs no device read
   row: np.ndarray | None = None
   lens: list[int] | None = None
-
-
-def _pow2(n: int) -> int:
-  p = 1
-  while p < n:
-    p *= 2
-  return p
 
 
 class JaxCacheManager:
@@ -217,19 +211,14 @@ class JaxCacheManager:
         raise ValueError(f"entries[{i}].max_tokens must be None or an integer >= 1, got {mt!r}")
       rs.append(r)
     n = len(entries)
-    size = _pow2(max(n, 1))
+    size = compile_cache.step_entries(n)
     slots = np.zeros(size, np.int32)
     max_tok = np.full(size, -1, np.int32)
     valid = np.zeros(size, bool)
     slots[:n] = [r.slot for r in rs]
     max_tok[:n] = [-1 if e.max_tokens is None else min(e.max_tokens, 2**31 - 2) for e in entries]
     valid[:n] = True
-    # no running request among the entries (the host mirrors each request's status): the
-    # step variant without the release of skipped blocks (identical results, cheaper)
-    admit_only = all(r.status != "running" for r in rs)
-    self.state, packed = scheduler.schedule_step(
-      self.config, self.state, slots, max_tok, valid, admit_only=admit_only
-    )
+    self.state, packed = scheduler.schedule_step(self.config, self.state, slots, max_tok, valid)
     # np.asarray, not jax.device_get: same array, ~10x less host overhead on CPU
     packed = np.asarray(packed)
     g_n, mb = self._lay.num_groups, self._lay.max_blocks
@@ -338,7 +327,7 @@ class JaxCacheManager:
   def _release(self, req: str, preempt: bool) -> None:
     r = self._get(req)
     self.state, s = scheduler.release_request(
-      self.config, self.state, np.int32(r.slot), preempt=preempt
+      self.config, self.state, np.int32(r.slot), np.bool_(preempt)
     )
     self._stats = self._to_stats(s)
     r.state_idx.clear()

@@ -28,9 +28,47 @@ Two remedies, both here:
 * `jitted(config, name, make)`: the jitted function `name` of `compile_key(config)`, made once
   by `make(key)` (a `jax.jit` of the implementation with the key bound, so each key has its
   own dispatch cache) and kept in a registry of at most `max_live_keys()` keys (least
-  recently used first out; default 8, env `HYBRID_CACHE_MAX_LIVE_CONFIGS`). A key that falls
+  recently used first out; default 16, env `HYBRID_CACHE_MAX_LIVE_CONFIGS`). A key that falls
   out has `clear_cache()` called on each of its functions, returning their programs' memory
-  mappings; using it again recompiles (correct, only slower).
+  mappings; using it again recompiles (correct, only slower). A key holds ~1,300 mappings and
+  ~90 MiB (five programs, 2026-11-29), so 16 keys stay far below the mapping limit; 16 covers
+  the differential generator's ten families without evictions.
+
+One program per entry point and key (issue 29): `schedule_step` pads its entries to
+`step_entries` (powers of 8) and runs them in a while loop that stops at the last valid one;
+`release_request` takes `preempt` as a traced bool. Before, the step compiled once per
+power-of-two batch size and again for admit-only batches, and the release twice: 8-12
+programs per key instead of 5.
+
+What stays static, and what a change of it costs (`python -m experiments.bench_compile --vary
+fields`, 2026-11-29, 2-core CPU, idle, XLA:CPU jax 0.10.2, persistent cache off; seconds
+compiling one new key, its five programs): every field below still starts a new key.
+
+  field (compile key)                        new key   why static
+  retention_interval, watermark, budget,     0 s       runtime (`DYNAMIC_FIELDS`)
+  num_blocks within its bucket, ...
+  num_blocks across a power of two           3.4 s     pool array shapes (padding costs step
+                                                        time linear in the pool)
+  max_model_len across a table-width bucket  3.6 s     block-table shapes
+  max_requests                               3.2 s     request-table shapes
+  block sizes, hash block                    3.5 s     table positions <-> tokens, key gathers
+  window                                     3.5 s     blocks a window needs (`swa_need`)
+  group count and kinds                      3.5-3.8 s the per-group code is unrolled per group
+  recurrent mode (align / all / none)        3.2 s     placement rule per group
+  partial hits                               5.4 s     extra copy-on-write and fine paths
+  fine_keys                                  5.6 s     fine lookup path
+  eviction / placement / admission /         3.7-4.0 s the policy's code (`policies`)
+  retention policy, pinning
+  speculative tokens                         3.6 s     lookahead blocks (shapes)
+  state_slots flag, byte_budget flag         4.2 s     a second free queue and its counts
+  prefix caching off                         2.9 s     no lookup or key code at all
+
+Every static field costs about one key (3-6 s), so the lever is sharing keys, not one field:
+scenarios and sweeps that differ in sizes and settings inside one family share every program
+(`--vary families`: median 0.003 s per new configuration cold, mean 1.2 s, the first of each
+family paying one key; BENCHMARKS.md section 5). Turning the group structure, block sizes or
+windows into runtime values would be the next step for sweeps across families; none is done
+here (each would trade a measured step-time cost for ~3.5 s per key, not yet measured).
 
 Nothing else in the core may keep jitted functions keyed on a config.
 """
@@ -68,6 +106,21 @@ _COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_b
 def next_pow2(n: int) -> int:
   """Smallest power of two >= n (n >= 1)."""
   return 1 << max(0, (n - 1).bit_length())
+
+
+STEP_ENTRIES_BASE = 8
+
+
+def step_entries(n: int) -> int:
+  """The padded entry count E of a `schedule_step` batch of n entries: the next power of 8
+  (at least 8). The step runs its entries in a while loop that stops at the last valid one,
+  so padding costs no step time, only the rows of the packed output (i32[E + 1, K]); powers
+  of 8 keep the programs per key to one for batches of <= 8 entries (every scenario and most
+  tests), two up to 64."""
+  e = STEP_ENTRIES_BASE
+  while e < n:
+    e *= STEP_ENTRIES_BASE
+  return e
 
 
 def bucket_num_blocks(num_blocks: int) -> int:
@@ -108,7 +161,7 @@ def compile_key(config: CacheConfig) -> CacheConfig:
 
 
 def _default_max_live() -> int:
-  raw = os.environ.get("HYBRID_CACHE_MAX_LIVE_CONFIGS", "8")
+  raw = os.environ.get("HYBRID_CACHE_MAX_LIVE_CONFIGS", "16")
   try:
     n = int(raw)
   except ValueError:

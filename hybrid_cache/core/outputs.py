@@ -181,6 +181,11 @@ class EntryColumns:
     """Each group's copy-on-write copy (0 = none): the second of its pair in `cows`."""
     return slice(self.cows.start + 1, self.cows.stop, 2)
 
+  @property
+  def width(self) -> int:
+    """K, the columns of an entry's row."""
+    return self.cows.stop
+
 
 def entry_columns(lay: Layout) -> EntryColumns:
   return EntryColumns(lay.num_groups, lay.max_blocks, lay.partial, len(lay.recurrent_groups))

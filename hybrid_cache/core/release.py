@@ -28,9 +28,10 @@ from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import ReqInfo
 
 
-def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
+def pin_finished(lay: Layout, state: CacheState, slot, enabled=True) -> CacheState:
   """Flags the held blocks that keep request `slot`'s prefix hittable (see module doc), or
-  those the retention policy picks (`hybrid_cache.policies`, seam `retention`)."""
+  those the retention policy picks (`hybrid_cache.policies`, seam `retention`); nothing where
+  `enabled` (a bool, traced or not) is False."""
   pos = jnp.arange(lay.max_blocks)
   rows = [state.tables[slot, g] for g in range(lay.num_groups)]
   keyed = [(row > 0) & (state.block_group[row] >= 0) for row in rows]
@@ -38,26 +39,27 @@ def pin_finished(lay: Layout, state: CacheState, slot) -> CacheState:
   policy = policies.core_policy("retention", lay.config.retention)
   if policy is not None:
     sel = policy.pin(lay, state, slot, keyed, sel)
-  ids = [jnp.where(s, row, 0) for s, row in zip(sel, rows)]
+  ids = [jnp.where(s & enabled, row, 0) for s, row in zip(sel, rows)]
   return block_pool.pin(state, jnp.concatenate(ids))
 
 
-def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
+def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   """Frees a request's blocks tail first (group by group); preempt keeps it waiting.
 
   With `lay.config.pinning`, a finishing (not preempted) request first pins its hittable prefix.
+  `preempt` is a Python bool (the other case is left out of the program) or a traced bool
+  (one program for both: `scheduler.release_request`, issue 29).
   """
-  if lay.config.pinning and not preempt:
-    state = pin_finished(lay, state, slot)
+  static = isinstance(preempt, bool)
+  if lay.config.pinning and not (static and preempt):
+    state = pin_finished(lay, state, slot, enabled=True if static else ~preempt)
   rows = state.tables[slot][:, ::-1]
   batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
   state = block_pool.free_ordered(state, rows.reshape(-1), batch)
   rg = ReqGroup(jnp.zeros_like(state.req_group[slot])).set(last=-1)
   info = state.req_info[slot]
-  if preempt:
-    info = ReqInfo(info).set(status=STATUS_WAITING, computed=0, spb=0)
-  else:
-    info = jnp.zeros_like(info)
+  waiting = ReqInfo(info).set(status=STATUS_WAITING, computed=0, spb=0)
+  info = jnp.where(preempt, waiting, jnp.zeros_like(info))
   state = state.replace(
     tables=state.tables.at[slot].set(0),
     req_group=state.req_group.at[slot].set(rg),
@@ -65,6 +67,9 @@ def release(lay: Layout, state: CacheState, slot, preempt: bool) -> CacheState:
   )
   if lay.partial:  # a pending recurrent partial entry is dropped with the request (§2.5)
     state = state.replace(req_partial=state.req_partial.at[slot].set(0))
-  if not preempt:
-    state = state.replace(req_hashes=state.req_hashes.at[slot].set(0))
+  if not (static and preempt):
+    hashes = state.req_hashes[slot]
+    state = state.replace(
+      req_hashes=state.req_hashes.at[slot].set(jnp.where(preempt, hashes, jnp.zeros_like(hashes)))
+    )
   return state

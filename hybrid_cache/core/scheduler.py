@@ -1,9 +1,9 @@
 """The jitted entry points of the core: one function per host action, state donated.
 
-`schedule_step` runs one scheduler step over a padded batch of entries, in list order, in ONE
-jitted call: entries run sequentially (`lax.scan` over `step.schedule_entry`), so a later entry
-sees the keys an earlier one registered in the same step (same-step rule, vLLM §2.4.6). The
-rules live in the modules named after them:
+`schedule_step` runs one scheduler step over a padded batch of entries, in list order, in ONE jitted
+call: entries run sequentially (a `lax.fori_loop` over `step.schedule_entry`), so a later entry sees
+the keys an earlier one registered in the same step (same-step rule, vLLM §2.4.6). The rules live in
+the modules named after them:
 
   lookup        `coordinator` (per-kind finders in `groups/`)
   chunk split   `split` (§4.3)
@@ -48,15 +48,12 @@ from hybrid_cache.core.step import StepInput
 from hybrid_cache.core.step import schedule_entry
 
 
-@compile_cache.entry_point(static_argnames=("admit_only",), donate_argnums=(0,))
-def schedule_step(
-  config: CacheConfig, state: CacheState, slots, max_tokens, valid, admit_only: bool = False
-):
+@compile_cache.entry_point(donate_argnums=(0,))
+def schedule_step(config: CacheConfig, state: CacheState, slots, max_tokens, valid):
   """One scheduler step over padded entries (i32[E], i32[E] (-1 = no cap), bool[E]).
 
-  `admit_only` (static): the caller guarantees that no valid entry's request is running
-  (status RUNNING: waiting or preempted ones only); the step then leaves out the release of
-  skipped blocks, which only a running request needs (same results, cheaper step).
+  The entries run in order up to the last valid one (padding after it costs no step time);
+  an invalid entry before it is a no-op.
 
   Returns (state, packed i32[E + 1, K]); decode with `outputs.unpack_step`.
   """
@@ -65,23 +62,26 @@ def schedule_step(
   state = state.replace(counters=Counters(state.counters).add(clock=1))
   state = eviction.prepare(lay, state)
 
-  def body(carry, x):
-    # each entry's outputs packed into one row inside the body: the scan stacks ONE array
-    # (one in-place update per entry instead of one per output)
-    carry, out = schedule_entry(lay, carry, x, admit_only=admit_only)
-    return carry, pack_entry(lay, out)
+  # the entries run in a while loop up to the last valid one, so padding entries cost nothing
+  # and one padded size serves every batch up to it (`step_entries`: one program per compile
+  # key for most callers); each entry's outputs are packed into one row of `rows`
+  count = jnp.max(jnp.where(valid, jnp.arange(valid.shape[0]) + 1, 0))
+  rows0 = jnp.zeros((valid.shape[0], entry_columns(lay).width), jnp.int32)
+
+  def body(i, carry_rows):
+    carry, rows = carry_rows
+    keys = None
+    if lay.caching:  # the entry's query keys and their buckets: shared by lookup and insert
+      qk, grp = coordinator.query_keys(lay, carry.state.req_hashes[slots[i]])
+      keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
+    x = StepInput(slots[i], max_tokens[i], valid[i], keys)
+    carry, out = schedule_entry(lay, carry, x)
+    return carry, rows.at[i].set(pack_entry(lay, out))
 
   # the free counts are computed once and carried from entry to entry (updated by touches,
   # pops and releases) instead of one pool reduction per entry
-  # every entry's query keys and their buckets at once, before the scan (they depend only on
-  # the request's hashes, which no entry of the step changes): shared by lookup and insert
-  keys = None
-  if lay.caching:
-    qk, grp = coordinator.query_keys(lay, state.req_hashes[slots])
-    keys = (qk, block_index.bucket_of(qk, grp, lay.buckets))
-  xs = StepInput(slots, max_tokens, valid, keys)
   carry = StepCarry(state, state.max_batched_tokens, free_counts(lay, state))
-  carry, rows = jax.lax.scan(body, carry, xs)
+  carry, rows = jax.lax.fori_loop(0, count, body, (carry, rows0))
   state = carry.state
   if lay.partial:  # every entry's copy-on-write pairs (`outputs.EntryColumns.cows`)
     cows = rows[:, entry_columns(lay).cows].reshape(rows.shape[0], lay.num_groups, 2)
@@ -143,9 +143,10 @@ def admit_one(config: CacheConfig, state: CacheState, slot, max_tokens):
   return state, out
 
 
-@compile_cache.entry_point(static_argnames=("preempt",), donate_argnums=(0,))
-def release_request(config: CacheConfig, state: CacheState, slot, preempt: bool):
-  """Jitted `release` plus the pool counters after it."""
+@compile_cache.entry_point(donate_argnums=(0,))
+def release_request(config: CacheConfig, state: CacheState, slot, preempt):
+  """Jitted `release` plus the pool counters after it (`preempt` a traced bool: one program
+  for finishing and preempting)."""
   lay = layout(config)
   state = release_lib.release(lay, state, slot, preempt)
   return state, pack_stats(lay, stats(lay, state))

@@ -1,4 +1,4 @@
-"""One entry of a scheduler step: the scan body of `scheduler.schedule_step` (vLLM §4).
+"""One entry of a scheduler step: the loop body of `scheduler.schedule_step` (vLLM §4).
 
 A waiting request is looked up (coordinator), the chunk is limited by the token budget,
 `max_tokens`, `max_model_len` and the block-aligned split (`split`), then `allocate_slots` runs
@@ -62,24 +62,8 @@ def lookup_or_zero(lay, state, r, is_new, keys=None):
   return jax.lax.cond(is_new, yes, no, None)
 
 
-def lookup_masked(lay, state, r, is_new, keys=None):
-  """`lookup_or_zero` without the `lax.cond`: the lookup always runs and its outputs are
-  masked by `is_new` (same values). For steps where (nearly) every entry is new: the cond's
-  nested executor and its output copies cost more than the rare wasted lookup."""
-  info = ReqInfo(state.req_info[r])
-  lk = coordinator.lookup(lay, state, state.req_hashes[r], info.tokens, keys)
-  z = jnp.int32(0)
-  return dict(
-    hit=jnp.where(is_new, lk["hit"], z),
-    alone=jnp.where(is_new, lk["alone"], z),
-    hit_mask=lk["hit_mask"] & is_new,
-    found=jnp.where(is_new, lk["found"], -1),
-    spb=jnp.where(is_new, lk["spb"], z),
-  )
-
-
 class StepInput(NamedTuple):
-  """One entry of a step (the scanned input of `scheduler.schedule_step`).
+  """One entry of a step (the input of `scheduler.schedule_step`).
 
   Attributes:
     slot: i32, the request's slot.
@@ -96,7 +80,7 @@ class StepInput(NamedTuple):
 
 
 class StepCarry(NamedTuple):
-  """The carry of `scheduler.schedule_step`'s scan, from entry to entry.
+  """The carry of `scheduler.schedule_step`'s loop, from entry to entry.
 
   Attributes:
     state: the cache state.
@@ -111,15 +95,13 @@ class StepCarry(NamedTuple):
   queued: jax.Array
 
 
-def schedule_entry(
-  lay: Layout,
-  carry,
-  x,
-  admit_only: bool = False,
-):
-  """One entry of a step (the scan body). `admit_only` (static): no entry's request is
-  running, so no entry releases skipped blocks and the `remove_skipped` cond is left out
-  (XLA:CPU copies the state leaves a cond passes through, even on its identity branch).
+def schedule_entry(lay: Layout, carry, x):
+  """One entry of a step (the body of `scheduler.schedule_step`'s loop over its entries).
+
+  One variant serves every step: an admit-only variant (no entry running, so neither the
+  `remove_skipped` cond nor the lookup's cond) bought nothing measurable on
+  `experiments/bench_scheduler.py` (2026-11-29, batch 16 / 64, interleaved rounds within
+  noise) and doubled the step's programs per compile key (issue 29).
   """
   state, budget, queued = carry.state, carry.budget, carry.queued
   r, max_tok, valid, keys = x.slot, x.max_tokens, x.valid, x.keys
@@ -127,9 +109,7 @@ def schedule_entry(
   status = info.status
   has_budget = budget > 0
   is_new = valid & (status == STATUS_WAITING) & has_budget
-  # admit-only steps: every valid entry is waiting or preempted, so the lookup runs unmasked
-  lookup = lookup_masked if admit_only else lookup_or_zero
-  lk = lookup(lay, state, r, is_new, keys)
+  lk = lookup_or_zero(lay, state, r, is_new, keys)
   hit = jnp.where(is_new, lk["hit"], 0)
   spb_new = jnp.where(state.marconi_junction != 0, lk["spb"], 0)
   spb = jnp.where(is_new, spb_new, info.spb)
@@ -164,8 +144,8 @@ def schedule_entry(
     s = remove_skipped(lay, state_and_queued[0], r, c)
     return s, free_counts(lay, s)
 
-  if not admit_only:  # only a running request (status RUNNING) continues with `~is_new`
-    state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
+  # only a running request (status RUNNING) continues with `~is_new`
+  state, queued = jax.lax.cond(attempt & ~is_new, release_skipped, lambda sq: sq, (state, queued))
   main = start + n
   need_tokens = jnp.minimum(main + lay.lookahead, state.max_model_len)
   count, impossible = admission.blocks_needed(

@@ -218,7 +218,7 @@ TestDifferentialPinning.settings = settings(
 
 class BatchAdmissionMachine(DifferentialMachine):
   """Adds steps that admit every request at once: five waiting or preempted requests, padded
-  to 8 entries, in one admit-only step (`schedule_step(admit_only=True)`), which the 1-3
+  to 8 entries, in one step of waiting requests only, which the 1-3
   entry steps above never reach."""
 
   @rule(data=st.data())

@@ -7,6 +7,13 @@ them on vLLM's real cache manager (`oracle.run_repaired`: an action vLLM rejects
 and writes `recorded.jsonl.gz` beside this file: one line per scenario,
 `{"seed", "scenario", "expected"}` with vLLM's result trimmed to the compared fields
 (`compare.trim`). CI replays the file without vLLM (`tests/hybrid_cache/vllm_diff_*_test.py`).
+
+With `--scenario_dir=DIR` it writes scenario files instead, for the replay CLI: DIR/NAME.json
+and vLLM's whole result as DIR/NAME.expected.json, so that
+
+  python -m hybrid_cache.replay DIR --check --backend jax
+
+checks the jitted core on fresh scenarios (issue 29: 140 of them, a fresh seed, one process).
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ _ORACLE_DIR = flags.DEFINE_string("oracle_dir", None, "Directory setup_oracle.sh
 _COUNT = flags.DEFINE_integer("count", 600, "Scenarios to record.", lower_bound=1)
 _FIRST_SEED = flags.DEFINE_integer("first_seed", 0, "First generator seed.", lower_bound=0)
 _OUT = flags.DEFINE_string("out", RECORDED, "Output file (gzip JSON lines).")
+_SCENARIO_DIR = flags.DEFINE_string(
+  "scenario_dir", None, "Write NAME.json + NAME.expected.json files here instead of --out."
+)
 
 
 def load(path: str = RECORDED) -> list[dict[str, Any]]:
@@ -56,15 +66,34 @@ def record(oracle_dir: str, seeds: range, out: str) -> int:
   return 0
 
 
+def export(oracle_dir: str, seeds: range, out_dir: str) -> int:
+  """Writes each accepted scenario and vLLM's result (`--scenario_dir`)."""
+  runner = oracle.OracleRunner(oracle_dir)
+  scenarios = [generator.generate(s) for s in seeds]
+  os.makedirs(out_dir, exist_ok=True)
+  n = 0
+  for seed, (sc, result) in zip(seeds, oracle.run_repaired(runner, scenarios)):
+    if result is None:
+      print(f"seed {seed}: vLLM rejects the scenario, skipped", file=sys.stderr)
+      continue
+    for suffix, doc in ((".json", sc), (".expected.json", result)):
+      with open(os.path.join(out_dir, sc["name"] + suffix), "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    n += 1
+  print(f"wrote {n} of {len(seeds)} scenarios (and vLLM's results) to {out_dir}")
+  return 0
+
+
 def main(argv: list[str]) -> int:
   del argv
   if not _ORACLE_DIR.value:
     print("--oracle_dir is required (the directory setup_oracle.sh built)", file=sys.stderr)
     return 2
+  seeds = range(_FIRST_SEED.value, _FIRST_SEED.value + _COUNT.value)
   try:
-    return record(
-      _ORACLE_DIR.value, range(_FIRST_SEED.value, _FIRST_SEED.value + _COUNT.value), _OUT.value
-    )
+    if _SCENARIO_DIR.value:
+      return export(_ORACLE_DIR.value, seeds, _SCENARIO_DIR.value)
+    return record(_ORACLE_DIR.value, seeds, _OUT.value)
   except oracle.OracleError as e:
     print(f"oracle: {e}", file=sys.stderr)
     return 2
