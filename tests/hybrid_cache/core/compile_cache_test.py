@@ -97,6 +97,33 @@ def test_configs_differing_in_runtime_fields_share_programs(counter):
   assert first["results"][0]["chunks"] != got["results"][0]["chunks"]
 
 
+def test_one_program_per_entry_point_across_batch_sizes_and_releases():
+  """Batches of 1, 3 and 8 entries, admissions and running requests, a preemption and a finish:
+  `schedule_step` and `release_request` each compile once for the key (issue 29); the results
+  equal the twin's."""
+  from hybrid_cache.core import scheduler  # noqa: PLC0415
+
+  cfg = CacheConfig.from_dict(BASE | {"max_requests": 8, "max_num_batched_tokens": 64})
+  managers = [make_manager(cfg, backend) for backend in ("jax", "reference")]
+  results = [[], []]
+  for m, out in zip(managers, results):
+    for i in range(8):
+      m.add_request(f"r{i}", list(range(100 * i, 100 * i + 9)))
+    for batch in (["r0"], ["r0", "r1", "r2"], [f"r{i}" for i in range(8)]):
+      res = m.schedule([ScheduleEntry(r, max_tokens=3) for r in batch])
+      out.append([(e.scheduled_tokens, e.num_computed_tokens, e.reason) for e in res.entries])
+    m.preempt("r1")
+    m.free("r2")
+    res = m.schedule([ScheduleEntry("r1")])
+    out.append([(e.scheduled_tokens, e.num_computed_tokens, e.reason) for e in res.entries])
+  assert results[0] == results[1]
+  assert scheduler.schedule_step.cache_size(cfg) == 1
+  assert scheduler.release_request.cache_size(cfg) == 1
+  assert compile_cache.step_entries(1) == compile_cache.step_entries(8) == 8
+  assert compile_cache.step_entries(9) == compile_cache.step_entries(64) == 64
+  assert compile_cache.step_entries(65) == 512
+
+
 def test_padded_pool_counts_only_real_blocks():
   cfg = CacheConfig.from_dict(OTHER)
   m = make_manager(cfg, "jax")
