@@ -638,8 +638,12 @@ class AdaptiveMachine(eviction_rules(prompts)):
   on the machines' configs and the fine-key one: also the same block tables and the same
   learned counts and marks."""
 
-  @initialize(ci=st.integers(0, len(CONFIGS)), retention=st.sampled_from([None, 0, 8]))
-  def setup(self, ci, retention):
+  @initialize(
+    ci=st.integers(0, len(CONFIGS)),
+    retention=st.sampled_from([None, 0, 8]),
+    warm=st.booleans(),
+  )
+  def setup(self, ci, retention, warm):
     if ci == len(CONFIGS):
       self.config = CacheConfig(**_ADAPTIVE)
     else:
@@ -648,6 +652,9 @@ class AdaptiveMachine(eviction_rules(prompts)):
       )
     self.jax = make_manager(self.config, "jax")
     self.ref = make_manager(self.config, "reference")
+    if warm:  # the first request, then 17 diverging from it after 8 tokens (2 units): A = 2
+      for k in range(18):
+        self.serve("e", list(FAMILIES[0][:8]) + [60 + k, 61, 62, 63, 64], keep=False)
 
   @invariant()
   def same_tables_and_statistics(self):
