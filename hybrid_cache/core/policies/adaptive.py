@@ -62,11 +62,10 @@ read as A = 1, no output).
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache.core.cache_keys import PlacementRequest
 from hybrid_cache.core.layout import Layout
 
 MAX_ALIGN_LOG2 = 4  # A <= 2^4 units
@@ -103,12 +102,12 @@ def observe(stats, seen, in_output) -> jax.Array:
   return stats - stats // DECAY_DIV + jnp.stack(events) * SCALE
 
 
-def keep(lay: Layout, r, g: int, pos, boundaries, default, table, req: Any):
+def keep(lay: Layout, r, g: int, pos, boundaries, default, table, req: PlacementRequest):
   """(table', bool[MB]): which of group g's state blocks request slot `r` keeps, and the
   placement's columns after this registration call (module doc).
 
-  `table` i32[R, state_size] (R = `lay.recurrent_groups`); `req` a `cache_keys.
-  PlacementRequest` (admitted, hit, spb, prompt, tokens, computed bool[MB], keys u32[MB, 2]).
+  `table` i32[R, state_size] (R = `lay.recurrent_groups`); `req`: admitted, hit, spb, prompt,
+  tokens, computed bool[MB], keys u32[MB, 2].
   `boundaries` and `default` (vLLM's mask) are not read. Every write is masked by
   `req.admitted` (the decision and the divergence) or `req.computed` (the marks).
   """
