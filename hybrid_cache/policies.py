@@ -17,6 +17,16 @@ and has no file.
              Which state blocks of a recurrent group a request keeps (registers a key for): the
              positions of its recurrent checkpoints. `default` is vLLM's mask (§2.4.7: dense,
              or `retention_interval` plus the replay boundaries). Default `vllm`: that mask.
+             A stateful placement (statistics across requests) also declares
+             `state_size(lay) -> S` (its own columns of `policy_state`, i32[R, S], after the
+             admission policy's) and its core `keep` takes and returns them:
+             `keep(lay, r, g, pos, boundaries, default, table, req) -> (table, bool[MB])`,
+             `req` a `core.cache_keys.PlacementRequest` (admitted, hit, spb, prompt, tokens,
+             the blocks the call registers up to, their keys); called once per registration
+             call and recurrent group, whether or not a block is offered. Its twin is a class
+             `Placement(config)`: `start(gid, req)` (a `twin.cache_keys.PlacementRequest`)
+             once per call and group, then the stateless `keep` per block. Stateless policies
+             are called as before (the seam gained the state in issue 28: `adaptive`).
   admission  core   `STATE_SIZE`, `admit(lay, table, g, keys, candidates)`
                     -> (table, bool[MB])
              twin `Admission(config)` with `admit(gid, key) -> bool`
@@ -71,6 +81,9 @@ EVICTION_POLICIES = tuple(EVICTION)
 PLACEMENT_POLICIES = (
   "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in
   "junctions",  # Marconi's placement: states at the replay boundaries only (the README example)
+  # the simulator's `adaptive` placement: the branch point and one continuation point on a
+  # learned alignment (stateful: `policy_state` columns)
+  "adaptive",
 )
 
 ADMISSION_POLICIES = (

@@ -227,7 +227,7 @@ def allocate_slots(
   )
   if lay.byte_budget:  # the pops may leave the cached blocks over the shared byte budget
     state = byte_budget.enforce(lay, state)
-  state = cache_blocks(lay, state, r, start + n, ok, keys, info)
+  state = cache_blocks(lay, state, r, start + n, ok, keys, info, is_new=is_new, hit=hit)
   return Allocation(state, queued, cows)
 
 

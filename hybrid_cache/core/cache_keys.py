@@ -10,6 +10,8 @@ policy which of those are registered (seams of `hybrid_cache.policies`);
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,12 +33,39 @@ from hybrid_cache.core.state import floor_to
 _KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start")
 
 
-def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None, info=None):
+class PlacementRequest(NamedTuple):
+  """What a stateful placement policy reads of one request's registration call, one recurrent
+  group (`hybrid_cache.policies`, seam `placement`; twin `twin.cache_keys.PlacementRequest`).
+
+  Attributes:
+    admitted: bool, this call admits the request (its first allocation, `ok`).
+    hit: i32, the hit tokens of the admission (0 otherwise).
+    spb: i32, the request's shared-prefix boundary (`req_spb`, 0 = none).
+    prompt: i32, prompt tokens.
+    tokens: i32, tokens known (prompt + output so far).
+    computed: bool[MB], the group's blocks this call registers up to (positions from the
+      group's `ncached` to the registration floor; masked by `ok`), before any mask.
+    keys: u32[MB, 2], the group's block keys.
+  """
+
+  admitted: jax.Array
+  hit: jax.Array
+  spb: jax.Array
+  prompt: jax.Array
+  tokens: jax.Array
+  computed: jax.Array
+  keys: jax.Array
+
+
+def cache_blocks(
+  lay: Layout, state: CacheState, r, computed, ok=True, keys=None, info=None, is_new=False, hit=0
+):
   """Registers keys of request `r`'s full blocks up to the scheduler-block floor (§1.7).
 
   Nothing is written when `ok` (bool) is False. `keys` (optional): the request's
   (`coordinator.query_keys`, their buckets), precomputed. `info` (optional): the request's
-  `req_info` row (read from the state when not given).
+  `req_info` row (read from the state when not given). `is_new`, `hit`: the call admits the
+  request with this hit (read only by a stateful placement policy, `PlacementRequest`).
   """
   if not lay.caching:
     return state
@@ -56,7 +85,13 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
   rg = state.req_group[r]  # the request's `req_group` row, updated group by group
   placement = policies.core_policy("placement", lay.config.placement)
   admission = policies.core_policy("admission", lay.config.admission)
+  # `policy_state`: the admission policy's columns, then a stateful placement's
+  # (`fresh_state.policy_state_shape`)
   table = state.policy_state
+  stateful = placement is not None and hasattr(placement, "state_size")
+  if stateful:
+    split = admission.STATE_SIZE if admission is not None else 0
+    table, placed = table[:, :split], table[:, split:]
   for g, spec in enumerate(lay.groups):
     bs = spec.block_size
     kind = groups.rules(spec)
@@ -70,14 +105,30 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
       all_prom.append(jnp.where(promote & (pos >= nca) & (pos < upto) & (row > 0) & ok, row, 0))
       unkeyed = unkeyed | promote
     mask = kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
-    if g in lay.recurrent_groups and placement is not None:
+    mb = lay.max_blocks
+    # a stateful placement reads the group's keys (computed here, before its mask)
+    early = g in lay.recurrent_groups and stateful
+    if early and keys is None:
+      all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
+    if early:
+      gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
+      preq = PlacementRequest(
+        admitted=is_new & ok,
+        hit=jnp.where(is_new, hit, 0),
+        spb=req.spb,
+        prompt=req.prompt,
+        tokens=req.tokens,
+        computed=(pos >= nca) & (pos < upto) & ok,
+        keys=gkeys,
+      )
+      placed, mask = placement.keep(lay, r, g, pos, boundaries, mask, placed, preq)
+    elif g in lay.recurrent_groups and placement is not None:
       mask = placement.keep(lay, r, g, pos, boundaries, mask)
     offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
     sel = offered & unkeyed
-    if keys is None:
+    if keys is None and not early:
       all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
     if g in lay.recurrent_groups and admission is not None:
-      mb = lay.max_blocks
       gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
       table, admitted = admission.admit(lay, table, g, gkeys, offered)
       sel &= admitted
@@ -123,7 +174,9 @@ def cache_blocks(lay: Layout, state: CacheState, r, computed, ok=True, keys=None
     n_rec = sum(jnp.sum(all_ids[g] > 0) for g in lay.recurrent_groups).astype(jnp.int32)
     counters = Counters(counters).add(states_admitted=n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
-  if admission is not None:
+  if stateful:
+    state = state.replace(policy_state=jnp.concatenate([table, placed], axis=1))
+  elif admission is not None:
     state = state.replace(policy_state=table)
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)

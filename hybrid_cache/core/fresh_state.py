@@ -73,8 +73,13 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
 
 
 def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
-  """(R, S): the `policy_state` leaf's shape (`state` module docstring)."""
-  policy = policies.core_policy("admission", config.admission)
-  if policy is None:
+  """(R, S): the `policy_state` leaf's shape (`state` module docstring): the admission
+  policy's `STATE_SIZE` columns, then a stateful placement policy's `state_size(lay)`."""
+  admission = policies.core_policy("admission", config.admission)
+  placement = policies.core_policy("placement", config.placement)
+  size = 0 if admission is None else admission.STATE_SIZE
+  if placement is not None and hasattr(placement, "state_size"):
+    size += placement.state_size(lay)
+  if size == 0:
     return (0, 0)
-  return (len(lay.recurrent_groups), policy.STATE_SIZE)
+  return (len(lay.recurrent_groups), size)

@@ -191,5 +191,7 @@ def allocate_slots(
   if cfg.byte_budget is not None:  # the pops may leave the cached blocks over budget
     byte_budget.enforce(s)
   if s.caching:
-    cache_keys.cache_blocks(s, req, min(total_computed + num_new, len(req.tokens)))
+    cache_keys.cache_blocks(
+      s, req, min(total_computed + num_new, len(req.tokens)), admitted=first, hit=hit
+    )
   return new

@@ -11,6 +11,8 @@ hash-block boundary (`cache_fine_keys`; core `fine_key_entries`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from hybrid_cache import hashing
 from hybrid_cache.twin import block_pool
 from hybrid_cache.twin import coordinator
@@ -18,6 +20,33 @@ from hybrid_cache.twin import rules
 from hybrid_cache.twin.state import NULL
 from hybrid_cache.twin.state import Request
 from hybrid_cache.twin.state import TwinState
+
+
+class PlacementRequest(NamedTuple):
+  """What a stateful placement policy reads of one request's registration call, one recurrent
+  group (`Placement.start`; jitted twin `core.cache_keys.PlacementRequest`, whose slot is the
+  request `name` here).
+
+  Attributes:
+    name: the request.
+    admitted: this call admits the request (its first allocation).
+    hit: the hit tokens of the admission (0 otherwise).
+    spb: the request's shared-prefix boundary (`Request.boundary`, 0 = none).
+    prompt: prompt tokens.
+    tokens: tokens known (prompt + output so far).
+    computed: the group's block positions this call registers up to (from the group's
+      `num_cached` to the registration floor), before any mask.
+    keys: the group's block keys (64-bit).
+  """
+
+  name: str
+  admitted: bool
+  hit: int
+  spb: int
+  prompt: int
+  tokens: int
+  computed: range
+  keys: list[int]
 
 
 def cacheable(s: TwinState, req: Request, gid: int, i: int) -> bool:
@@ -55,10 +84,14 @@ def cacheable(s: TwinState, req: Request, gid: int, i: int) -> bool:
   return True
 
 
-def cache_blocks(s: TwinState, req: Request, num_tokens: int) -> None:
+def cache_blocks(
+  s: TwinState, req: Request, num_tokens: int, admitted: bool = False, hit: int = 0
+) -> None:
   """Optimistic caching (§1.7): register keys up to `num_tokens` (floored to the LCM).
 
   With partial hits (§2.5) nothing is floored and the prompt-tail entries are added too.
+  `admitted`, `hit`: this call admits the request with this hit (read only by a stateful
+  placement policy, which starts each recurrent group's call: `PlacementRequest`).
   """
   floored = num_tokens if s.partial else rules.floor_to(num_tokens, s.sbs)
   for gid in range(len(req.rows)):
@@ -67,6 +100,18 @@ def cache_blocks(s: TwinState, req: Request, num_tokens: int) -> None:
     if g.eagle and g.kind != "mamba":
       n = min(num_tokens, floored + bs)
     full = n // bs
+    if g.kind == "mamba" and hasattr(s.placement, "start"):
+      preq = PlacementRequest(
+        name=req.name,
+        admitted=admitted,
+        hit=hit if admitted else 0,
+        spb=req.boundary,
+        prompt=req.num_prompt_tokens,
+        tokens=len(req.tokens),
+        computed=range(req.num_cached[gid], full),
+        keys=coordinator.group_hashes(s, req.fine_hashes, bs),
+      )
+      s.placement.start(gid, preq)
     if s.partial:
       cache_partial_tail(s, req, gid, n, full)
       continue

@@ -111,7 +111,8 @@ class TwinState:
   hits: list[int]
   chain: list[int]
   evict: eviction.EvictionOrder | None  # None = lru (vLLM's free queue order)
-  # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule
+  # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule; a
+  # stateful placement is its `Placement` object (else the module)
   placement: object
   admission: object
   retention: object
@@ -157,6 +158,9 @@ def init_state(config: CacheConfig) -> TwinState:
   hbs = cfg.resolved_hash_block_size
   partial = caching and cfg.partial_hits
   admission = policies.twin_policy("admission", cfg.admission)
+  placement = policies.twin_policy("placement", cfg.placement)
+  if hasattr(placement, "Placement"):  # a stateful placement: its object keeps its statistics
+    placement = placement.Placement(cfg)
   n = cfg.pool_size
   return TwinState(
     config=cfg,
@@ -182,7 +186,7 @@ def init_state(config: CacheConfig) -> TwinState:
     hits=[0] * n,
     chain=[-1] * n,
     evict=None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg),
-    placement=policies.twin_policy("placement", cfg.placement),
+    placement=placement,
     admission=None if admission is None else admission.Admission(cfg),
     retention=policies.twin_policy("retention", cfg.retention),
     index={},

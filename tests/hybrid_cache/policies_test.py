@@ -14,6 +14,7 @@ import pytest
 from hypothesis import Phase
 from hypothesis import settings
 from hypothesis.stateful import initialize
+from hypothesis.stateful import invariant
 
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
@@ -196,6 +197,8 @@ def test_every_registered_seam_policy_has_both_twins(seam, name):
   core, twin = policies.core_policy(seam, name), policies.twin_policy(seam, name)
   if name == SEAMS[seam][0]:  # the built-in vLLM rule
     assert core is None and twin is None
+  elif seam == "placement" and hasattr(core, "state_size"):  # stateful: `policy_state` columns
+    assert callable(core.keep) and callable(twin.Placement.start)
   elif seam == "placement":
     assert callable(core.keep) and callable(twin.keep)
   elif seam == "admission":
@@ -448,3 +451,232 @@ def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypa
   assert keys["lru"] == keys["deepest_first"] == keys["chain_value"]
   assert len(keys["lru"]) == 17  # the 10 KV blocks and 7 states of the test above
   assert seen == {"deepest_first": {(True, True)}, "chain_value": {(False, False)}}
+
+
+# ---------------------------------------------------------------------------------------------
+# `adaptive` placement: the branch point and a continuation point on a learned alignment
+
+# full attention in blocks of 8 keyed at every hash block of 4, a state every 4 tokens (mode
+# all): the core's grid of the simulator's checkpoint unit U = 4
+_ADAPTIVE = dict(
+  groups=(GroupSpec("full", block_size=8), GroupSpec("mamba", block_size=4, mode="all")),
+  block_size=8,
+  hash_block_size=4,
+  fine_keys=True,
+  num_blocks=200,
+  placement="adaptive",
+  **_COMMON,
+)
+
+
+def _learned(m, g: int) -> tuple[int, bool]:
+  """(A in units, output flag) that recurrent group `g` of either backend has learned."""
+  if hasattr(m, "state"):
+    import jax
+
+    from hybrid_cache.core.policies import adaptive
+
+    row = jax.device_get(m.state.policy_state)[0, : adaptive.MARKS]
+    a, out = adaptive.learned(row)
+    return int(a), bool(out)
+  return m._state.placement.learned(g)
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_adaptive_learns_the_alignment_and_places_the_continuation_point(backend):
+  """U = 4 tokens (the recurrent block). P0 (tokens 0..39) keeps only its continuation point:
+  A = 1, the last unit within its prompt, 40. Q0 (30 fresh tokens) keeps 28 (7 units), so a
+  probe sharing its first 29 tokens hits 28. R_0 = P0[:16] + 8 fresh tokens diverges at 16:
+  the attention holds 16 but no state (hit 0, spb 16); it keeps its branch point 16 (a probe
+  sharing P0[:16] then hits 16) and its continuation 24. 9 requests diverge at 16 tokens (4
+  units) and 8 at 32 (8 units); each is counted (0 < seen < cap: 4 < 5, 8 < 9), none in an
+  output (P0 computed those units in its prompt). The decayed count reaches 16 at the 17th
+  divergence (15.41, then 16.34 at 0.995): A = the largest 2^j with >= 90% of the depths at a
+  multiple of 2^j units: all are multiples of 4, 8/17 of 8: A = 4 units (16 tokens), no output
+  reuse. Q1 (30 fresh tokens) then keeps only 16 (the last multiple of 4 units within its 7),
+  and the probe sharing its first 29 tokens hits 16, not 28."""
+  m = make_manager(CacheConfig(**_ADAPTIVE), backend)
+  p0 = list(range(40))
+  _serve(m, "a", p0)
+  assert _learned(m, 1) == (1, False)
+  q0 = list(range(3000, 3030))
+  _serve(m, "b", q0)
+  assert m.lookup(q0[:29] + [9999]).hit_tokens == 28
+  for k in range(17):
+    depth = 16 if k % 2 == 0 else 32
+    _serve(m, "c", p0[:depth] + [1000 + 10 * k + j for j in range(8)])
+    if k == 0:
+      assert m.lookup(p0[:16] + [7777] * 8).hit_tokens == 16  # R_0's branch point
+    assert _learned(m, 1) == ((1, False) if k < 16 else (4, False))
+  q1 = list(range(5000, 5030))
+  _serve(m, "d", q1)
+  assert m.lookup(q1[:29] + [9999]).hit_tokens == 16
+
+
+def _run(m, name):
+  for _ in range(8):
+    view = m.request_view(name)
+    if view.num_computed_tokens >= view.num_tokens:
+      break
+    m.schedule([ScheduleEntry(name)])
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_adaptive_learns_output_reuse_and_continues_at_the_computed_end(backend):
+  """U = 4 tokens. B = 8 prompt tokens (0..7) + 24 output tokens (8..31), computed: its units
+  past token 8 are marked as output. Q0 (10 prompt + 19 output tokens) keeps its prompt's last
+  unit, 8 (A = 1, no output reuse): a probe sharing its first 17 tokens hits 8. 17 requests
+  B[:16] + 8 fresh tokens each diverge at 16 tokens (4 units, < cap 5), inside B's output (the
+  first hits 8, B's state, with spb 16; the others hit 16, the first one's branch point): at
+  the 17th, A = 4 units (all depths are multiples of 4 units, none of 8) and the output flag is
+  on (all in an output). Q1 (10 prompt + 19 output tokens) then keeps the last multiple of 4
+  units within its 29 computed tokens (7 units): 16, inside its output (its prompt's 2 units
+  hold none), and the probe sharing its first 17 tokens hits 16."""
+  m = make_manager(CacheConfig(**_ADAPTIVE), backend)
+
+  def serve(name, prompt, output):
+    m.add_request(name, prompt)
+    _run(m, name)
+    m.append_tokens(name, output)
+    _run(m, name)
+    m.free(name)
+
+  b = list(range(32))
+  serve("a", b[:8], b[8:])
+  q0 = list(range(3000, 3029))
+  serve("b", q0[:10], q0[10:])
+  assert m.lookup(q0[:17] + [9999]).hit_tokens == 8
+  for k in range(17):
+    m.add_request("c", b[:16] + [1000 + 10 * k + j for j in range(8)])
+    _run(m, "c")
+    m.free("c")
+    assert _learned(m, 1) == ((1, False) if k < 16 else (4, True))
+  q1 = list(range(5000, 5029))
+  serve("d", q1[:10], q1[10:])
+  assert m.lookup(q1[:17] + [9999]).hit_tokens == 16
+
+
+def test_adaptive_twins_agree_on_random_calls():
+  """The jitted `keep` against the twin's `Placement` on random registration calls (random
+  slots, admissions, depths mostly at multiples of 4 units, prompts, computed ranges, keys
+  from three families whose table entries collide): the same kept blocks, counts, marks and
+  decisions after every call, the alignment learned past 1 and some divergences in outputs."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from hybrid_cache.core.cache_keys import PlacementRequest
+  from hybrid_cache.core.layout import layout
+  from hybrid_cache.core.policies import adaptive as core
+  from hybrid_cache.twin.cache_keys import PlacementRequest as TwinRequest
+  from hybrid_cache.twin.policies import adaptive as twin
+
+  assert (core.SCALE, core.DECAY_DIV, core.MIN_OBS, core.TABLE_BITS) == (
+    twin.SCALE,
+    twin.DECAY_DIV,
+    twin.MIN_OBS,
+    twin.TABLE_BITS,
+  )
+  config = CacheConfig(**_ADAPTIVE)
+  lay = layout(config)
+  g = lay.recurrent_groups[0]
+  bs, mb = lay.groups[g].block_size, lay.max_blocks
+  pos = jnp.arange(mb)
+
+  @jax.jit
+  def call(table, r, req):
+    return core.keep(lay, r, g, pos, (), None, table, req)
+
+  rng = np.random.default_rng(0)
+  # three key families: table entries 0..7 (collisions), tags from a small set (some equal)
+  fams = [
+    rng.integers(0, 8, mb)
+    | (rng.integers(0, 3, mb) << core.TABLE_BITS)
+    | (rng.integers(0, 1 << 30, mb) << 32)
+    for _ in range(3)
+  ]
+  table = jnp.zeros((1, core.state_size(lay)), jnp.int32)
+  ref = twin.Placement(config)
+  for _ in range(300):
+    r = int(rng.integers(0, lay.max_requests))
+    keys = [int(k) for k in fams[rng.integers(0, 3)]]
+    d = int(rng.choice([4, 4, 4, 8, 12, 2, 16])) * bs
+    prompt = d + int(rng.integers(-8, 24))
+    tokens = min(prompt + int(rng.integers(0, 12)), mb * bs)
+    hit = int(rng.choice([0, d]))
+    spb = 0 if hit else int(rng.choice([0, d]))
+    lo = int(rng.integers(0, mb))
+    hi = int(rng.integers(lo, mb + 1))
+    admitted = bool(rng.random() < 0.6)
+    computed = np.zeros(mb, bool)
+    computed[lo:hi] = True
+    lanes = np.stack([np.array(keys, np.uint64) & 0xFFFFFFFF, np.array(keys, np.uint64) >> 32])
+    req = PlacementRequest(
+      admitted=jnp.bool_(admitted),
+      hit=jnp.int32(hit),
+      spb=jnp.int32(spb),
+      prompt=jnp.int32(prompt),
+      tokens=jnp.int32(tokens),
+      computed=jnp.asarray(computed),
+      keys=jnp.asarray(lanes.T.astype(np.uint32)),
+    )
+    table, mask = call(table, jnp.int32(r), req)
+    ref.start(g, TwinRequest(f"s{r}", admitted, hit, spb, prompt, tokens, range(lo, hi), keys))
+    assert np.flatnonzero(np.asarray(mask)).tolist() == sorted(ref.kept)
+    row = np.asarray(table[0])
+    assert row[: core.MARKS].tolist() == ref.stats[g]
+    marks = row[core.MARKS : core.DECISIONS]
+    assert {int(i): int(marks[i]) for i in np.flatnonzero(marks)} == ref.marks[g]
+    a, out = ref.decision.get((g, f"s{r}"), (1, False))
+    assert int(row[core.DECISIONS + r]) in ((0, 2) if (a, out) == (1, False) else (a * 2 + out,))
+  a, _ = ref.learned(g)
+  assert a > 1 and ref.stats[g][core.OUT] > 0
+
+
+class AdaptiveMachine(eviction_rules(prompts)):
+  """The differential machine under `adaptive` (jitted core == twin after every operation),
+  on the machines' configs and the fine-key one: also the same block tables and the same
+  learned counts and marks."""
+
+  @initialize(
+    ci=st.integers(0, len(CONFIGS)),
+    retention=st.sampled_from([None, 0, 8]),
+    warm=st.booleans(),
+  )
+  def setup(self, ci, retention, warm):
+    if ci == len(CONFIGS):
+      self.config = CacheConfig(**_ADAPTIVE)
+    else:
+      self.config = CacheConfig(
+        placement="adaptive", retention_interval=retention, **CONFIGS[ci], **_COMMON
+      )
+    self.jax = make_manager(self.config, "jax")
+    self.ref = make_manager(self.config, "reference")
+    if warm:  # the first request, then 17 diverging from it after 8 tokens (2 units): A = 2
+      for k in range(18):
+        self.serve("e", list(FAMILIES[0][:8]) + [60 + k, 61, 62, 63, 64], keep=False)
+
+  @invariant()
+  def same_tables_and_statistics(self):
+    if not hasattr(self, "jax"):
+      return
+    import jax
+    import numpy as np
+
+    from hybrid_cache.core.layout import layout
+    from hybrid_cache.core.policies import adaptive
+
+    for r in self._active():
+      assert self.jax.request_view(r) == self.ref.request_view(r)
+    table = np.asarray(jax.device_get(self.jax.state.policy_state))
+    ref = self.ref._state.placement
+    for row, g in enumerate(layout(self.config).recurrent_groups):
+      assert table[row, : adaptive.MARKS].tolist() == ref.stats.get(g, [0] * adaptive.MARKS)
+      marks = table[row, adaptive.MARKS : adaptive.DECISIONS]
+      assert {int(i): int(marks[i]) for i in np.flatnonzero(marks)} == ref.marks.get(g, {})
+
+
+TestAdaptiveMachine = AdaptiveMachine.TestCase
+TestAdaptiveMachine.settings = settings(
+  max_examples=6, stateful_step_count=30, phases=_PHASES, deadline=None
+)
