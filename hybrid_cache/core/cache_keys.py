@@ -106,12 +106,10 @@ def cache_blocks(
       unkeyed = unkeyed | promote
     mask = kind.cache_mask(spec, pos, lay.hit_align, state.retention_interval, boundaries)
     mb = lay.max_blocks
-    # a stateful placement reads the group's keys (computed here, before its mask)
-    early = g in lay.recurrent_groups and stateful
-    if early and keys is None:
+    if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
-    if early:
-      gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
+    gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
+    if g in lay.recurrent_groups and stateful:  # reads the group's keys, before its mask
       preq = PlacementRequest(
         admitted=is_new & ok,
         hit=jnp.where(is_new, hit, 0),
@@ -126,10 +124,7 @@ def cache_blocks(
       mask = placement.keep(lay, r, g, pos, boundaries, mask)
     offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
     sel = offered & unkeyed
-    if keys is None and not early:
-      all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
     if g in lay.recurrent_groups and admission is not None:
-      gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
       table, admitted = admission.admit(lay, table, g, gkeys, offered)
       sel &= admitted
     all_ids.append(jnp.where(sel, row, 0))

@@ -65,7 +65,7 @@ compiling one new key, its five programs): every field below still starts a new 
 
 Every static field costs about one key (3-6 s), so the lever is sharing keys, not one field:
 scenarios and sweeps that differ in sizes and settings inside one family share every program
-(`--vary families`: median 0.003 s per new configuration cold, mean 1.2 s, the first of each
+(`--vary families`: median 0.002 s per new configuration cold, mean 1.35 s, the first of each
 family paying one key; BENCHMARKS.md section 5). Turning the group structure, block sizes or
 windows into runtime values would be the next step for sweeps across families; none is done
 here (each would trade a measured step-time cost for ~3.5 s per key, not yet measured).

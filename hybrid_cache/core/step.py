@@ -69,8 +69,8 @@ class StepInput(NamedTuple):
     slot: i32, the request's slot.
     max_tokens: i32, the entry's token cap (-1 = none).
     valid: bool, False for padding entries.
-    keys: (query keys, their index buckets) of the slot's hashes, precomputed for the whole
-      step (`coordinator.query_keys`; no entry of a step changes a request's hashes), or None.
+    keys: (query keys, their index buckets) of the slot's hashes (`coordinator.query_keys`,
+      computed once per entry and shared by its lookup and insert), or None.
   """
 
   slot: jax.Array
@@ -98,12 +98,12 @@ class StepCarry(NamedTuple):
 def schedule_entry(lay: Layout, carry, x):
   """One entry of a step (the body of `scheduler.schedule_step`'s loop over its entries).
 
-  One variant serves every step (issue 29). The admit-only variant it replaced (no entry
+  One variant serves every step (issue 29). It replaced an admit-only variant (no entry
   running: neither the `remove_skipped` cond nor the lookup's cond, whose state copies XLA:CPU
-  pays per entry) was a second program per compile key (~3.5 s cold) and paid only on steps
-  that admit many requests at once: `experiments/bench_scheduler.py`, 5 interleaved rounds,
-  idle, 2026-11-29: batch 64 admissions 52.1 -> 63.2 µs per request (1.21x), batch 16 89.3 ->
-  89.2, batch 1 555 -> 505 (with the loop of `scheduler.schedule_step`).
+  pays per entry), a second program per compile key (~3.5 s cold). The one-program step (this
+  variant in `scheduler.schedule_step`'s loop; the two changes were not measured apart) on
+  `experiments/bench_scheduler.py`, 5 interleaved rounds, idle, 2026-11-29, µs per request:
+  batch 64 admissions 52.1 -> 63.2 (1.21x), batch 16 89.3 -> 89.2, batch 1 555 -> 505.
   """
   state, budget, queued = carry.state, carry.budget, carry.queued
   r, max_tok, valid, keys = x.slot, x.max_tokens, x.valid, x.keys

@@ -48,14 +48,21 @@ def load(path: str = RECORDED) -> list[dict[str, Any]]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def record(oracle_dir: str, seeds: range, out: str) -> int:
+def _accepted(oracle_dir: str, seeds: range):
+  """(seed, scenario, vLLM's result) of each generated scenario vLLM accepts, in seed order;
+  a rejected one is reported on stderr and skipped."""
   runner = oracle.OracleRunner(oracle_dir)
   scenarios = [generator.generate(s) for s in seeds]
-  rows = []
   for seed, (sc, result) in zip(seeds, oracle.run_repaired(runner, scenarios)):
     if result is None:
       print(f"seed {seed}: vLLM rejects the scenario, skipped", file=sys.stderr)
       continue
+    yield seed, sc, result
+
+
+def record(oracle_dir: str, seeds: range, out: str) -> int:
+  rows = []
+  for seed, sc, result in _accepted(oracle_dir, seeds):
     rows.append({"seed": seed, "scenario": sc, "expected": compare.trim(result)})
   # mtime=0: the same inputs give the same bytes (a regenerated file diffs only if vLLM's
   # outputs or the generator changed)
@@ -68,14 +75,9 @@ def record(oracle_dir: str, seeds: range, out: str) -> int:
 
 def export(oracle_dir: str, seeds: range, out_dir: str) -> int:
   """Writes each accepted scenario and vLLM's result (`--scenario_dir`)."""
-  runner = oracle.OracleRunner(oracle_dir)
-  scenarios = [generator.generate(s) for s in seeds]
   os.makedirs(out_dir, exist_ok=True)
   n = 0
-  for seed, (sc, result) in zip(seeds, oracle.run_repaired(runner, scenarios)):
-    if result is None:
-      print(f"seed {seed}: vLLM rejects the scenario, skipped", file=sys.stderr)
-      continue
+  for _, sc, result in _accepted(oracle_dir, seeds):
     for suffix, doc in ((".json", sc), (".expected.json", result)):
       with open(os.path.join(out_dir, sc["name"] + suffix), "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
