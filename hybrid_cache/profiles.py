@@ -23,6 +23,20 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    FLOP-aware eviction (SPEC B2)
   <eviction>               align  on        0          <eviction>  vllm_default with any other
                                                                    registered eviction policy
+  adaptive                 all    on        dense      lru         placement `adaptive` on fine
+                                                                   keys (issue 28): a state at
+                                                                   the branch point and at one
+                                                                   continuation point on a learned
+                                                                   alignment, both at any multiple
+                                                                   of the recurrent block U; not a
+                                                                   vLLM setting
+
+`adaptive` keys full attention at every U inside its larger blocks (`CacheConfig.fine_keys`):
+the workload sizes it with a recurrent block U (the hash block) smaller than the attention
+block B, U a multiple of the kernels' checkpoint chunk in the engine (`engine_config
+.cache_config_for(..., recurrent_block_size=U)` sets `hash_block_size` = U). Mode "all"
+computes a state at every U; the placement keeps two of them per request
+(`core/policies/adaptive.py`).
 
 `vllm_default` is exactly what vLLM 0.33 serves a hybrid model with (`VLLM_DEFAULT` lists every
 `CacheConfig` field it fixes, and where vLLM sets it). `CacheConfig`'s own defaults are not that
@@ -52,20 +66,33 @@ class Profile:
     retention_interval: `CacheConfig.retention_interval` (None = dense, 0 = replay boundaries
       and junctions only).
     eviction: `CacheConfig.eviction` (a registered eviction policy).
+    placement: `CacheConfig.placement` (a registered placement policy).
+    fine_keys: `CacheConfig.fine_keys` (full attention keyed at every hash block U; the
+      workload gives the recurrent block U, see the module doc).
   """
 
   mode: str
   marconi_junction: bool
   retention_interval: int | None
   eviction: str = "lru"
+  placement: str = "vllm"
+  fine_keys: bool = False
 
   def describe(self) -> str:
     """One line of its fields, e.g. "mode=align, marconi_junction=True, ..."."""
-    return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+    return ", ".join(f"{k}={v}" for k, v in self.cache_overrides().items())
 
   def cache_overrides(self) -> dict[str, Any]:
-    """Keyword arguments of `engine.config.cache_config_for` (mode + `CacheConfig` fields)."""
-    return dataclasses.asdict(self)
+    """Keyword arguments of `engine.config.cache_config_for` (mode + `CacheConfig` fields);
+    placement and fine_keys only where they are not vLLM's."""
+    return {
+      f.name: getattr(self, f.name)
+      for f in dataclasses.fields(self)
+      if f.name not in _NAMED_IF_SET or getattr(self, f.name) != f.default
+    }
+
+
+_NAMED_IF_SET = ("placement", "fine_keys")  # `cache_overrides` omits them at vLLM's value
 
 
 # vLLM 0.33.0's configuration for a hybrid (attention + Mamba/GDN) model, as `CacheConfig` field
@@ -113,6 +140,7 @@ PROFILES: dict[str, Profile] = {
   "all_dense_no_junction": Profile("all", False, None),
   # vllm_default with another registered eviction policy, named after it
   **{p: Profile("align", True, 0, p) for p in EVICTION_POLICIES if p != "lru"},
+  "adaptive": Profile("all", True, None, placement="adaptive", fine_keys=True),
 }
 
 # Old name -> profile. Kept so that old commands and recorded results still read.

@@ -103,11 +103,15 @@ def cache_config_for(
     num_blocks: blocks in the shared pool (block 0 is the null block).
     recurrent_block_size: tokens per block of the mamba groups (None = `block_size`).
     **policy: any other `CacheConfig` field (enable_prefix_caching, marconi_junction, pinning,
-      max_num_batched_tokens, max_model_len, retention_interval, ...).
+      max_num_batched_tokens, max_model_len, retention_interval, ...). With `fine_keys` and
+      no `hash_block_size`, the hash block is the recurrent block (the checkpoint unit U of
+      profile `adaptive`, `hybrid_cache.profiles`).
   """
   cfg = resolve_model_config(model)
   if "groups" in policy:
     raise ValueError("groups is derived from the model's layer_pattern; do not pass it")
+  if policy.get("fine_keys") and policy.get("hash_block_size") is None:
+    policy["hash_block_size"] = recurrent_block_size
   groups = []
   for kind in cfg.cache_groups:
     if kind == "swa":
