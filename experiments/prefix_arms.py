@@ -1,9 +1,12 @@
 """Shared part of the shared-prefix experiments (`quickstart`, `shared_prefix_divergence`).
 
 Both serve `num_prompts` prompts that share a `prefix_len`-token prefix (each followed by its own
-`suffix_len` random tokens) under the three standard cache arms (`off`, `vllm_default`,
+`suffix_len` random tokens) under cache arms (`arms`: "off" and profile names of
+`hybrid_cache.profiles`; by default the standard three, `off`, `vllm_default`,
 `align_dense_no_junction`, see `engine_workload.STANDARD_ARMS`), side by side on the same
-model, and plot cached tokens, computed prefill tokens and wall time per arm. An experiment is
+model, and plot cached tokens, computed prefill tokens and wall time per arm. An arm whose
+profile keys full attention finely (`adaptive`) gets recurrent blocks of `checkpoint_unit`
+tokens; the others use `block_size` for every group. An experiment is
 its defaults (a dict of `ArmsSetup` overrides) plus how it reports the arms.
 """
 
@@ -29,6 +32,9 @@ class ArmsSetup:
 
   Attributes:
     model: model preset served by every arm.
+    arms: "off" (first) and profile names (`hybrid_cache.profiles`), served side by side.
+    checkpoint_unit: recurrent block U of the fine-key arms (`adaptive`): a multiple of the
+      kernels' checkpoint chunk (64) below `block_size`.
     num_prompts, prefix_len, suffix_len: the shared-prefix workload.
     max_new_tokens: decode tokens per request.
     block_size, num_blocks, max_num_batched_tokens, max_model_len: cache/engine sizes.
@@ -42,6 +48,8 @@ class ArmsSetup:
   """
 
   model: str = "qwen35_tiny"
+  arms: tuple[str, ...] = engine_workload.ARM_NAMES
+  checkpoint_unit: int = 64
   num_prompts: int = 8
   prefix_len: int = 250
   suffix_len: int = 20
@@ -66,6 +74,22 @@ class ArmsSetup:
     if self.prefix_len + self.suffix_len < 1:
       raise ValueError("prefix_len + suffix_len must be >= 1 (a prompt needs a token), got 0")
     engine_config.check_implementation(self.implementation)
+    if not self.arms or self.arms[0] != "off" or len(set(self.arms)) != len(self.arms):
+      raise ValueError(f"arms must start with 'off' and name each arm once, got {self.arms!r}")
+    for name in self.arms:
+      engine_workload.arm(name)  # ValueError naming the allowed profiles
+    if isinstance(self.checkpoint_unit, bool) or not isinstance(self.checkpoint_unit, int):
+      raise ValueError(f"checkpoint_unit must be an integer, got {self.checkpoint_unit!r}")
+
+  def arm_overrides(self) -> dict[str, dict[str, Any]]:
+    """Arm name -> its `cache_config_for` overrides (fine-key arms: recurrent blocks of U)."""
+    out = {}
+    for name in self.arms:
+      kw = engine_workload.arm(name)
+      if kw.get("fine_keys"):
+        kw["recurrent_block_size"] = self.checkpoint_unit
+      out[name] = kw
+    return out
 
 
 _MIN_SIZES = {
@@ -120,7 +144,7 @@ def run_arms(
   )
   arms = engine_workload.compare_arms(
     s.model,
-    engine_workload.STANDARD_ARMS,
+    s.arm_overrides(),
     prompts,
     s.max_new_tokens,
     common=common,

@@ -1,6 +1,8 @@
-"""Quickstart: the GDN preset serves a shared-prefix workload with caching off, vLLM 0.33's
-serving default (`vllm_default`) and align without vLLM's junction (`align_dense_no_junction`);
-prints a table with the cache fields each arm sets and saves `quickstart.png`.
+"""Quickstart: the GDN preset serves a shared-prefix workload under cache arms side by side
+(`configs/experiments/quickstart.gin`: caching off, vLLM 0.33's serving default
+`vllm_default`, align + Marconi junction with a state per block `vllm_align_dense`, and
+placement `adaptive` on 64-token recurrent blocks); prints a table with the cache fields each
+arm sets and saves `quickstart.png`.
 
   python -m experiments.run --gin_file=configs/experiments/quickstart.gin --workdir=runs/qs
 """
@@ -11,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from experiments import prefix_arms
-from hybrid_cache.engine import workload as engine_workload
 
 
 def _fields(overrides: Mapping[str, Any]) -> str:
@@ -39,19 +40,20 @@ def format_table(
 
 
 def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:
-  """Runs the three arms; ``params`` are `prefix_arms.ArmsSetup` fields (its defaults apply).
+  """Runs the arms; ``params`` are `prefix_arms.ArmsSetup` fields (its defaults apply).
 
-  results.json: `model`, `seed`, `arms` = {off, vllm_default, align_dense_no_junction}
-  (`engine_workload.STANDARD_ARMS`), each with cached_tokens, prefill_tokens_computed, wall_s,
+  results.json: `model`, `seed`, `arms` = {name: ...} for the setup's `arms` (default
+  `engine_workload.ARM_NAMES`), each with cached_tokens, prefill_tokens_computed, wall_s,
   outputs_equal_to_off, speedup_vs_off, cache_fields (the CacheConfig fields the arm sets), ...
   """
   s = prefix_arms.make_setup({}, params)
   title = f"{s.model}: {s.num_prompts} prompts sharing a {s.prefix_len}-token prefix"
   arms = prefix_arms.run_arms(workdir, seed, s, "quickstart.png", title)
+  configs = s.arm_overrides()
   for name, a in arms.items():
     a["speedup_vs_off"] = arms["off"]["wall_s"] / a["wall_s"]
-    a["cache_fields"] = dict(engine_workload.STANDARD_ARMS[name])
-  print(format_table(arms, engine_workload.STANDARD_ARMS))
+    a["cache_fields"] = configs[name]
+  print(format_table(arms, configs))
   print(
     "vllm_default = vLLM 0.33's serving configuration for hybrid models (`hybrid_cache.profiles`)"
   )

@@ -55,6 +55,39 @@ def shared_prefix_prompts(
   return [prefix + rng.randint(0, vocab, suffix_len).tolist() for _ in range(num_prompts)]
 
 
+def off_grid_sessions(
+  seed: int,
+  num_sessions: int = 6,
+  turns: int = 4,
+  system_len: int = 90,
+  turn_len: tuple[int, int] = (20, 50),
+  vocab: int = 256,
+) -> list[list[int]]:
+  """Multi-turn sessions whose prompts diverge off any block grid, turns interleaved.
+
+  Every session starts with one shared random system prompt of `system_len` tokens; turn k of a
+  session is its turn k - 1 plus a fresh user message of `turn_len` = [lo, hi) random tokens
+  (an agent appending tool results: each prompt extends the previous one). The prompts are
+  ordered turn by turn (turn 1 of every session, then turn 2, ...). The depths where prompts
+  leave each other (the system prompt's end, each turn's end) are random, not multiples of a
+  block: with attention blocks larger than the prompts (vLLM's inflated hybrid blocks, 500-2,000
+  tokens for real models) vLLM 0.33 keeps no state a later prompt can hit, while placement
+  `adaptive` keeps the branch point and each prompt's end floored to its recurrent block U.
+  """
+  lo, hi = turn_len
+  if not 1 <= lo < hi:
+    raise ValueError(f"turn_len must be (lo, hi) with 1 <= lo < hi, got {turn_len!r}")
+  rng = np.random.RandomState(seed)
+  system = rng.randint(0, vocab, system_len).tolist()
+  sessions = [list(system) for _ in range(num_sessions)]
+  prompts = []
+  for _ in range(turns):
+    for s in sessions:
+      s.extend(rng.randint(0, vocab, rng.randint(lo, hi)).tolist())
+      prompts.append(list(s))
+  return prompts
+
+
 def serve(
   engine: Engine,
   prompts: Sequence[Sequence[int]],

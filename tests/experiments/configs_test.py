@@ -22,7 +22,18 @@ _SMALL = [
 ]
 # Tiny bindings per experiment config (file stem -> bindings); a new config needs an entry.
 TINY = {
-  "quickstart": ["num_prompts = 3", "prefix_len = 40", "suffix_len = 5", *_SMALL],
+  # attention blocks of 128 (the gin's): a 150-token prefix hits; `adaptive` needs a budget of
+  # whole 64-token recurrent blocks
+  "quickstart": [
+    "num_prompts = 3",
+    "prefix_len = 150",
+    "suffix_len = 5",
+    "max_new_tokens = 1",
+    "cache_manager = 'reference'",
+    "progress = False",
+    "max_num_batched_tokens = 64",
+    "max_model_len = 256",
+  ],
   "shared_prefix_divergence": [
     "num_prompts = 3",
     "prefix_len = 40",
@@ -142,7 +153,11 @@ def test_experiment_smoke_runs_at_tiny_size(path, tmp_path):
   assert list(tmp_path.glob("*.png"))
   if path.stem in ("quickstart", "shared_prefix_divergence"):
     arms = saved["arms"]
-    assert set(arms) == {"off", "vllm_default", "align_dense_no_junction"}
+    assert set(arms) == (
+      {"off", "vllm_default", "vllm_align_dense", "adaptive"}
+      if path.stem == "quickstart"
+      else {"off", "vllm_default", "align_dense_no_junction"}
+    )
     for a in arms.values():
       assert a["outputs_equal_to_off"] is True
       for k in ("cached_tokens", "prefill_tokens_computed", "wall_s"):

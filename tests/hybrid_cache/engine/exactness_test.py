@@ -187,6 +187,22 @@ MATRIX = (
     _speculated,
     engine=_ngram_drafter,
   ),
+  # Placement `adaptive` (issue 28) on fine keys: attention blocks of 128, recurrent states
+  # every 64 tokens (mode all), two kept per request. The prefix (72) ends inside the first
+  # attention block: vLLM's rules hit nothing there; the first prompt keeps its state at 64
+  # (its continuation point), the second its branch point at 64 (the junction floored to 64).
+  Cell(
+    "adaptive",
+    dict(
+      block_size=128,
+      recurrent_block_size=64,
+      max_num_batched_tokens=64,
+      max_model_len=512,
+      **profiles.get("adaptive").cache_overrides(),
+    ),
+    ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
+    _prefix_hits(64),
+  ),
   Cell(
     "unequal_all",
     dict(mode="all", recurrent_block_size=64, max_num_batched_tokens=64),
@@ -196,7 +212,7 @@ MATRIX = (
 )
 _BY_NAME = {c.name: c for c in MATRIX}
 
-# The default slice: 3 jitted-core compilations (qwen35 and nemotron share a config, and the
+# The default slice: 4 jitted-core compilations (qwen35 and nemotron share a config, and the
 # real architectures share the presets').
 DEFAULT = {
   ("partial_hits", "qwen35_tiny"),
@@ -208,6 +224,8 @@ DEFAULT = {
   ("partial_hits", "hf_qwen3_next"),
   ("partial_hits", "hf_nemotron_h"),
   ("pinning_min_drop", "hf_gemma3"),
+  ("adaptive", "qwen35_tiny"),
+  ("adaptive", "hf_nemotron_h"),
 }
 
 

@@ -95,6 +95,8 @@ def test_gin_binding_reaches_the_engine(tmp_path):
       "max_num_batched_tokens = 32",
       "max_model_len = 128",
       "token_buckets = (32,)",
+      "arms = ('off', 'vllm_default')",  # two arms of the gin's four, on blocks of 16
+      "block_size = 16",
     )
   ]
   try:
