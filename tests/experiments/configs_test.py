@@ -105,6 +105,15 @@ TINY = {
     "block_size = 16",
     "chunk = 64",
   ],
+  "engine_vs_sim": [
+    "trace = 'chat'",
+    "sessions = 2",
+    "num_requests = 4",
+    "stride = 8",
+    "max_output = 2",
+    "warmup = False",
+    "policies = ('vllm_default',)",
+  ],
   "swa_pinning_sweep": [
     "num_prefixes = (1, 2)",
     "prefix_len = 40",
