@@ -159,7 +159,7 @@ def build_step_inputs(
   *,
   ckpt_every: int | None = None,
   num_ckpt_cols: int | None = None,
-  max_blocks: int | None = None,
+  max_blocks: int | Sequence[int] | None = None,
   pad_tokens: int | None = None,
   pad_seqs: int | None = None,
   decode: bool | None = None,
@@ -173,7 +173,9 @@ def build_step_inputs(
     block_size: tokens per block (the cache's block size).
     ckpt_every: tokens between checkpoints (required if any seq has ckpt_write).
     num_ckpt_cols: M, columns of `ckpt_write` (default: the longest ckpt list).
-    max_blocks: columns of every block table (default: the longest table).
+    max_blocks: columns of every block table (default: the longest table), or one width per
+      cache group (a group of larger blocks needs fewer columns for the same length: the
+      attention reads every column, so a narrower table is less attention work).
     pad_tokens: pad T to this many tokens (fixed shapes = one compilation per bucket).
     pad_seqs: pad N to this many sequences. Padding forms extra sequences (the last one
       owns every padding token, the others are empty) with null block tables, no KV
@@ -248,11 +250,18 @@ def build_step_inputs(
   )
   seq_lens = np.asarray([s.num_computed + n for s, n in zip(seqs, lens)], np.int32)
   # A padding sequence reads (null) blocks for all its positions.
-  mb = max_blocks or max(
-    [-(-max(lens) // block_size)] + [len(t) for s in seqs for t in s.block_tables]
-  )
+  if isinstance(max_blocks, int) or max_blocks is None:
+    mbs = [
+      max_blocks
+      or max([-(-max(lens) // block_size)] + [len(t) for s in seqs for t in s.block_tables])
+    ] * len(groups)
+  else:
+    mbs = list(max_blocks)
+    if len(mbs) != len(groups):
+      raise ValueError(f"max_blocks must have one width per cache group ({len(groups)}), got {mbs}")
   tables, slots = [], []
   for g, kind in enumerate(groups):
+    mb = mbs[g]
     tab = np.zeros((len(seqs), mb), np.int32)
     slot = np.full((len(tokens),), -1, np.int32)
     for i, s in enumerate(seqs):

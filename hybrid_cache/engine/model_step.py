@@ -221,7 +221,6 @@ def run_model(
   completes its request's tokens and commits it (`lifecycle.commit_tokens`), appending the
   requests that finish to `finished`; updates `eng.cache` and `eng.stats`."""
   t_prepare = time.perf_counter()
-  cfg = eng.cache_config
   total = sum(n for _, _, n in sched)
   decode = eng.decode_kernels and total == len(seqs)
   # where each scheduled chunk sits in the model's step (a mixed step reorders them)
@@ -262,7 +261,8 @@ def run_model(
     eng.block_size,
     ckpt_every=sbs if ckpt_cols else None,
     num_ckpt_cols=ckpt_cols,
-    max_blocks=cfg.max_blocks_per_request,
+    # one table width per group (its own block size): attention reads every column
+    max_blocks=eng.table_widths,
     pad_tokens=pad_t,
     pad_seqs=pad_n,
     decode=decode,

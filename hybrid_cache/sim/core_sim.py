@@ -153,8 +153,12 @@ def build_config(
   page = page_bytes(model, groups, block_size, layout)
   units = unit_bytes(model, groups, block_size, layout)
   longest = max((r.num_tokens for r in trace.requests), default=1)
-  blocks = -(-longest // block_size) + 1
-  held = [3 if g.kind == "mamba" and g.mode != "all" else blocks for g in groups]
+  # blocks a group holds for the longest request: every block of it, or about three states in
+  # a recurrent group outside mode all (its own block size: U with `checkpoint_unit`)
+  held = [
+    3 if g.kind == "mamba" and g.mode != "all" else -(-longest // (g.block_size or block_size)) + 1
+    for g in groups
+  ]
   state_slots = 0
   pool_fields: dict = {}
   if layout == "pools":
