@@ -97,12 +97,14 @@ Scalars:
   `retention_interval` (`P_RETENTION`, `RETENTION_NONE` = None), `pin_min_drop_size`
   (`P_PIN_MIN_DROP`), `marconi_junction` (`P_JUNCTION`, 0/1), `free_all_tail` (`P_ALL_TAIL`,
   1 = `free_order="all_tail"`).
-* `policy_state` i32[R, S]: the admission and placement policies' own statistics across
-  requests (`hybrid_cache.policies`, seams `admission` and `placement`): R = recurrent groups,
-  S = the admission policy's `STATE_SIZE` columns, then a stateful placement policy's
-  `state_size(lay)` columns (shape [0, 0] when neither has state, as for the built-in `all`
-  and `vllm`). Zero at `init_state`; only the policies' `admit` / `keep` write their own
-  columns; `reset_prefix_cache` keeps it (statistics of the requests seen, not cache content).
+* `policy_state` i32[R, S]: the admission, placement and retirement policies' own statistics
+  across requests (`hybrid_cache.policies`, seams `admission`, `placement`, `retirement`): R =
+  recurrent groups, S = the admission policy's `STATE_SIZE` columns, then a stateful placement
+  policy's `state_size(lay)` columns, then a retirement policy's `state_size(lay)`
+  (`fresh_state.policy_columns`; shape [0, 0] when none has state, as for the built-in `all`,
+  `vllm` and `none`). Zero at `init_state`; only the policies' `admit` / `keep` / `observe` /
+  `pick` write their own columns; `reset_prefix_cache` keeps it (statistics of the requests
+  seen, not cache content).
 
 Why packed: a stacked leaf is one buffer, donated and updated in place as one, so a block's
 key columns are cleared in one row write when it is popped (`block_index.evict_ids`) and a
