@@ -35,6 +35,7 @@ from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import ReqInfo
 
@@ -73,7 +74,9 @@ def retire(lay: Layout, state: CacheState, slot, enabled=True) -> CacheState:
   ok = (ids > 0) & enabled & (state.ref_cnt[safe] == 0) & free & rec
   ids = jnp.where(ok, ids, 0)
   state = block_index.evict_ids(state, ids, clear_pinned=True, scan_all=lay.partial)
-  return block_pool.to_head(state, ids)
+  state = block_pool.to_head(state, ids)
+  n = jnp.sum(ids > 0).astype(jnp.int32)
+  return state.replace(counters=Counters(state.counters).add(states_retired=n))
 
 
 def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:

@@ -120,6 +120,8 @@ def test_two_turn_session_retires_the_superseded_states(backend, retirement):
   stats = m.pool_stats()
   # turn 2's recurrent row at its finish: null, the hit 8 (held), 12, 16, the running state
   assert ids[0] == 0 and 0 not in ids[1:5]
+  if hasattr(m, "state"):  # the core's counter: 4 at turn 1's finish, 8 and 12 at turn 2's
+    assert int(m.state.states_retired) == (3 if retired else 0)
   if retired:
     assert stats.cached_blocks_per_group[1] == cached - 2
     # freeing puts the unkeyed running state at the head; retiring puts 8, 12 in front of it
