@@ -230,6 +230,32 @@ def test_superseded_twins_agree_on_random_calls():
   assert decided > 0
 
 
+def test_the_simulator_scan_retires_as_the_twin_on_a_chat_trace():
+  """The simulator's jitted scan (`core_scan.run_scan`, `release(preempt=False)` per request)
+  against the twin (`run_core` "reference") under `superseded`, mode all with a state at every
+  block (`all_dense_no_junction`) on a small synthetic chat trace whose capacity forces
+  evictions: the same per-request hits and final cached blocks; states are retired, and the
+  sessions' later turns reuse more tokens than under `none` (452 -> 552, 2026-11-29: turn N's
+  superseded states no longer push other sessions' states out)."""
+  from hybrid_cache.sim import core_scan
+  from hybrid_cache.sim import core_sim
+  from hybrid_cache.sim.testing import TINY
+  from hybrid_cache.sim.testing import small_chat
+
+  tr = small_chat(48, seed=2)
+  cfgs = {
+    r: core_sim.build_config(tr, TINY, 34 * 70, "all_dense_no_junction", 4, retirement=r)[0]
+    for r in ("none", "superseded")
+  }
+  base, _ = core_sim.run_core(tr, cfgs["none"], "reference")
+  ref, cref = core_sim.run_core(tr, cfgs["superseded"], "reference")
+  scan, cscan = core_scan.run_scan(tr, cfgs["superseded"], chunk=16)
+  assert scan == ref
+  assert cscan["final_cached_blocks_per_group"] == cref["final_cached_blocks_per_group"]
+  assert cscan["states_retired"] > 0
+  assert sum(r for _, _, r in ref) > sum(r for _, _, r in base)
+
+
 class RetirementMachine(eviction_rules(prompts)):
   """The differential machine under `superseded` (jitted core == twin after every operation:
   results, pool counters, free-queue order, invariants), on the machines' configs, the
