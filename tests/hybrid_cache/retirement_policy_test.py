@@ -256,6 +256,19 @@ def test_the_simulator_scan_retires_as_the_twin_on_a_chat_trace():
   assert sum(r for _, _, r in ref) > sum(r for _, _, r in base)
 
 
+def test_the_simulator_cli_takes_a_registered_retirement_for_core_policies(capsys):
+  """`--retirement` offers the registered names and applies to core policies only (the unit
+  cache's `adaptive` retires by its own rule)."""
+  from hybrid_cache.sim import cli
+
+  args = ["--trace", "chat", "--format", "synthetic", "--model", "marconi_7b"]
+  args += ["--capacity-bytes", "4e9"]
+  assert cli.main([*args, "--policy", "adaptive", "--retirement", "superseded"]) == 2
+  assert "retirement applies to core policies only, got 'adaptive'" in capsys.readouterr().err
+  assert cli.main([*args, "--policy", "vllm_default", "--retirement", "nope"]) == 2
+  assert "choose from 'none', 'superseded'" in capsys.readouterr().err
+
+
 class RetirementMachine(eviction_rules(prompts)):
   """The differential machine under `superseded` (jitted core == twin after every operation:
   results, pool counters, free-queue order, invariants), on the machines' configs, the
