@@ -87,8 +87,8 @@ def cache_blocks(
   rg = state.req_group[r]  # the request's `req_group` row, updated group by group
   placement = policies.core_policy("placement", lay.config.placement)
   admission = policies.core_policy("admission", lay.config.admission)
-  # `policy_state`: the admission policy's columns, then a stateful placement's
-  # (`fresh_state.policy_state_shape`)
+  # `policy_state`: the admission policy's columns, then a stateful placement's, then a
+  # retirement policy's (`fresh_state.policy_columns`)
   table = state.policy_state
   retirement = policies.core_policy("retirement", lay.config.retirement)
   if retirement is not None:  # its columns come last (`fresh_state.policy_columns`)

@@ -13,11 +13,17 @@ p < e - 1 of r's chain (its own key at p, `coordinator.group_hashes`) whose stat
 index finds (`block_index.probe`: the block a lookup hits) is retired when the block's own
 (primary) key is that key in g, it is free (ref 0: no running request holds it; in the normal
 queue or the pinned tier, SPEC B1: a superseded state pinned at an earlier finish is unpinned),
-and its mark (below) does not say "keep". A chat session's turn
-N+1 hits turn N's end state and extends it: turn N's end state (and any state above it left
-by an earlier turn) goes, the new deepest one stays. Retiring = the block's keys dropped
-(un-hittable) and the block moved to the free queue's head, as vLLM frees an unkeyed block
-(`block_pool.to_head`, `release.release`): it is the first to be reused. Only recurrent state
+and its mark (below) does not say "keep". A chat session's turn N+1 hits turn N's end state
+and extends it: turn N's end state (and any state above it left by an earlier turn) goes, the
+new deepest one stays. Retiring = the block's keys dropped (un-hittable) and the block moved
+to the free queue's head, as vLLM frees an unkeyed block (`block_pool.to_head`,
+`release.retire`): it is the first to be reused. The slot's decision and e are then cleared.
+
+Example (B = 4, mode all, retirement decided on): turn 1 (9 tokens) keeps states 4 and 8
+(positions 0, 1; e = 2) and at its finish retires 4; turn 2 (turn 1's 8 tokens + 9) hits 8,
+keeps 12 and 16 (e = 4) and at its finish retires 8 and 12 (position order, 8 in front at the
+queue's head); 16 stays, and so does all the attention KV
+(`tests/hybrid_cache/retirement_policy_test.py`). Only recurrent state
 blocks are retired; the attention KV of the chain stays (it is the deeper chain's prefix), as
 in the simulator, which drops a superseded checkpoint's state only.
 
@@ -59,12 +65,15 @@ a branch single again); e_call is per registration call, so the hit q does not b
 simulator takes only points deeper than q); r's whole chain above e is scanned, not only the
 segment the simulator's path array holds (the same set: r's path); a preempted request's
 re-admission counts as a new request (its own earlier points are then points, not new); the
-index's duplicates other than the one a lookup hits are not retired.
+index's duplicates other than the one a lookup hits are not retired; the points are the state
+blocks the placement keeps as they are computed (the simulator places a request's points at
+once, before its lookup); the counts are fixed point (2^-10), not floats.
 
 Policy state (`CacheState.policy_state`, the retirement's own columns after the admission's
 and a stateful placement's: `state_size`), per recurrent group row, i32: `SUP`, `USED` (fixed
 point, `SCALE` = 2^10; SUP saturates at `SAT` = 2^30 so every sum below fits int32), the
-`TABLE` marks, then per request slot its decision (0/1) and its e (`DEEPEST`).
+`TABLE` marks, then per request slot its decision (0/1), then per slot its e (from
+`deepest_col`).
 """
 
 from __future__ import annotations
@@ -91,7 +100,7 @@ SHIFT = 4
 # columns of a recurrent group's row
 SUP, USED = 0, 1
 MARKS = 2  # TABLE columns
-DECISIONS = MARKS + TABLE  # one decision per request slot, then one e per slot (`DEEPEST`)
+DECISIONS = MARKS + TABLE  # one decision per request slot, then one e per slot (`deepest_col`)
 
 
 def state_size(lay: Layout) -> int:

@@ -96,14 +96,15 @@ class Retirement:
     self.deepest[gid, name] = max(prev, e)
 
   def _point(self, gid: int, key: int, unopened: bool = False) -> bool:
+    """Whether `key` is marked a point (and, with `unopened`, not open)."""
     v, same = self._mark(gid, key)
     return same and bool(v & POINT) and not (unopened and v & OPEN)
 
   def pick(self, s, r) -> list[int]:
     """The state blocks finishing request `r` retires, group by group in position order
     (read after its blocks are freed): those of its chain above its e (not marked `KEEP`)
-    that a lookup finds, carrying that key as their own, free (normal queue or pinned tier). The
-    request's decision and e are forgotten (the core clears its slot's)."""
+    that a lookup finds, carrying that key as their own, free (normal queue or pinned tier).
+    The request's decision and e are forgotten (the core clears its slot's)."""
     out = []
     for gid, g in enumerate(s.groups):
       decided = self.decision.pop((gid, r.name), False)
