@@ -133,6 +133,35 @@ def test_two_turn_session_retires_the_superseded_states(backend, retirement):
 
 
 @pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_a_reused_superseded_state_is_kept_from_then_on(backend):
+  """After the 6 sessions above (retirement on), requests C_j = a shared 8-token prefix S + 9
+  fresh tokens (17 tokens; the simulator's shared system prompt). C_0 keeps 4, 8, 12, 16 and
+  retires 4, 8 (S's end state) and 12: nothing is known to reuse S yet (3 retired). C_1's
+  admission finds S's state 8 a point and open (superseded by C_0): a use (USED 1024) and
+  `KEEP`; it also branches there (seen = 2: the attention holds S, and C_0 computed the block
+  after 8: `CHILD`). C_1 recomputes 4 and 8 (no state hit), keeps 12', 16' (new: e = 4) and
+  retires 4 and 12' but not 8 (5 retired; 8 re-opened: superseded again). C_2 hits 8, a use
+  again (USED 1024 - 5 + 1024 = 2043), retires only 12'' (6)."""
+  m = make_manager(CacheConfig(**_ALL, retirement="superseded"), backend)
+  for k in range(6):
+    t1, t2 = _session(k)
+    _serve(m, "a", t1)
+    _serve(m, "b", t2)
+  prefix = [500 + i for i in range(8)]
+  hits, kept, used, retired = [], [], [], []
+  for j in range(3):
+    c = prefix + [600 + 10 * j + i for i in range(9)]
+    hits.append(m.lookup(c[:16]).hit_tokens)
+    _serve(m, "c", c)
+    kept.append(m.lookup(prefix + [1]).hit_tokens)
+    used.append(_counts(m)[1])
+    if hasattr(m, "state"):
+      retired.append(int(m.state.states_retired))
+  assert hits == [0, 0, 8] and kept == [0, 8, 8] and used == [0, 1024, 2043]
+  assert retired in ([], [3, 5, 6])
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
 def test_a_pinned_superseded_state_is_unpinned_and_retired(backend):
   """As above with the pinned tier (SPEC B1): each turn's finish pins its keyed full-attention
   blocks and its deepest state, so turn 1's end state 8 is pinned-free when turn 2 hits it,
