@@ -71,6 +71,11 @@ def test_retirement_is_registered_and_validated():
   assert policies.core_policy("retirement", "none") is None
   assert callable(policies.core_policy("retirement", "superseded").pick)
   assert callable(policies.twin_policy("retirement", "superseded").Retirement)
+  from hybrid_cache.core.compile_cache import compile_key
+
+  # a static field: each policy compiles its own programs
+  keys = [compile_key(CacheConfig(**_ALL, retirement=r)) for r in ("none", "superseded")]
+  assert keys[0] != keys[1] and keys[1].retirement == "superseded"
   with pytest.raises(ValueError, match="retirement must be one of .*got 'nope'"):
     CacheConfig(**_ALL, retirement="nope")
   with pytest.raises(ValueError, match="retirement='superseded' needs prefix caching"):
