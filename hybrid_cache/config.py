@@ -32,6 +32,7 @@ from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import EVICTION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
 from hybrid_cache.policies import RETENTION_POLICIES
+from hybrid_cache.policies import RETIREMENT_POLICIES
 
 EVICTION_COST_FIELDS = ("eviction_flops_linear", "eviction_flops_quadratic", "eviction_block_bytes")
 PROFILES = ("vllm", "pinned")
@@ -114,6 +115,10 @@ class CacheConfig:
     retention: a registered retention policy (`policies.RETENTION_POLICIES`): with `pinning`,
       which blocks a finishing request pins; "prefix" = SPEC B1. Another policy needs
       `pinning` and a mamba group.
+    retirement: a registered retirement policy (`policies.RETIREMENT_POLICIES`): which
+      recurrent states a finished request's deeper checkpoints supersede are dropped from the
+      cache; "none" = vLLM (nothing). Another policy needs prefix caching and a mamba group in
+      mode align or all.
     eviction_flops_linear: per group (one entry per group, or () = 1.0 each), FLOPs per token
       of the layers the group stands for (linear part: projections, MLP share, recurrence).
     eviction_flops_quadratic: per group (or () = 0.0 each), the attention context term q:
@@ -151,6 +156,7 @@ class CacheConfig:
   placement: str = "vllm"
   admission: str = "all"
   retention: str = "prefix"
+  retirement: str = "none"
   max_requests: int = 64
   eviction_flops_linear: tuple[float, ...] = ()
   eviction_flops_quadratic: tuple[float, ...] = ()
@@ -198,6 +204,7 @@ class CacheConfig:
       ("placement", PLACEMENT_POLICIES),
       ("admission", ADMISSION_POLICIES),
       ("retention", RETENTION_POLICIES),
+      ("retirement", RETIREMENT_POLICIES),
     ):
       if getattr(self, seam) not in names:
         raise ValueError(f"{seam} must be one of {names}, got {getattr(self, seam)!r}")
@@ -245,6 +252,14 @@ class CacheConfig:
       self.pinning and any(g.kind == "mamba" for g in self.groups)
     ):
       raise ValueError(f"retention={self.retention!r} needs pinning=True and a mamba group")
+    if self.retirement != "none" and not (
+      self.enable_prefix_caching
+      and any(g.kind == "mamba" and g.mode != "none" for g in self.groups)
+    ):
+      raise ValueError(
+        f"retirement={self.retirement!r} needs prefix caching and a mamba group in mode align"
+        " or all"
+      )
     if self.admission != "all":
       if not any(g.kind == "mamba" and g.mode != "none" for g in self.groups):
         raise ValueError(f"admission={self.admission!r} needs a mamba group in mode align or all")

@@ -40,8 +40,24 @@ and has no file.
              With `pinning` on, which held blocks a finishing request pins (SPEC B1's pinned
              tier), per group. `default` is SPEC B1's rule (`finish_pin_mask` of each kind).
              Default `prefix`: that rule.
+  retirement core   `state_size(lay) -> S` (its `policy_state` columns, after the admission's
+                    and a stateful placement's),
+                    `observe(lay, r, g, pos, table, req, kept) -> table` per registration call
+                    and recurrent group (`req` a `core.cache_keys.PlacementRequest`, `kept`
+                    bool[MB] the state blocks the call keeps),
+                    `pick(lay, state, slot, table) -> (i32[R * MB], table)` at a finish
+                    (the blocks, 0 = none; the columns with the slot's own cleared)
+             twin `Retirement(config)` with `observe(gid, req, kept: list[int])` and
+                    `pick(s, request) -> list[int]` (forgets the request)
+             Which recurrent state blocks a *finished* request's own deeper checkpoints
+             supersede are retired: once its blocks are freed (`core.release.retire`), each
+             picked block that is free in the normal queue (ref 0: no running request holds
+             it) with its key in a recurrent group loses its keys and moves to the free
+             queue's head (first reused, as vLLM frees an unkeyed block); attention blocks
+             are never retired. Default `none`: nothing is retired (vLLM 0.33).
 
-`CacheConfig(eviction=..., placement=..., admission=..., retention=...)` selects them; the
+`CacheConfig(eviction=..., placement=..., admission=..., retention=..., retirement=...)`
+selects them; the
 simulator's `--policy` runs each registered eviction policy over the `vllm_default` profile (and
 `--placement` / `--admission` / `--retention-policy` pick the other seams); the differential
 machines in `tests/hybrid_cache/policies_test.py` compare every registered policy's twins. This
@@ -96,7 +112,20 @@ RETENTION_POLICIES = (
   "state_chain",  # only what a hybrid hit can use: the KV up to the deepest kept state
 )
 
-_DEFAULTS = {"eviction": "lru", "placement": "vllm", "admission": "all", "retention": "prefix"}
+RETIREMENT_POLICIES = (
+  "none",  # vLLM 0.33: nothing retired, built in
+  # the simulator's retirement of superseded checkpoints (`UnitCache._retire`), decided by
+  # `SupersessionStats` (stateful: `policy_state` columns)
+  "superseded",
+)
+
+_DEFAULTS = {
+  "eviction": "lru",
+  "placement": "vllm",
+  "admission": "all",
+  "retention": "prefix",
+  "retirement": "none",
+}
 
 
 def reads_costs(eviction: str) -> bool:
@@ -122,7 +151,7 @@ def twin_eviction(name: str) -> ModuleType | None:
 
 def core_policy(seam: str, name: str) -> ModuleType | None:
   """The jitted twin of policy `name` of `seam` ("eviction", "placement", "admission",
-  "retention"); None for the seam's built-in default."""
+  "retention", "retirement"); None for the seam's built-in default."""
   if name == _DEFAULTS[seam]:
     return None
   return importlib.import_module(f"hybrid_cache.core.policies.{name}")

@@ -88,6 +88,19 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   return state.replace(ref_cnt=ref, queue_key=qk, counters=c)
 
 
+def to_head(state: CacheState, ids: jax.Array) -> CacheState:
+  """Moves the free blocks `ids` (unique, 0 = skip; each in the normal free queue or the
+  pinned tier, unpinned by the caller) to the normal queue's head in list order (the first in
+  front), where vLLM frees an unkeyed block: the retirement seam (`release.retire`) after
+  dropping their keys."""
+  nb = state.ref_cnt.shape[0]
+  valid = ids > 0
+  n = jnp.sum(valid).astype(jnp.int32)
+  keys = state.head_key - n + jnp.cumsum(valid).astype(jnp.int32) - 1
+  qk = QueueKeys(state.queue_key)[_drop_idx(ids, nb)].set(free=keys, pinned=BIG, mode="drop")
+  return state.replace(queue_key=qk, counters=Counters(state.counters).add(head_key=-n))
+
+
 def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Array):
   """Pops `count` blocks from the head into `row[start:start+count]` and evicts their keys.
 

@@ -3,7 +3,8 @@
 `cache_blocks` registers the hashes of a request's blocks optimistically up to the scheduler-block
 floor of its computed tokens, with the retention masks of the recurrent and window groups; in a
 recurrent group the placement policy decides which state blocks are kept and the admission
-policy which of those are registered (seams of `hybrid_cache.policies`);
+policy which of those are registered, and a retirement policy observes the kept ones (seams of
+`hybrid_cache.policies`);
 `cache_partial_tail` registers the prompt-tail entry at floor(num_prompt / HBS) * HBS
 (`_cache_partial_tail_block`).
 """
@@ -34,8 +35,9 @@ _KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start")
 
 
 class PlacementRequest(NamedTuple):
-  """What a stateful placement policy reads of one request's registration call, one recurrent
-  group (`hybrid_cache.policies`, seam `placement`; twin `twin.cache_keys.PlacementRequest`).
+  """What a stateful placement policy (and a retirement policy's `observe`) reads of one
+  request's registration call, one recurrent group (`hybrid_cache.policies`, seams `placement`
+  and `retirement`; twin `twin.cache_keys.PlacementRequest`).
 
   Attributes:
     admitted: bool, this call admits the request (its first allocation, `ok`).
@@ -85,9 +87,13 @@ def cache_blocks(
   rg = state.req_group[r]  # the request's `req_group` row, updated group by group
   placement = policies.core_policy("placement", lay.config.placement)
   admission = policies.core_policy("admission", lay.config.admission)
-  # `policy_state`: the admission policy's columns, then a stateful placement's
-  # (`fresh_state.policy_state_shape`)
+  # `policy_state`: the admission policy's columns, then a stateful placement's, then a
+  # retirement policy's (`fresh_state.policy_columns`)
   table = state.policy_state
+  retirement = policies.core_policy("retirement", lay.config.retirement)
+  if retirement is not None:  # its columns come last (`fresh_state.policy_columns`)
+    width = retirement.state_size(lay)
+    table, retired = table[:, : table.shape[1] - width], table[:, table.shape[1] - width :]
   stateful = placement is not None and hasattr(placement, "state_size")
   if stateful:
     split = admission.STATE_SIZE if admission is not None else 0
@@ -109,7 +115,7 @@ def cache_blocks(
     if keys is None:
       all_keys.append(coordinator.group_hashes(lay, hashes, req.tokens, g)[0])
     gkeys = all_keys[-1] if keys is None else keys[0][g * mb : (g + 1) * mb]
-    if g in lay.recurrent_groups and stateful:  # reads the group's keys, before its mask
+    if g in lay.recurrent_groups and (stateful or retirement is not None):
       preq = PlacementRequest(
         admitted=is_new & ok,
         hit=jnp.where(is_new, hit, 0),
@@ -119,10 +125,13 @@ def cache_blocks(
         computed=(pos >= nca) & (pos < upto) & ok,
         keys=gkeys,
       )
+    if g in lay.recurrent_groups and stateful:  # reads the group's keys, before its mask
       placed, mask = placement.keep(lay, r, g, pos, boundaries, mask, placed, preq)
     elif g in lay.recurrent_groups and placement is not None:
       mask = placement.keep(lay, r, g, pos, boundaries, mask)
     offered = (pos >= nca) & (pos < upto) & (row > 0) & ok & mask
+    if g in lay.recurrent_groups and retirement is not None:  # the points this call keeps
+      retired = retirement.observe(lay, r, g, pos, retired, preq, offered)
     sel = offered & unkeyed
     if g in lay.recurrent_groups and admission is not None:
       table, admitted = admission.admit(lay, table, g, gkeys, offered)
@@ -170,8 +179,10 @@ def cache_blocks(
     counters = Counters(counters).add(states_admitted=n_rec)
   state = state.replace(block_aux=aux, req_group=state.req_group.at[r].set(rg), counters=counters)
   if stateful:
-    state = state.replace(policy_state=jnp.concatenate([table, placed], axis=1))
-  elif admission is not None:
+    table = jnp.concatenate([table, placed], axis=1)
+  if retirement is not None:
+    table = jnp.concatenate([table, retired], axis=1)
+  if stateful or admission is not None or retirement is not None:
     state = state.replace(policy_state=table)
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)

@@ -72,14 +72,24 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   return jax.device_put(state)
 
 
-def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
-  """(R, S): the `policy_state` leaf's shape (`state` module docstring): the admission
-  policy's `STATE_SIZE` columns, then a stateful placement policy's `state_size(lay)`."""
+def policy_columns(config: CacheConfig, lay: Layout) -> tuple[int, int, int]:
+  """Columns of `policy_state` per recurrent group, in order: the admission policy's
+  `STATE_SIZE`, a stateful placement policy's `state_size(lay)`, a retirement policy's
+  `state_size(lay)` (0 each for a seam without state)."""
   admission = policies.core_policy("admission", config.admission)
   placement = policies.core_policy("placement", config.placement)
-  size = 0 if admission is None else admission.STATE_SIZE
-  if placement is not None and hasattr(placement, "state_size"):
-    size += placement.state_size(lay)
+  retirement = policies.core_policy("retirement", config.retirement)
+  adm = 0 if admission is None else admission.STATE_SIZE
+  place = placement.state_size(lay) if hasattr(placement, "state_size") else 0
+  ret = 0 if retirement is None else retirement.state_size(lay)
+  return adm, place, ret
+
+
+def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
+  """(R, S): the `policy_state` leaf's shape (`state` module docstring): the admission
+  policy's `STATE_SIZE` columns, then a stateful placement policy's `state_size(lay)`, then
+  a retirement policy's (`policy_columns`)."""
+  size = sum(policy_columns(config, lay))
   if size == 0:
     return (0, 0)
   return (len(lay.recurrent_groups), size)

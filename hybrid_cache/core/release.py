@@ -12,6 +12,14 @@ A *preempted* request pins nothing: it was preempted because allocation failed, 
 re-admitted soon and finds its own blocks at the fresh end of the LRU tail anyway, and pinning
 is for cross-request retention (reference §6.1: PR #40676 pins only to keep prefixes for later
 requests). Blocks pinned earlier by window drops stay pinned either way.
+
+Retirement on finish (beyond vLLM, seam `retirement` of `hybrid_cache.policies`; default
+`none`: nothing, as vLLM 0.33): after a *finished* request's blocks are freed, the policy picks
+recurrent state blocks its own deeper checkpoints supersede (`retire`); their keys are dropped
+and they move to the free queue's head. At the finish, not at the registration of the deeper
+state: the request then holds none of its blocks, so a picked block with ref 0 is held by no
+running request (and the request no longer needs the state it hit), and the simulator's unit
+cache retires at a request's finish too (`UnitCache.finish`).
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache import policies
+from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import groups
+from hybrid_cache.core.fresh_state import policy_columns
 from hybrid_cache.core.layout import Layout
+from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import STATUS_WAITING
 from hybrid_cache.core.state import CacheState
+from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import ReqInfo
 
@@ -43,10 +55,35 @@ def pin_finished(lay: Layout, state: CacheState, slot, enabled=True) -> CacheSta
   return block_pool.pin(state, jnp.concatenate(ids))
 
 
+def retire(lay: Layout, state: CacheState, slot, enabled=True) -> CacheState:
+  """Retires what the retirement policy picks for finishing request `slot` (module doc):
+  its blocks already freed, its hashes not yet cleared; nothing where `enabled` (a bool,
+  traced or not) is False. Exactness guard, whatever the policy picks: only free blocks (ref
+  0, in the normal queue or the pinned tier) whose key is in a recurrent group are retired
+  (never a held or attention block); a pinned one is unpinned (superseded, it no longer
+  keeps a prefix hittable)."""
+  policy = policies.core_policy("retirement", lay.config.retirement)
+  off = sum(policy_columns(lay.config, lay)[:2])
+  old = state.policy_state[:, off:]
+  ids, table = policy.pick(lay, state, slot, old)
+  table = jnp.where(enabled, table, old)
+  state = state.replace(policy_state=state.policy_state.at[:, off:].set(table))
+  safe = jnp.maximum(ids, 0)
+  rec = jnp.isin(state.block_group[safe], jnp.asarray(lay.recurrent_groups, jnp.int32))
+  free = (state.free_key[safe] < BIG) | (state.pinned_key[safe] < BIG)
+  ok = (ids > 0) & enabled & (state.ref_cnt[safe] == 0) & free & rec
+  ids = jnp.where(ok, ids, 0)
+  state = block_index.evict_ids(state, ids, clear_pinned=True, scan_all=lay.partial)
+  state = block_pool.to_head(state, ids)
+  n = jnp.sum(ids > 0).astype(jnp.int32)
+  return state.replace(counters=Counters(state.counters).add(states_retired=n))
+
+
 def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   """Frees a request's blocks tail first (group by group); preempt keeps it waiting.
 
-  With `lay.config.pinning`, a finishing (not preempted) request first pins its hittable prefix.
+  With `lay.config.pinning`, a finishing (not preempted) request first pins its hittable prefix;
+  with a retirement policy it retires what that picks once its blocks are freed (`retire`).
   `preempt` is a Python bool (the other case is left out of the program) or a traced bool
   (one program for both: `scheduler.release_request`, issue 29).
   """
@@ -56,6 +93,8 @@ def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   rows = state.tables[slot][:, ::-1]
   batch = jnp.repeat(jnp.arange(lay.num_groups, dtype=jnp.int32), lay.max_blocks)
   state = block_pool.free_ordered(state, rows.reshape(-1), batch)
+  if lay.config.retirement != "none" and not (static and preempt):
+    state = retire(lay, state, slot, enabled=True if static else ~preempt)
   rg = ReqGroup(jnp.zeros_like(state.req_group[slot])).set(last=-1)
   info = state.req_info[slot]
   waiting = ReqInfo(info).set(status=STATUS_WAITING, computed=0, spb=0)

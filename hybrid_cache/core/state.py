@@ -83,6 +83,8 @@ Scalars:
   - `states_evicted` (`C_REC_EVICTED`): keyed recurrent blocks re-allocated (or evicted over
     the shared byte budget, `byte_budget.enforce`).
   - `alpha_milli` (`C_ALPHA_MILLI`): the FLOP-aware eviction weight alpha in thousandths.
+  - `states_retired` (`C_REC_RETIRED`): recurrent keys retired by the retirement policy
+    (`release.retire`; not counted in `states_evicted`).
 * `params` i32[NUM_PARAMS], entries `P_*` (packed and named in `params`, the one module that
   uses them): the config's runtime parameters (`params.runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
@@ -97,12 +99,14 @@ Scalars:
   `retention_interval` (`P_RETENTION`, `RETENTION_NONE` = None), `pin_min_drop_size`
   (`P_PIN_MIN_DROP`), `marconi_junction` (`P_JUNCTION`, 0/1), `free_all_tail` (`P_ALL_TAIL`,
   1 = `free_order="all_tail"`).
-* `policy_state` i32[R, S]: the admission and placement policies' own statistics across
-  requests (`hybrid_cache.policies`, seams `admission` and `placement`): R = recurrent groups,
-  S = the admission policy's `STATE_SIZE` columns, then a stateful placement policy's
-  `state_size(lay)` columns (shape [0, 0] when neither has state, as for the built-in `all`
-  and `vllm`). Zero at `init_state`; only the policies' `admit` / `keep` write their own
-  columns; `reset_prefix_cache` keeps it (statistics of the requests seen, not cache content).
+* `policy_state` i32[R, S]: the admission, placement and retirement policies' own statistics
+  across requests (`hybrid_cache.policies`, seams `admission`, `placement`, `retirement`): R =
+  recurrent groups, S = the admission policy's `STATE_SIZE` columns, then a stateful placement
+  policy's `state_size(lay)` columns, then a retirement policy's `state_size(lay)`
+  (`fresh_state.policy_columns`; shape [0, 0] when none has state, as for the built-in `all`,
+  `vllm` and `none`). Zero at `init_state`; only the policies' `admit` / `keep` / `observe` /
+  `pick` write their own columns; `reset_prefix_cache` keeps it (statistics of the requests
+  seen, not cache content).
 
 Why packed: a stacked leaf is one buffer, donated and updated in place as one, so a block's
 key columns are cleared in one row write when it is popped (`block_index.evict_ids`) and a
@@ -155,9 +159,18 @@ RG_LEN, RG_NCACHED, RG_LAST, RG_CHAIN = range(4)
 NUM_RG = 3  # without the chain features
 NUM_RG_CHAIN = 4
 # counters
-C_HEAD, C_TAIL, C_PIN, C_STEP, C_SEQ, C_OVERFLOW, C_REC_ADMITTED, C_REC_EVICTED, C_ALPHA_MILLI = (
-  range(9)
-)
+(
+  C_HEAD,
+  C_TAIL,
+  C_PIN,
+  C_STEP,
+  C_SEQ,
+  C_OVERFLOW,
+  C_REC_ADMITTED,
+  C_REC_EVICTED,
+  C_ALPHA_MILLI,
+  C_REC_RETIRED,
+) = range(10)
 NUM_COUNTERS = 16
 # block_aux columns: registration step, pinned flag, key's token end; with the chain features
 # (`Layout.chain_features`) also hits and chain start
@@ -338,6 +351,7 @@ class Counters(Packed):
     "states_admitted": C_REC_ADMITTED,
     "states_evicted": C_REC_EVICTED,
     "alpha_milli": C_ALPHA_MILLI,
+    "states_retired": C_REC_RETIRED,
   }
   AXIS = 0
   WIDTHS = (NUM_COUNTERS,)
@@ -423,6 +437,7 @@ class CacheState(ParamViews):
   states_admitted = _view(Counters, "counters", "states_admitted", "Recurrent keys registered.")
   states_evicted = _view(Counters, "counters", "states_evicted", "Recurrent keys evicted.")
   alpha_milli = _view(Counters, "counters", "alpha_milli", "FLOP-aware alpha in thousandths.")
+  states_retired = _view(Counters, "counters", "states_retired", "Recurrent keys retired.")
 
 
 def cdiv(a, b):

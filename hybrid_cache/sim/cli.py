@@ -115,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
-    seams = (("placement", "vllm"), ("admission", "all"), ("retention_policy", "prefix"))
+    seams = (
+      ("placement", "vllm"),
+      ("admission", "all"),
+      ("retention_policy", "prefix"),
+      ("retirement", "none"),
+    )
     for seam, default in seams:
       if getattr(args, seam) != default:
         if parse_policy(args.policy).kind != "core":

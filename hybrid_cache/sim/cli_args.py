@@ -15,6 +15,7 @@ from hybrid_cache import cli_util
 from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
 from hybrid_cache.policies import RETENTION_POLICIES
+from hybrid_cache.policies import RETIREMENT_POLICIES
 from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_sim
@@ -202,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     choices=RETENTION_POLICIES,
     default="prefix",
     help="core policies with --pinning: what a finished request pins (registered policy)",
+  )
+  p.add_argument(
+    "--retirement",
+    choices=RETIREMENT_POLICIES,
+    default="none",
+    help="core policies: which superseded recurrent states a finished request drops"
+    " (registered retirement policy)",
   )
   p.add_argument(
     "--token-budget",

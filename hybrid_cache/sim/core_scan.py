@@ -389,6 +389,8 @@ def run_scan(
     counters["alpha_tuning"] = tuning
   counters["states_admitted"] = int(_col(res, "rec_admitted").sum())
   counters["states_evicted"] = int(_col(res, "rec_evicted").sum())
+  if config.retirement != "none":
+    counters["states_retired"] = int(jax.device_get(state.states_retired))
   if details is not None:
     details["per_request"] = {k: _col(res, k) for k in _OUT_COLS}
     details["final_state"] = state

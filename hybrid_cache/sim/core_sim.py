@@ -85,6 +85,7 @@ def build_config(
   placement: str = "vllm",
   admission: str = "all",
   retention_policy: str = "prefix",
+  retirement: str = "none",
   state_fraction: float | None = None,
   checkpoint_unit: int | None = None,
 ) -> tuple[CacheConfig, dict]:
@@ -95,7 +96,9 @@ def build_config(
   `layout`: "model" (one group per kind) or "vllm" (vLLM's groups of equal layer counts;
   `core_groups.py`). `placement`, `admission`: registered policies of those seams
   (`hybrid_cache.policies`), vLLM's own rules by default; `retention_policy`: the
-  registered retention policy (what a finished request pins with `pinning`).
+  registered retention policy (what a finished request pins with `pinning`); `retirement`:
+  the registered retirement policy (which superseded recurrent states a finished request
+  drops; "none" = vLLM).
   `state_fraction` ("pools" layout only): None = pages and state slots share the whole byte
   budget (`CacheConfig.byte_budget`); a number in (0, 1) = that share of `capacity_bytes` is a
   fixed pool of state slots, the rest pages (`pools.split_byte_budget`).
@@ -225,6 +228,7 @@ def build_config(
     placement=placement,
     admission=admission,
     retention=retention_policy,
+    retirement=retirement,
     **_eviction_costs(model, groups, block_size, p.eviction, layout),
   )
   sizing = {
@@ -241,6 +245,8 @@ def build_config(
     "retention_policy": retention_policy,
     "pinning": pinning,
   }
+  if retirement != "none":  # (the summaries of the other runs stay as they were)
+    sizing["retirement"] = retirement
   if layout == "vllm":
     sizing["page_layout"] = layout
     sizing["layers_per_group"] = vllm_group_size(model)

@@ -218,11 +218,13 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   placement = core.pop("placement", "vllm")
   admission = core.pop("admission", "all")
   retention_policy = core.pop("retention_policy", "prefix")
+  retirement = core.pop("retirement", "none")
   unit = core.pop("checkpoint_unit", None)
   if core:
     raise ValueError(
       "core options must be backend/retention/pinning/token_budget/alpha/hash_block_size/"
-      "page_layout/state_fraction/placement/admission/retention_policy/checkpoint_unit, "
+      "page_layout/state_fraction/placement/admission/retention_policy/retirement/"
+      "checkpoint_unit, "
       f"got {core}"
     )
   if name == "flop_aware" and alpha is None:
@@ -244,6 +246,7 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
     placement=placement,
     admission=admission,
     retention_policy=retention_policy,
+    retirement=retirement,
     checkpoint_unit=unit,
   )
   t0 = time.perf_counter()

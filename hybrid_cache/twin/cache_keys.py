@@ -91,7 +91,8 @@ def cache_blocks(
 
   With partial hits (§2.5) nothing is floored and the prompt-tail entries are added too.
   `admitted`, `hit`: this call admits the request with this hit (read only by a stateful
-  placement policy, which starts each recurrent group's call: `PlacementRequest`).
+  placement policy, which starts each recurrent group's call, and a retirement policy, which
+  observes the blocks it keeps: `PlacementRequest`).
   """
   floored = num_tokens if s.partial else rules.floor_to(num_tokens, s.sbs)
   for gid in range(len(req.rows)):
@@ -100,7 +101,8 @@ def cache_blocks(
     if g.eagle and g.kind != "mamba":
       n = min(num_tokens, floored + bs)
     full = n // bs
-    if g.kind == "mamba" and hasattr(s.placement, "start"):
+    stateful = hasattr(s.placement, "start")
+    if g.kind == "mamba" and (stateful or s.retirement is not None):
       preq = PlacementRequest(
         name=req.name,
         admitted=admitted,
@@ -111,7 +113,14 @@ def cache_blocks(
         computed=range(req.num_cached[gid], full),
         keys=coordinator.group_hashes(s, req.fine_hashes, bs),
       )
-      s.placement.start(gid, preq)
+      if stateful:
+        s.placement.start(gid, preq)
+      if s.retirement is not None:  # the points this call keeps (the core's `offered`)
+        row = req.rows[gid]
+        kept = [
+          i for i in preq.computed if i < len(row) and row[i] != NULL and cacheable(s, req, gid, i)
+        ]
+        s.retirement.observe(gid, preq, kept)
     if s.partial:
       cache_partial_tail(s, req, gid, n, full)
       continue

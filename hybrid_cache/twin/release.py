@@ -2,7 +2,8 @@
 
 Jitted twin: `core/release.py` (`pin_finished`, `release`). A finished (not preempted) request
 first pins what keeps its prefix hittable (`rules.finish_pin_indices`, or the retention policy's
-pick), then frees its blocks tail first, one batch per group in group order.
+pick), then frees its blocks tail first, one batch per group in group order, then retires what
+the retirement policy picks (`retire`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,35 @@ def pin_finished(s: TwinState, r: Request) -> None:
       s.pinned[row[i]] = True
 
 
+def retire(s: TwinState, r: Request) -> None:
+  """Retires what the retirement policy picks for finished request `r` (its blocks freed):
+  only free blocks (normal queue or pinned tier) keyed in a recurrent group, whatever the
+  pick; their keys are dropped, a pinned one is unpinned, and they move to the normal free
+  queue's head, the first picked in front (core `release.retire`)."""
+  out = []
+  for b in s.retirement.pick(s, r):
+    key = s.key[b]
+    if s.ref[b] == 0 and key is not None and s.groups[key[1]].kind == "mamba":
+      out.append(b)
+  for b in out:
+    block_pool.evict_key(s, b)
+    if b in s.pinned_free:
+      s.pinned_free.remove(b)
+    else:
+      s.free.remove(b)
+    s.pinned[b] = False
+  s.free[0:0] = out
+
+
 def release(s: TwinState, r: Request, finished: bool) -> None:
-  """Frees a request's blocks tail first, group by group; a finished one pins first."""
+  """Frees a request's blocks tail first, group by group; a finished one pins first and then
+  retires what the retirement policy picks (`retire`)."""
   if finished and s.config.pinning:
     pin_finished(s, r)
   for row in r.rows:
     block_pool.free_blocks(s, list(reversed(row)))
+  if finished and s.retirement is not None:
+    retire(s, r)
   r.rows = []
   r.num_cached = None
   r.last_state.clear()

@@ -69,7 +69,8 @@ class TwinState:
   Static (fixed by the config, the twin of `core/layout.py`'s `Layout`):
     groups, caching, bs, mode, sbs, hbs, partial, fine_keys, align, spec_s, split_bs,
     spec_groups, group_pool; and the policy objects evict, placement, admission, retention
-    (built from the config; an eviction order or admission policy keeps its own tables).
+    (built from the config; an eviction order or admission policy keeps its own tables),
+    retirement (None = `none`, else the policy's `Retirement` object).
   Mutable (the twin of `CacheState`; lists are indexed by block id, length pool_size):
     ref, key, pinned, free, pinned_free, key_end, hits, chain, index, extra, cow,
     cached_this_step, reqs.
@@ -116,6 +117,7 @@ class TwinState:
   placement: object
   admission: object
   retention: object
+  retirement: object
   index: dict[tuple[int, int], list[int]]
   # extra keys of a block besides its primary one (vLLM cached_block_hashes_by_block, §2.5)
   extra: dict[int, list[tuple[int, int]]]
@@ -159,6 +161,7 @@ def init_state(config: CacheConfig) -> TwinState:
   partial = caching and cfg.partial_hits
   admission = policies.twin_policy("admission", cfg.admission)
   placement = policies.twin_policy("placement", cfg.placement)
+  retirement = policies.twin_policy("retirement", cfg.retirement)
   if hasattr(placement, "Placement"):  # a stateful placement: its object keeps its statistics
     placement = placement.Placement(cfg)
   n = cfg.pool_size
@@ -189,6 +192,7 @@ def init_state(config: CacheConfig) -> TwinState:
     placement=placement,
     admission=None if admission is None else admission.Admission(cfg),
     retention=policies.twin_policy("retention", cfg.retention),
+    retirement=None if retirement is None else retirement.Retirement(cfg),
     index={},
     extra={},
     cow=[],

@@ -179,6 +179,7 @@ SEAMS = {
   "placement": policies.PLACEMENT_POLICIES,
   "admission": policies.ADMISSION_POLICIES,
   "retention": policies.RETENTION_POLICIES,
+  "retirement": policies.RETIREMENT_POLICIES,
 }
 _FA_MAMBA = dict(
   groups=(GroupSpec("full"), GroupSpec("mamba")),
@@ -203,6 +204,8 @@ def test_every_registered_seam_policy_has_both_twins(seam, name):
     assert callable(core.keep) and callable(twin.keep)
   elif seam == "admission":
     assert core.STATE_SIZE > 0 and callable(core.admit) and callable(twin.Admission)
+  elif seam == "retirement":  # stateful: `policy_state` columns
+    assert callable(core.observe) and callable(core.pick) and callable(twin.Retirement)
   else:
     assert callable(core.pin) and callable(twin.pin)
   CacheConfig(**_FA_MAMBA, pinning=True, **{seam: name})  # accepted by name

@@ -64,6 +64,7 @@ VIEWS = {
   "states_admitted": ("counters", (st.C_REC_ADMITTED,)),
   "states_evicted": ("counters", (st.C_REC_EVICTED,)),
   "alpha_milli": ("counters", (st.C_ALPHA_MILLI,)),
+  "states_retired": ("counters", (st.C_REC_RETIRED,)),
   "num_real_blocks": ("params", (params.P_NUM_BLOCKS,)),
   "max_batched_tokens": ("params", (params.P_MAX_BATCHED,)),
   "max_model_len": ("params", (params.P_MAX_MODEL_LEN,)),
