@@ -28,7 +28,8 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    the branch point and at one
                                                                    continuation point on a learned
                                                                    alignment, both at any multiple
-                                                                   of the recurrent block U; not a
+                                                                   of the recurrent block U, and
+                                                                   retirement `superseded`; not a
                                                                    vLLM setting
 
 `adaptive` keys full attention at every U inside its larger blocks (`CacheConfig.fine_keys`):
@@ -69,6 +70,7 @@ class Profile:
     placement: `CacheConfig.placement` (a registered placement policy).
     fine_keys: `CacheConfig.fine_keys` (full attention keyed at every hash block U; the
       workload gives the recurrent block U, see the module doc).
+    retirement: `CacheConfig.retirement` (a registered retirement policy).
   """
 
   mode: str
@@ -77,6 +79,7 @@ class Profile:
   eviction: str = "lru"
   placement: str = "vllm"
   fine_keys: bool = False
+  retirement: str = "none"
 
   def describe(self) -> str:
     """One line of its fields, e.g. "mode=align, marconi_junction=True, ..."."""
@@ -84,7 +87,7 @@ class Profile:
 
   def cache_overrides(self) -> dict[str, Any]:
     """Keyword arguments of `engine.config.cache_config_for` (mode + `CacheConfig` fields);
-    placement and fine_keys only where they are not vLLM's."""
+    placement, fine_keys and retirement only where they are not vLLM's."""
     return {
       f.name: getattr(self, f.name)
       for f in dataclasses.fields(self)
@@ -92,7 +95,8 @@ class Profile:
     }
 
 
-_NAMED_IF_SET = ("placement", "fine_keys")  # `cache_overrides` omits them at vLLM's value
+# `cache_overrides` omits these at vLLM's value
+_NAMED_IF_SET = ("placement", "fine_keys", "retirement")
 
 
 # vLLM 0.33.0's configuration for a hybrid (attention + Mamba/GDN) model, as `CacheConfig` field
@@ -114,8 +118,9 @@ _NAMED_IF_SET = ("placement", "fine_keys")  # `cache_overrides` omits them at vL
 #   recurrent block = KV block       platforms/interface.py update_block_size_for_backend: in align
 #                                    mode mamba_block_size = block_size (raised so that one KV
 #                                    page >= one state)
-#   pinning=False, placement="vllm", admission="all", retention="prefix": vLLM has none of
-#                                    these seams (our defaults are its behaviour)
+#   pinning=False, placement="vllm", admission="all", retention="prefix", retirement="none":
+#                                    vLLM has none of these seams (our defaults are its
+#                                    behaviour)
 VLLM_DEFAULT: dict[str, Any] = {
   "enable_prefix_caching": True,
   "mode": "align",
@@ -130,6 +135,7 @@ VLLM_DEFAULT: dict[str, Any] = {
   "placement": "vllm",
   "admission": "all",
   "retention": "prefix",
+  "retirement": "none",
 }
 
 PROFILES: dict[str, Profile] = {
@@ -140,7 +146,9 @@ PROFILES: dict[str, Profile] = {
   "all_dense_no_junction": Profile("all", False, None),
   # vllm_default with another registered eviction policy, named after it
   **{p: Profile("align", True, 0, p) for p in EVICTION_POLICIES if p != "lru"},
-  "adaptive": Profile("all", True, None, placement="adaptive", fine_keys=True),
+  "adaptive": Profile(
+    "all", True, None, placement="adaptive", fine_keys=True, retirement="superseded"
+  ),
 }
 
 # Old name -> profile. Kept so that old commands and recorded results still read.

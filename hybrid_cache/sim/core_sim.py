@@ -156,10 +156,20 @@ def build_config(
   page = page_bytes(model, groups, block_size, layout)
   units = unit_bytes(model, groups, block_size, layout)
   longest = max((r.num_tokens for r in trace.requests), default=1)
-  # blocks a group holds for the longest request: every block of it, or about three states in
-  # a recurrent group outside mode all (its own block size: U with `checkpoint_unit`)
+  mml = (-(-longest // block_size) + 1) * block_size
+  budget = mml if token_budget is None else token_budget
+  if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
+    raise ValueError(f"token_budget must be None or an integer >= {block_size}, got {budget!r}")
+  # blocks a group holds for the longest request: every block of an attention group; about
+  # three states in a recurrent group outside mode all; in mode all a state per block (its
+  # own, U with `checkpoint_unit`) of one chunk (the superseded ones are released as the
+  # chunk's end moves past them)
   held = [
-    3 if g.kind == "mamba" and g.mode != "all" else -(-longest // (g.block_size or block_size)) + 1
+    (
+      (-(-min(longest, budget) // (g.block_size or block_size)) + 1 if g.mode == "all" else 3)
+      if g.kind == "mamba"
+      else -(-longest // block_size) + 1
+    )
     for g in groups
   ]
   state_slots = 0
@@ -203,10 +213,6 @@ def build_config(
         f"blocks every group holds for the longest request, {longest} tokens), "
         f"got {capacity_bytes:g}"
       )
-  mml = (-(-longest // block_size) + 1) * block_size
-  budget = mml if token_budget is None else token_budget
-  if isinstance(budget, bool) or not isinstance(budget, int) or budget < block_size:
-    raise ValueError(f"token_budget must be None or an integer >= {block_size}, got {budget!r}")
   ret = p.retention_interval if retention == "policy" else retention
   if retention == "policy" and not any(g.kind in ("swa", "mamba") for g in groups):
     ret = None  # a policy's retention only concerns window and recurrent groups (vLLM)

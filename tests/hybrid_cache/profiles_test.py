@@ -45,11 +45,12 @@ VLLM_0_33 = {
   "full_sequence_must_fit": True,
   # config/cache.py: `prefix_match_unit: int | None = None` (hashes per block).
   "hash_block_size": None,
-  # vLLM has no pinned tier, no placement / admission / retention seams.
+  # vLLM has no pinned tier, no placement / admission / retention / retirement seams.
   "pinning": False,
   "placement": "vllm",
   "admission": "all",
   "retention": "prefix",
+  "retirement": "none",
 }
 # platforms/interface.py update_block_size_for_backend: in align mode
 # `cache_config.mamba_block_size = cache_config.block_size` (recurrent block = KV block).
