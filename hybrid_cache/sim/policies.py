@@ -9,7 +9,12 @@ offline_bound           offline upper bound at the capacity (`offline_bound.py`)
                         is the hit unit; the replayed hits are its clairvoyant schedule's.
 adaptive                checkpoints placed by value at multiples of the checkpoint unit U,
                         chain-aware FLOP-aware eviction, alpha re-tuned online
-                        (`checkpoint_policies.py`).
+                        (`checkpoint_policies.py`): the simulator's own unit cache. The cache
+                        core's profile of that name (`hybrid_cache.profiles`, served by the
+                        engine) has its placement, not yet this eviction, retirement
+                        decisions and tuning; the placement replays as `--policy vllm_default
+                        --placement adaptive --checkpoint-unit 64 --page-layout pools` (align
+                        mode: the branch point and the prompt end at U; issue 28).
 ckpt_dense, ckpt_sparse:K, ckpt_branch
                         checkpoints every U, every K U, or at branch points and leaves (Marconi at U
                         granularity), LRU eviction (`checkpoint_policies.py`).
