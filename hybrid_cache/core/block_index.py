@@ -178,8 +178,6 @@ def insert(
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
-  if state.has_clock:  # an unkeyed block's ranked priority is 0
-    state = advance_clock(state, jnp.where(valid, state.evict_ranked[jnp.where(valid, ids, 0)], 0))
   idx = jnp.where(valid, ids, nb)
   state = state.replace(
     block_group=state.block_group.at[idx].set(group, mode="drop"),
