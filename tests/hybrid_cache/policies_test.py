@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 from hypothesis import Phase
 from hypothesis import settings
@@ -536,6 +537,30 @@ def test_greedy_dual_keeps_a_long_state_chain_past_cheap_recent_blocks(backend):
   kv = {b: (0, 4 * b, 0, 4 * b - 4, 0, unit) for b in (1, 2, 3, 4)}
   states = {5: (1, 16, 0, 0, 0, 4 * unit), 6: (1, 4, 0, 0, 0, unit)}
   assert chain_features(m) == kv | states | {7: (0, 4, 0, 0, 0, unit)}
+
+
+def test_greedy_dual_clock_rebase_agrees_between_twins():
+  """Near int32's range the clock and every stamp drop by 2^28 (stamps floored at 0), on both
+  twins alike: clock 2^29 + 5 -> 2^28 + 5, stamps (2^29, 2^28 + 3, 7) -> (2^28, 3, 0); at 2^29
+  exactly nothing moves."""
+  from hybrid_cache.core import eviction as core_eviction
+  from hybrid_cache.core.fresh_state import init_state
+  from hybrid_cache.core.state import BlockAux
+  from hybrid_cache.core.state import Counters
+  from hybrid_cache.twin import eviction as twin_eviction
+
+  cfg = CacheConfig(groups=(GroupSpec("full"),), num_blocks=4, eviction="greedy_dual")
+  top = 1 << 29
+  for clock, stamps, want in (
+    (top + 5, [0, top, (1 << 28) + 3, 7], (top + 5 - (1 << 28), [0, 1 << 28, 3, 0])),
+    (top, [0, top, 5, 7], (top, [0, top, 5, 7])),
+  ):
+    s = init_state(cfg)
+    aux = BlockAux(s.block_aux)[: len(stamps)].set(evict_stamp=np.asarray(stamps, np.int32))
+    s = s.replace(block_aux=aux, counters=Counters(s.counters).set(evict_clock=clock))
+    got = core_eviction.rebase_clock(s)
+    core = (int(got.evict_clock), [int(t) for t in np.asarray(got.evict_stamp)[: len(stamps)]])
+    assert core == want == twin_eviction.rebase_clock(clock, stamps)
 
 
 # the configurations of the eviction machine (the second with uneven costs: quadratic attention,
