@@ -11,7 +11,11 @@ and has no file.
              priority: lower is evicted first; ties go least recently freed first.
              Default `lru`: vLLM's free queue itself (no re-ordering). The registry line says
              what the policy reads beyond `FreeBlocks`' base fields (`Reads`: cost fields,
-             chain features); the core keeps only what is declared.
+             chain features, the eviction clock); the core keeps only what is declared.
+             A policy with a clock (GreedyDual, `greedy_dual`; seam gained it in issue 28)
+             reads `FreeBlocks.stamp`, the clock when each key was registered or last hit;
+             the frame records the priority it ranks each candidate with and raises the clock
+             to it when the block is evicted (`core.eviction`, `twin.eviction`).
   placement  core   `keep(lay, r, g, pos, boundaries, default) -> bool[MB]`
              twin `keep(config, i, block_size, alignment, boundaries, default) -> bool`
              Which state blocks of a recurrent group a request keeps (registers a key for): the
@@ -82,6 +86,11 @@ class Reads(NamedTuple):
   # fields key_hits / chain_start, `req_group` field chain) only for such policies
   # (`Layout.chain_features`; maintained on every step they cost the core ~13%, issue 14)
   chain: bool = False
+  # the eviction clock (GreedyDual's L; implies `chain`): the core keeps per block the clock
+  # when its key was registered or last hit (`FreeBlocks.stamp`) and the priority it was last
+  # ranked with, and raises the clock to that priority when the block is evicted
+  # (`block_aux` fields evict_stamp / evict_ranked, counter evict_clock; `Layout.eviction_clock`)
+  clock: bool = False
 
 
 # name -> what the policy reads (`Reads`)
@@ -91,8 +100,12 @@ EVICTION: dict[str, Reads] = {
   "deepest_first": Reads(),  # the README's worked example: deepest prefix position first
   # Marconi-style: the KV span back to the previous kept state x (1 + hits)
   "chain_value": Reads(chain=True),
+  # the simulator's chain-aware GreedyDual (sim/chain_eviction.py): stamp + (1 + hits) x FLOPs
+  # saved back to the previous kept state per byte
+  "greedy_dual": Reads(costs=True, chain=True, clock=True),
 }
 EVICTION_POLICIES = tuple(EVICTION)
+assert all(r.chain for r in EVICTION.values() if r.clock), "a clock implies the chain features"
 
 PLACEMENT_POLICIES = (
   "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in
@@ -137,6 +150,12 @@ def reads_chain(eviction: str) -> bool:
   """Whether `eviction` reads the chain features `FreeBlocks.hits` / `chain_start` (only then
   does the core maintain them, `Layout.chain_features`)."""
   return EVICTION[eviction].chain
+
+
+def reads_clock(eviction: str) -> bool:
+  """Whether `eviction` keeps the eviction clock (`FreeBlocks.stamp`; only then does the core
+  carry the stamp and ranked-priority columns, `Layout.eviction_clock`)."""
+  return EVICTION[eviction].clock
 
 
 def core_eviction(name: str) -> ModuleType | None:

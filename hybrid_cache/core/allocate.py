@@ -125,6 +125,10 @@ def allocate_slots(
   if lay.chain_features:  # each touched hit block counts one hit on its key (`key_hits`)
     hit_idx = jnp.where(touched > 0, touched, lay.num_blocks)
     state = state.replace(block_aux=BlockAux(state.block_aux)[hit_idx].add(key_hits=1, mode="drop"))
+  if lay.eviction_clock:  # a hit re-stamps its key with the eviction clock; no longer ranked
+    clock = state.evict_clock
+    aux = BlockAux(state.block_aux)[hit_idx].set(evict_stamp=clock, evict_ranked=0, mode="drop")
+    state = state.replace(block_aux=aux)
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg0 = ReqGroup(state.req_group[r])  # the request's row before the allocation
   # per-group values collected in Python lists and stacked once (one small array op instead
@@ -294,6 +298,8 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   chain = (
     {"key_hits": aux_src.key_hits, "chain_start": aux_src.chain_start} if lay.chain_features else {}
   )
+  if lay.eviction_clock:  # and its eviction stamp (the copy is held: not ranked)
+    chain.update(evict_stamp=aux_src.evict_stamp, evict_ranked=jnp.zeros_like(src))
   aux_new = BlockAux.stack(
     key_step=jnp.full_like(src, step), pinned=jnp.zeros_like(src), key_end=aux_src.key_end, **chain
   )
@@ -301,7 +307,7 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   block_hash = state.block_hash.at[dst].set(h, mode="drop")
   # the source loses its key (its pinned flag stays)
   aux = state.block_aux.at[dst].set(aux_new, mode="drop")
-  aux = block_index.clear_key_columns(aux, sdx, lay.chain_features)
+  aux = block_index.clear_key_columns(aux, sdx, lay.chain_features, lay.eviction_clock)
   state = state.replace(
     index_entry=ent,
     block_group=group,

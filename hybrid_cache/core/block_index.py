@@ -24,9 +24,16 @@ from hybrid_cache.core.xla_cpu import materialise
 from hybrid_cache.core.xla_cpu import prefix_count
 from hybrid_cache.core.xla_cpu import row_count
 
-# the `block_aux` columns that describe a key in a chain-feature state (all but the pinned flag)
+# the `block_aux` columns that describe a key in a chain-feature state (all but the pinned flag),
+# and with the eviction clock's columns
 _KEY_COLS = np.asarray(
   BlockAux.positions("key_step", "key_end", "key_hits", "chain_start"), np.int32
+)
+_KEY_COLS_CLOCK = np.asarray(
+  BlockAux.positions(
+    "key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked"
+  ),
+  np.int32,
 )
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
@@ -222,15 +229,30 @@ def insert_extra(state: CacheState, ids: jax.Array, keys: jax.Array, group: jax.
   return state.replace(block_group=bg, block_hash=bh)
 
 
+def advance_clock(state: CacheState, ranked: jax.Array) -> CacheState:
+  """An eviction policy's clock (`CacheState.evict_clock`, GreedyDual's L) raised to the largest
+  of `ranked` (i32[...], the evicted blocks' `evict_ranked`; 0 = not ranked, no effect). The
+  state unchanged without the clock's columns (static `has_clock`)."""
+  if not state.has_clock:
+    return state
+  top = jnp.max(ranked, initial=0)
+  clock = jnp.maximum(state.evict_clock, top)
+  return state.replace(counters=Counters(state.counters).set(evict_clock=clock))
+
+
 def evict(state: CacheState, mask: jax.Array) -> CacheState:
-  """Removes every key of the blocks where `mask` (bool[NB]) is set."""
+  """Removes every key of the blocks where `mask` (bool[NB]) is set (and raises an eviction
+  clock to their ranked priorities, `advance_clock`)."""
+  state = advance_clock(state, jnp.where(mask, state.evict_ranked, 0) if state.has_clock else 0)
   blk = state.index_block
   hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
   ent = jnp.where(hit[..., None], -1, state.index_entry)
   group = jnp.where(mask, -1, state.block_group)
   if state.has_chain:  # every column but the pinned flag takes its no-key value
-    keep = jnp.arange(BlockAux.width(chain=True)) == BlockAux.FIELDS["pinned"]
-    aux = jnp.where(mask[:, None] & ~keep, jnp.asarray(BlockAux.NO_KEY), state.block_aux)
+    width = state.block_aux.shape[-1]
+    keep = jnp.arange(width) == BlockAux.FIELDS["pinned"]
+    no_key = jnp.asarray(BlockAux.NO_KEY[:width])
+    aux = jnp.where(mask[:, None] & ~keep, no_key, state.block_aux)
   else:
     aux = BlockAux(state.block_aux).set(key_step=jnp.where(mask, -1, state.key_step))
     aux = BlockAux(aux).set(key_end=jnp.where(mask, -1, state.key_end))
@@ -258,6 +280,8 @@ def evict_ids(
   nb = state.ref_cnt.shape[0]
   buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
+  if state.has_clock:  # an unkeyed block's ranked priority is 0
+    state = advance_clock(state, jnp.where(valid, state.evict_ranked[jnp.where(valid, ids, 0)], 0))
   idx = jnp.where(valid, ids, nb)
   if scan_all or buckets <= ids.shape[0]:
     mask = jnp.zeros((nb,), bool).at[idx].set(True, mode="drop")
@@ -282,18 +306,23 @@ def evict_ids(
     ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   group = state.block_group.at[idx].set(-1, mode="drop")
   if clear_pinned:
-    aux = state.block_aux.at[idx].set(jnp.asarray(BlockAux.no_key(state.has_chain)), mode="drop")
+    no_key = BlockAux.no_key(state.has_chain, state.has_clock)
+    aux = state.block_aux.at[idx].set(jnp.asarray(no_key), mode="drop")
   else:
-    aux = clear_key_columns(state.block_aux, idx, state.has_chain)
+    aux = clear_key_columns(state.block_aux, idx, state.has_chain, state.has_clock)
   return state.replace(index_entry=ent, block_group=group, block_aux=aux)
 
 
-def clear_key_columns(block_aux: jax.Array, idx: jax.Array, chain: bool) -> jax.Array:
+def clear_key_columns(
+  block_aux: jax.Array, idx: jax.Array, chain: bool, clock: bool = False
+) -> jax.Array:
   """`block_aux` with the key columns of blocks `idx` (out-of-range ids dropped) set to their
   no-key values, the pinned flag kept: registration step and token end, and with the chain
-  features (`chain`, static) hits and chain start, in one [k, 4] scatter."""
+  features (`chain`, static) hits and chain start, in one [k, 4] scatter (with the eviction
+  clock, `clock`, also stamp and ranked priority: [k, 6])."""
   if chain:
-    return block_aux.at[idx[:, None], _KEY_COLS[None, :]].set(
-      jnp.asarray(BlockAux.NO_KEY[_KEY_COLS]), mode="drop"
+    cols = _KEY_COLS_CLOCK if clock else _KEY_COLS
+    return block_aux.at[idx[:, None], cols[None, :]].set(
+      jnp.asarray(BlockAux.NO_KEY[cols]), mode="drop"
     )
   return BlockAux(block_aux)[idx].set(key_step=-1, key_end=-1, mode="drop")

@@ -30,8 +30,13 @@ from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.state import floor_to
 
 # the `block_aux` fields a registration writes, in the order of its one scatter's values (the
-# last two only with the chain features)
-_KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start")
+# third and fourth only with the chain features, the last two only with the eviction clock)
+_KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
+
+
+def _key_fields(lay: Layout) -> tuple[str, ...]:
+  """The `_KEY_FIELDS` a chain-feature registration writes (all with the eviction clock)."""
+  return _KEY_FIELDS if lay.eviction_clock else _KEY_FIELDS[:4]
 
 
 class PlacementRequest(NamedTuple):
@@ -165,10 +170,12 @@ def cache_blocks(
   ends = jnp.concatenate(all_ends)
   if lay.chain_features:
     # registration step, token end, hits (0) and chain start of each registered block in ONE
-    # [k, 4] scatter
-    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS), jnp.int32)
+    # [k, 4] scatter ([k, 6] with the eviction clock: stamp = the clock, not ranked yet)
+    cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
     zeros = jnp.zeros_like(ends)
-    vals = jnp.stack([zeros + step, ends, zeros, jnp.concatenate(all_chain)], axis=1)
+    vals = [zeros + step, ends, zeros, jnp.concatenate(all_chain)]
+    vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
+    vals = jnp.stack(vals, axis=1)
   else:  # registration step and token end of each registered block in ONE [k, 2] scatter
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
     vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
@@ -292,8 +299,10 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   step = state.clock
   if lay.chain_features:
     zeros = jnp.zeros_like(prim)
-    vals = jnp.stack([zeros + step, zeros + t, zeros, jnp.stack(chains)], axis=1)
-    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS), jnp.int32)
+    vals = [zeros + step, zeros + t, zeros, jnp.stack(chains)]
+    vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
+    vals = jnp.stack(vals, axis=1)
+    cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
   else:
     vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)

@@ -24,6 +24,15 @@ The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29);
 renormalisation (2^28 tail frees later) turns the current utility order into the recency order
 once.
 
+Eviction clock (a policy registered with `Reads(clock=True)`, `Layout.eviction_clock`; the
+GreedyDual family, `policies/greedy_dual.py`): the state keeps `CacheState.evict_clock` (L) and
+per block `evict_stamp` (L when its key was registered or last hit, `FreeBlocks.stamp`) and
+`evict_ranked`. `prepare` first rebases (`rebase_clock`), then records each candidate's priority
+in `evict_ranked` (0 elsewhere; a hit resets it to 0); evicting a block (a pop, the byte budget:
+`block_index.evict`, `evict_ids`) raises L to its `evict_ranked` (`block_index.advance_clock`).
+So L is the largest priority evicted so far, as ranked at the step's start; blocks freed after
+it are not ranked and do not move L. Stateless policies' programs have none of this.
+
 Known limitation of flop_aware: its utility is per block and blind to prefix chains (a free
 block does not know which blocks its prefix needs). In a hybrid model a recurrent state saves
 far more FLOPs per page than one KV block, so at alpha > 0 KV blocks go before the states that
@@ -44,7 +53,10 @@ import jax.numpy as jnp
 from hybrid_cache import policies
 from hybrid_cache.core import block_index
 from hybrid_cache.core import xla_cpu
+from hybrid_cache.core.eviction_costs import CLOCK_LIMIT
+from hybrid_cache.core.eviction_costs import CLOCK_REBASE
 from hybrid_cache.core.state import BIG
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
 
@@ -126,9 +138,14 @@ class FreeBlocks:
       registering request kept (0 = none), so `token_end - chain_start` tokens of KV lie back
       to that checkpoint; in other groups the block's first token.
 
+    stamp: i32[NB], the eviction clock (`CacheState.evict_clock`, GreedyDual's L) when the
+      block's key was registered or last hit (`CacheState.evict_stamp`), rebased with the clock
+      (`rebase_clock`).
+
   `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`, `Layout.chain_features`):
-  only then does the core maintain them (on every step they cost ~13%, issue 14).
+  only then does the core maintain them (on every step they cost ~13%, issue 14). `stamp`
+  likewise only with `Reads(clock=True)` (`Layout.eviction_clock`).
   """
 
   candidate: jax.Array
@@ -138,10 +155,25 @@ class FreeBlocks:
   num_candidates: jax.Array
   hits: jax.Array | None = None
   chain_start: jax.Array | None = None
+  stamp: jax.Array | None = None
 
 
-def _rekey_queue(lay, state, priority) -> jax.Array:
-  """The re-keyed normal free-queue row (i32[NB]); see the module docstring.
+def rebase_clock(state):
+  """The eviction clock and every stamp lowered by `CLOCK_REBASE` (stamps floored at 0) once
+  the clock exceeds `CLOCK_LIMIT`, so that stamp + weight stays in int32: GreedyDual's order
+  is unchanged by a common shift except among stamps more than `CLOCK_REBASE` below the clock
+  (they tie at 0). Run by `prepare` (clock policies only); the twin does the same."""
+  due = state.evict_clock > CLOCK_LIMIT
+  shift = jnp.where(due, CLOCK_REBASE, 0)
+  stamp = jnp.maximum(state.evict_stamp - shift, 0)
+  aux = BlockAux(state.block_aux).set(evict_stamp=stamp)
+  counters = Counters(state.counters).set(evict_clock=state.evict_clock - shift)
+  return state.replace(block_aux=aux, counters=counters)
+
+
+def _rekey_queue(lay, state, priority, ranked: bool = False):
+  """The re-keyed normal free-queue row (i32[NB]); see the module docstring. With `ranked`
+  (static), the pair (row, the candidates' priorities i32[NB], 0 for the other blocks).
 
   `priority(blocks: FreeBlocks) -> i32[NB]`: the policy's priority of each candidate, in
   [0, 2^30] (lower first; ties keep recency order)."""
@@ -170,6 +202,7 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
     num_candidates=n,
     hits=state.key_hits if lay.chain_features else None,
     chain_start=state.chain_start if lay.chain_features else None,
+    stamp=state.evict_stamp if lay.eviction_clock else None,
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
@@ -178,7 +211,8 @@ def _rekey_queue(lay, state, priority) -> jax.Array:
   moved = stray | keyed
   l_digit = jnp.clip(r_all, 0, w0) >> shift
   new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
-  return jnp.where(moved, new_key, qk0)
+  qk = jnp.where(moved, new_key, qk0)
+  return (qk, jnp.where(alive, util, 0)) if ranked else qk
 
 
 def prepare(lay, state):
@@ -187,7 +221,9 @@ def prepare(lay, state):
   `lru`: the state unchanged. Any other policy (`policies.core_eviction`): lifts the tail
   counter above the re-keying window and, when the policy is `active` (flop_aware: alpha > 0;
   default: always), re-keys the normal free queue by the policy's `priority` (module
-  docstring). Pinned tier untouched.
+  docstring). With an eviction clock (`Layout.eviction_clock`): first `rebase_clock`, then each
+  block's `evict_ranked` is set to the priority it was ranked with (0: not a candidate).
+  Pinned tier untouched.
   """
   policy = policies.core_eviction(lay.config.eviction)
   if policy is None:
@@ -195,12 +231,17 @@ def prepare(lay, state):
   _, _, _, w_end = state_window(lay, state)
   c = state.counters
   state = state.replace(counters=Counters(c).set(tail_key=jnp.maximum(state.tail_key, w_end)))
+  if lay.eviction_clock:
+    state = rebase_clock(state)
 
-  def rekey():
-    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, state, blocks))
+  def rekey(ranked=False):
+    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, state, blocks), ranked)
 
   active = getattr(policy, "active", None)
-  if active is None:
+  if lay.eviction_clock:  # a clock policy is always active
+    qk0, ranked = rekey(ranked=True)
+    state = state.replace(block_aux=BlockAux(state.block_aux).set(evict_ranked=ranked))
+  elif active is None:
     qk0 = rekey()
   else:  # the cond returns only the queue row (a cond over the whole state copies its leaves)
     qk0 = jax.lax.cond(active(state), rekey, lambda: state.free_key)

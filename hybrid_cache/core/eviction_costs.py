@@ -45,6 +45,13 @@ def alpha_milli(alpha: float) -> int:
 
 EFF_BITS = 30
 
+# the eviction clock of a policy with one (`policies.reads_clock`; core `eviction.rebase_clock`,
+# twin `twin.eviction.rebase_clock`): above CLOCK_LIMIT the clock and every stamp drop by
+# CLOCK_REBASE (stamps floored at 0), so that priorities stamp + weight (weight <= 2^28) stay
+# within the frame's [0, 2^30]
+CLOCK_LIMIT = 1 << 29
+CLOCK_REBASE = 1 << 28
+
 
 def group_costs(config: CacheConfig) -> tuple[tuple[float, float, float], ...]:
   """(linear, quadratic, block_bytes) per group, defaults filled in."""
@@ -83,5 +90,61 @@ def efficiency_table(config: CacheConfig) -> np.ndarray:
   else:
     q = np.zeros(eff.shape, np.int64)
   out = q.astype(np.int32)
+  out.setflags(write=False)
+  return out
+
+
+SPAN_BITS = 24
+
+
+@functools.lru_cache(maxsize=64)
+def span_table(config: CacheConfig) -> np.ndarray:
+  """int32[G, J + 1]: FLOPs of the whole model's prefix per byte of a block of group g, at
+  every multiple j * u of the hash block u = `resolved_hash_block_size` (J = ceil(max_model_len
+  / u)), quantised so that a difference of two entries is the FLOPs saved per byte over a span.
+
+  Entry = rint(F(j * u) / bytes_g / top * 2^24), F(L) = sum over groups h of the kind's
+  `prefix_flops(L)` with h's linear / quadratic cost (the model's prefill of L tokens, every
+  layer), bytes_g = g's block bytes (`group_costs`), top the largest F(J * u) / bytes_g (all 0
+  if nothing costs anything). Non-decreasing in j. Read-only; shared by both twins of
+  `greedy_dual` (`T[g, E // u] - T[g, A // u]`: FLOPs of [A, E) per byte of g's block).
+  """
+  from hybrid_cache.core.groups import rules  # the twin imports this module without JAX
+
+  u = config.resolved_hash_block_size
+  j = np.arange(-(-config.max_model_len // u) + 1, dtype=np.float64)
+  total = np.zeros(j.shape, np.float64)
+  for spec, (lin, quad, _) in zip(config.resolved_groups, group_costs(config)):
+    total += rules(spec).prefix_flops(spec, j * u, lin, quad)
+  byt = np.array([c[2] for c in group_costs(config)], np.float64)
+  per_byte = total[None, :] / byt[:, None]
+  top = float(per_byte.max())
+  if top > 0:
+    q = np.rint(per_byte / top * float(1 << SPAN_BITS)).astype(np.int64)
+  else:
+    q = np.zeros(per_byte.shape, np.int64)
+  out = q.astype(np.int32)
+  out.setflags(write=False)
+  return out
+
+
+@functools.lru_cache(maxsize=64)
+def block_span_eff(config: CacheConfig) -> np.ndarray:
+  """int32[G]: per non-recurrent group, the `span_table` FLOPs per byte of one of its blocks at
+  the prefix's start (`T[g, B_g / u] - T[g, 0]`); -1 for recurrent groups (valued by their
+  span back to the previous state instead). Constant per group, so that a chain's KV blocks
+  weigh the same whatever their depth (`greedy_dual`'s module docstring). Read-only."""
+  from hybrid_cache.core.groups import rules  # the twin imports this module without JAX
+
+  table = span_table(config)
+  u = config.resolved_hash_block_size
+  last = table.shape[1] - 1
+  out = np.asarray(
+    [
+      -1 if rules(g).RECURRENT else int(table[i, min(g.block_size // u, last)] - table[i, 0])
+      for i, g in enumerate(config.resolved_groups)
+    ],
+    np.int32,
+  )
   out.setflags(write=False)
   return out

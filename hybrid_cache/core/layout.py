@@ -80,6 +80,10 @@ class Layout:
   # state carry and the core maintain `block_aux` key_hits / chain_start and `req_group` chain
   # (`state` module docstring); else the traced program has no trace of them
   chain_features: bool = False
+  # the eviction policy keeps a clock (`policies.reads_clock`, implies `chain_features`): the
+  # state carries `block_aux` evict_stamp / evict_ranked and the core maintains them and the
+  # counter evict_clock (`eviction` module docstring); else no trace of them
+  eviction_clock: bool = False
   # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
   # `CacheState.first_slot` is a runtime parameter; `group_pool`: per group, the pool its blocks
   # come from (0 = pages, 1 = state slots: the recurrent groups when `state_pool`)
@@ -181,6 +185,7 @@ def derive_layout(config: CacheConfig) -> Layout:
     # hits only full attention registers one)
     extra_keys=partial or bool(tail),
     chain_features=policies.reads_chain(config.eviction),
+    eviction_clock=policies.reads_clock(config.eviction),
     state_pool=config.state_slots > 0,
     byte_budget=config.byte_budget is not None,
     group_pool=tuple(

@@ -175,6 +175,12 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
         if lay.chain_features
         else {}
       ),
+      # the eviction clock's no-key values (stamp and ranked 0; the clock itself stays)
+      **(
+        {"evict_stamp": jnp.zeros((nb,), jnp.int32), "evict_ranked": jnp.zeros((nb,), jnp.int32)}
+        if lay.eviction_clock
+        else {}
+      ),
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),

@@ -40,6 +40,14 @@ Pool, per block:
   - `chain_start` i32[NB] (`AUX_CHAIN`): where the key's KV span starts, -1 = no key. Recurrent:
     the registering request's `group_chain` (its previous kept state's end: `key_end - chain_start`
     tokens of KV back to it); else the block's first token (table position * block size).
+  Two more columns exist only for an eviction policy with a clock (`policies.reads_clock`,
+  `Layout.eviction_clock`, GreedyDual; it implies the chain features; `eviction` module
+  docstring), 0 without a key:
+  - `evict_stamp` i32[NB] (`AUX_STAMP`): the eviction clock (`evict_clock`) when the key was
+    registered or last hit.
+  - `evict_ranked` i32[NB] (`AUX_RANKED`): the priority the last `eviction.prepare` ranked the
+    block with, while it has stayed a free candidate since (0 otherwise): evicting the block
+    raises `evict_clock` to it.
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
 * `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*` (`IndexEntry`: `block`, `seq`):
@@ -85,6 +93,8 @@ Scalars:
   - `alpha_milli` (`C_ALPHA_MILLI`): the FLOP-aware eviction weight alpha in thousandths.
   - `states_retired` (`C_REC_RETIRED`): recurrent keys retired by the retirement policy
     (`release.retire`; not counted in `states_evicted`).
+  - `evict_clock` (`C_EVICT_CLOCK`): an eviction policy's clock (GreedyDual's L: the largest
+    ranked priority evicted so far), 0 and untouched unless `Layout.eviction_clock`.
 * `params` i32[NUM_PARAMS], entries `P_*` (packed and named in `params`, the one module that
   uses them): the config's runtime parameters (`params.runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
@@ -170,13 +180,16 @@ NUM_RG_CHAIN = 4
   C_REC_EVICTED,
   C_ALPHA_MILLI,
   C_REC_RETIRED,
-) = range(10)
+  C_EVICT_CLOCK,
+) = range(11)
 NUM_COUNTERS = 16
 # block_aux columns: registration step, pinned flag, key's token end; with the chain features
-# (`Layout.chain_features`) also hits and chain start
-AUX_STEP, AUX_PINNED, AUX_END, AUX_HITS, AUX_CHAIN = range(5)
+# (`Layout.chain_features`) also hits and chain start; with the eviction clock
+# (`Layout.eviction_clock`, which implies the chain features) also stamp and ranked priority
+AUX_STEP, AUX_PINNED, AUX_END, AUX_HITS, AUX_CHAIN, AUX_STAMP, AUX_RANKED = range(7)
 NUM_AUX = 3  # without the chain features
 NUM_AUX_CHAIN = 5
+NUM_AUX_CLOCK = 7
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
@@ -288,9 +301,10 @@ class QueueCounts(Packed):
 
 
 class BlockAux(Packed):
-  """`block_aux` columns (`AUX_*`): `key_step`, `pinned`, `key_end`, and with the chain
-  features `key_hits`, `chain_start` (module docstring). `NO_KEY`: an unkeyed, unpinned
-  block's row with the chain features (`no_key`: at either width)."""
+  """`block_aux` columns (`AUX_*`): `key_step`, `pinned`, `key_end`, with the chain
+  features `key_hits`, `chain_start`, and with the eviction clock `evict_stamp`,
+  `evict_ranked` (module docstring). `NO_KEY`: an unkeyed, unpinned block's row at the
+  widest width (`no_key`: at any width)."""
 
   FIELDS = {
     "key_step": AUX_STEP,
@@ -298,16 +312,25 @@ class BlockAux(Packed):
     "key_end": AUX_END,
     "key_hits": AUX_HITS,
     "chain_start": AUX_CHAIN,
+    "evict_stamp": AUX_STAMP,
+    "evict_ranked": AUX_RANKED,
   }
-  WIDTHS = (NUM_AUX, NUM_AUX_CHAIN)
-  NO_KEY = np.zeros(NUM_AUX_CHAIN, np.int32)
+  WIDTHS = (NUM_AUX, NUM_AUX_CHAIN, NUM_AUX_CLOCK)
+  NO_KEY = np.zeros(NUM_AUX_CLOCK, np.int32)
   NO_KEY[[AUX_STEP, AUX_END, AUX_CHAIN]] = -1
   NO_KEY.flags.writeable = False
 
   @classmethod
-  def no_key(cls, chain: bool) -> np.ndarray:
-    """i32[width(chain)]: an unkeyed, unpinned block's row (the first columns of `NO_KEY`)."""
-    return cls.NO_KEY[: cls.width(chain)]
+  def width(cls, chain: bool = False, clock: bool = False) -> int:
+    """Columns with the chain features if `chain` (`CacheState.has_chain`), and with the
+    eviction clock's too if `clock` (`CacheState.has_clock`; implies `chain`)."""
+    return NUM_AUX_CLOCK if clock else (NUM_AUX_CHAIN if chain else NUM_AUX)
+
+  @classmethod
+  def no_key(cls, chain: bool, clock: bool = False) -> np.ndarray:
+    """i32[width(chain, clock)]: an unkeyed, unpinned block's row (the first columns of
+    `NO_KEY`)."""
+    return cls.NO_KEY[: cls.width(chain, clock)]
 
 
 class IndexEntry(Packed):
@@ -352,6 +375,7 @@ class Counters(Packed):
     "states_evicted": C_REC_EVICTED,
     "alpha_milli": C_ALPHA_MILLI,
     "states_retired": C_REC_RETIRED,
+    "evict_clock": C_EVICT_CLOCK,
   }
   AXIS = 0
   WIDTHS = (NUM_COUNTERS,)
@@ -405,10 +429,19 @@ class CacheState(ParamViews):
   key_hits = _view(BlockAux, "block_aux", "key_hits", "i32[NB]: hits on the key (chain only).")
   chain_start = _view(BlockAux, "block_aux", "chain_start", "i32[NB]: chain start (chain only).")
 
+  evict_stamp = _view(BlockAux, "block_aux", "evict_stamp", "i32[NB]: stamp (clock only).")
+  evict_ranked = _view(BlockAux, "block_aux", "evict_ranked", "i32[NB]: ranked (clock only).")
+
   @property
   def has_chain(self) -> bool:
     """Whether the state carries the chain features (static: `Layout.chain_features`)."""
-    return self.block_aux.shape[-1] == NUM_AUX_CHAIN
+    return self.block_aux.shape[-1] >= NUM_AUX_CHAIN
+
+  @property
+  def has_clock(self) -> bool:
+    """Whether the state carries the eviction clock's columns (static:
+    `Layout.eviction_clock`)."""
+    return self.block_aux.shape[-1] == NUM_AUX_CLOCK
 
   # ---- index_entry columns, i32[BK, W]
   index_block = _view(IndexEntry, "index_entry", "block", "i32[BK, W]: block, -1 = empty way.")
@@ -438,6 +471,7 @@ class CacheState(ParamViews):
   states_evicted = _view(Counters, "counters", "states_evicted", "Recurrent keys evicted.")
   alpha_milli = _view(Counters, "counters", "alpha_milli", "FLOP-aware alpha in thousandths.")
   states_retired = _view(Counters, "counters", "states_retired", "Recurrent keys retired.")
+  evict_clock = _view(Counters, "counters", "evict_clock", "Eviction clock (clock policies).")
 
 
 def cdiv(a, b):

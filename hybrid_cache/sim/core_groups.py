@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.sim.cost_model import CostModel
@@ -161,9 +162,10 @@ def eviction_costs(model: CostModel, groups, block_size: int, layout: str = "mod
 
 
 def _eviction_costs(model, groups, block_size, eviction, layout) -> dict:
-  """`eviction_costs` when the policy is FLOP-aware and the core's CacheConfig has the fields."""
+  """`eviction_costs` when the policy reads the cost fields (`policies.reads_costs`: flop_aware,
+  greedy_dual) and the core's CacheConfig has the fields."""
   names = {f.name for f in dataclasses.fields(CacheConfig)}
-  if eviction != "flop_aware" or "eviction_flops_linear" not in names:
+  if not policies.reads_costs(eviction) or "eviction_flops_linear" not in names:
     return {}
   return eviction_costs(model, groups, block_size, layout)
 

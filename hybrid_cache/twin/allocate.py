@@ -59,9 +59,11 @@ def add_hits(
     skip = admission.skipped_tokens(s, gid, total_computed) // s.bs[gid]
     kept = hits[skip:]
     block_pool.touch(s, kept)
-    for b in kept:  # each touched hit block counts one hit on its key
+    for b in kept:  # each touched hit block counts one hit on its key, re-stamped by it
       if b != NULL:
         s.hits[b] += 1
+        s.stamp[b] = s.evict_clock
+        s.ranked[b] = 0
     req.rows[gid] = [NULL] * skip + list(kept)
     req.chain[gid] = hit_tokens  # the latest kept state: the hit (0 = none)
   req.num_cached = [len(r) for r in req.rows]
@@ -108,11 +110,12 @@ def allocate(s: TwinState, req: Request, gid: int, need: int, main: int, first: 
       return [cow] + row[before:]
     # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
     assert row[idx] == src
-    end, hits, chain = s.key_end[src], s.hits[src], s.chain[src]
+    end, hits, chain, stamp = s.key_end[src], s.hits[src], s.chain[src], s.stamp[src]
     for key in block_pool.evict_key(s, src):
       block_pool.insert_key(s, cow, key, end, chain)
-    if s.key[cow] is not None:  # the key's hits go with it
+    if s.key[cow] is not None:  # the key's hits (and eviction stamp) go with it
       s.hits[cow] = hits
+      s.stamp[cow] = stamp
     s.cow.append((gid, req.name, src, cow))
     s.ref[src] += 1
     if s.key[cow] is not None:

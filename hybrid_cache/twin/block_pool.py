@@ -52,12 +52,16 @@ def evict_key(s: TwinState, b: int) -> list[tuple[int, int]]:
   s.key_end[b] = -1
   s.hits[b] = 0
   s.chain[b] = -1
+  # an eviction clock rises to the block's ranked priority (0: not ranked, no effect)
+  s.evict_clock = max(s.evict_clock, s.ranked[b])
+  s.stamp[b] = 0
+  s.ranked[b] = 0
   return removed
 
 
 def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int) -> None:
   """vLLM `_insert_block_hash`: a key becomes b's primary key (token end `end`, chain start
-  `chain`, no hits yet), or an extra one if b has one."""
+  `chain`, no hits yet, stamped with the eviction clock), or an extra one if b has one."""
   if s.key[b] == key or b in s.index.get(key, ()):
     return
   if s.key[b] is None:
@@ -65,6 +69,8 @@ def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int)
     s.key_end[b] = end
     s.hits[b] = 0
     s.chain[b] = chain
+    s.stamp[b] = s.evict_clock
+    s.ranked[b] = 0
   else:
     s.extra.setdefault(b, []).append(key)
   s.index.setdefault(key, []).append(b)

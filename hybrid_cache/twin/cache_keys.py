@@ -155,6 +155,8 @@ def cache_full(s: TwinState, req: Request, gid: int, full: int) -> None:
     s.key[b] = key
     s.key_end[b] = (i + 1) * bs
     s.hits[b] = 0
+    s.stamp[b] = s.evict_clock  # the eviction clock now, not ranked yet
+    s.ranked[b] = 0
     # chain start: a state's previous kept state (then this one), else the block's start
     s.chain[b] = req.chain.get(gid, 0) if state else i * bs
     if state:

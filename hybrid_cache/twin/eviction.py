@@ -35,7 +35,17 @@ from collections.abc import Sequence
 
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.core.eviction_costs import CLOCK_LIMIT
+from hybrid_cache.core.eviction_costs import CLOCK_REBASE
 from hybrid_cache.core.eviction_costs import alpha_milli
+
+
+def rebase_clock(clock: int, stamps: Sequence[int]) -> tuple[int, list[int]]:
+  """(clock, stamps) lowered by CLOCK_REBASE (stamps floored at 0) once the clock exceeds
+  CLOCK_LIMIT, else unchanged (core `eviction.rebase_clock`)."""
+  if clock <= CLOCK_LIMIT:
+    return clock, list(stamps)
+  return clock - CLOCK_REBASE, [max(t - CLOCK_REBASE, 0) for t in stamps]
 
 
 def dead_states(
@@ -105,6 +115,8 @@ class FreeBlocks:
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`), as in the core, which
   maintains them only then. The twin (`TwinState`) keeps them for every policy (plain
   Python, no speed to save); the machines compare them only where the core maintains them.
+  `stamp` (per block id, the eviction clock when its key was registered or last hit: the
+  core's `CacheState.evict_stamp`) likewise only under `Reads(clock=True)`.
   """
 
   candidates: tuple[int, ...]
@@ -112,6 +124,7 @@ class FreeBlocks:
   token_end: Sequence[int]
   hits: Sequence[int] | None = None
   chain_start: Sequence[int] | None = None
+  stamp: Sequence[int] | None = None
 
 
 class EvictionOrder:
@@ -120,6 +133,10 @@ class EvictionOrder:
   def __init__(self, config: CacheConfig, alpha: float = 0.0):
     self.config = config
     self.policy = policies.twin_eviction(config.eviction)
+    # a policy with an eviction clock (GreedyDual): `ranked` = candidate -> the priority the
+    # last `reorder` ranked it with (the scheduler copies it to `TwinState.ranked`)
+    self.clocked = policies.reads_clock(config.eviction)
+    self.ranked: dict[int, int] = {}
     self._stamps: dict[int, int] = {}
     self._clock = 0
     self.alpha_milli = 0
@@ -142,6 +159,7 @@ class EvictionOrder:
     dead: Collection[int] = (),
     hits: Sequence[int] | None = None,
     chains: Sequence[int] | None = None,
+    stamps: Sequence[int] | None = None,
   ) -> StampedFree:
     """The free list for this step (a new `StampedFree`; use it as the policy's free list).
 
@@ -154,6 +172,10 @@ class EvictionOrder:
       hits: per block id, hits since its key was registered (None: 0 for every block).
       chains: per block id, its key's chain start (None: the token end's block start is not
         known here, so 0 for every block).
+      stamps: per block id, the eviction clock when its key was registered or last hit (None:
+        0 for every block); reaches the policy only if it keeps a clock
+        (`policies.reads_clock`), which then also records each candidate's priority in
+        `ranked`.
       `hits` / `chains` reach the policy only if it reads them (`policies.reads_chain`).
     """
     if not (isinstance(free, StampedFree) and free._owner is self):
@@ -170,9 +192,13 @@ class EvictionOrder:
     if policies.reads_chain(self.config.eviction):
       hits = [0] * len(groups) if hits is None else hits
       chains = [0] * len(groups) if chains is None else chains
-      blocks = FreeBlocks(cand, groups, ends, hits, chains)
+      if self.clocked:
+        stamps = [0] * len(groups) if stamps is None else stamps
+      blocks = FreeBlocks(cand, groups, ends, hits, chains, stamps if self.clocked else None)
     else:
       blocks = FreeBlocks(cand, groups, ends)
     prio = self.policy.priority(self.config, blocks, self)
+    if self.clocked:
+      self.ranked = dict(zip(cand, prio))
     order = sorted(range(len(cand)), key=lambda i: (prio[i], i))
     return StampedFree(scratch + gone + [cand[i] for i in order], self)

@@ -198,16 +198,21 @@ class PythonCacheManager:
     for b in block_ids:
       block_pool.evict_key(self._state, b)
 
-  def chain_features(self) -> dict[int, tuple[int, int, int, int]]:
-    """Test only: keyed block -> (group, token end, hits, chain start) of its primary key (hits
-    and chain start kept for every policy; the core has them only under
-    `policies.reads_chain`)."""
+  def chain_features(self) -> dict[int, tuple[int, int, int, int, int, int]]:
+    """Test only: keyed block -> (group, token end, hits, chain start, eviction stamp, ranked
+    priority) of its primary key (the last four kept for every policy; the core has hits and
+    chain start only under `policies.reads_chain`, stamp and ranked priority only under
+    `policies.reads_clock`)."""
     s = self._state
     return {
-      b: (key[1], s.key_end[b], s.hits[b], s.chain[b])
+      b: (key[1], s.key_end[b], s.hits[b], s.chain[b], s.stamp[b], s.ranked[b])
       for b, key in enumerate(s.key)
       if key is not None
     }
+
+  def eviction_clock(self) -> int:
+    """Test only: the eviction clock (GreedyDual's L; the core's `CacheState.evict_clock`)."""
+    return self._state.evict_clock
 
   def ref_count(self, block: int) -> int:
     """Test only: the block's reference count."""

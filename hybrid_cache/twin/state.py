@@ -72,7 +72,8 @@ class TwinState:
     (built from the config; an eviction order or admission policy keeps its own tables),
     retirement (None = `none`, else the policy's `Retirement` object).
   Mutable (the twin of `CacheState`; lists are indexed by block id, length pool_size):
-    ref, key, pinned, free, pinned_free, key_end, hits, chain, index, extra, cow,
+    ref, key, pinned, free, pinned_free, key_end, hits, chain, stamp, ranked, evict_clock,
+    index, extra, cow,
     cached_this_step, reqs.
   """
 
@@ -111,6 +112,14 @@ class TwinState:
   # only when it declares it reads them (`policies.reads_chain`, `twin.eviction.FreeBlocks`)
   hits: list[int]
   chain: list[int]
+  # per block: the eviction clock when its key was registered or last hit, and the priority the
+  # last re-ordering ranked it with while it stayed a free candidate (0 otherwise); the clock
+  # itself (GreedyDual's L). The core's `evict_stamp` / `evict_ranked` / `evict_clock`, kept
+  # only for a policy with a clock (`policies.reads_clock`); here for every policy (0 unless
+  # the policy ranks with a clock)
+  stamp: list[int]
+  ranked: list[int]
+  evict_clock: int
   evict: eviction.EvictionOrder | None  # None = lru (vLLM's free queue order)
   # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule; a
   # stateful placement is its `Placement` object (else the module)
@@ -188,6 +197,9 @@ def init_state(config: CacheConfig) -> TwinState:
     key_end=[-1] * n,
     hits=[0] * n,
     chain=[-1] * n,
+    stamp=[0] * n,
+    ranked=[0] * n,
+    evict_clock=0,
     evict=None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg),
     placement=placement,
     admission=None if admission is None else admission.Admission(cfg),

@@ -83,18 +83,28 @@ def free_queue(m) -> list[int]:
 
 
 def chain_features(m) -> dict[int, tuple[int, ...]]:
-  """Keyed block -> (group, token end, hits, chain start) of its key, on either backend (what
-  an eviction policy's `FreeBlocks` reads besides the recency). Hits and chain start only if
-  the policy reads them (`policies.reads_chain`: only then does the core keep them), else
-  (group, token end)."""
-  width = 4 if policies.reads_chain(m.config.eviction) else 2
+  """Keyed block -> (group, token end, hits, chain start, eviction stamp, ranked priority) of
+  its key, on either backend (what an eviction policy's `FreeBlocks` reads besides the recency,
+  and what raises the eviction clock). Hits and chain start only if the policy reads them
+  (`policies.reads_chain`: only then does the core keep them), stamp and ranked priority only
+  with an eviction clock (`policies.reads_clock`); at least (group, token end)."""
+  eviction = m.config.eviction
+  width = 6 if policies.reads_clock(eviction) else 4 if policies.reads_chain(eviction) else 2
   if hasattr(m, "chain_features"):
     return {b: f[:width] for b, f in m.chain_features().items()}
   s = jax.device_get(m.state)
-  names = ("block_group", "key_end", "key_hits", "chain_start")[:width]
+  names = ("block_group", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
+  names = names[:width]
   cols = [np.asarray(getattr(s, a)) for a in names]
   ids = np.nonzero(cols[0] >= 0)[0]
   return {int(b): tuple(int(c[b]) for c in cols) for b in ids}
+
+
+def eviction_clock(m) -> int:
+  """The eviction clock (GreedyDual's L) on either backend; 0 without a clock policy."""
+  if hasattr(m, "eviction_clock"):
+    return m.eviction_clock()
+  return int(jax.device_get(m.state).evict_clock)
 
 
 def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
@@ -132,6 +142,7 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       assert self.jax.pool_stats() == self.ref.pool_stats()
       assert free_queue(self.jax) == free_queue(self.ref)
       assert chain_features(self.jax) == chain_features(self.ref)
+      assert eviction_clock(self.jax) == eviction_clock(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules

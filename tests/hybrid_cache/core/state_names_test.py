@@ -34,6 +34,9 @@ CFG = CacheConfig(
 CHAIN_CFG = dataclasses.replace(CFG, eviction="chain_value")
 # views that exist only in a chain-feature state (`CacheState.has_chain`)
 CHAIN_VIEWS = {"key_hits", "chain_start", "group_chain"}
+# the same with a policy that keeps the eviction clock: also the stamp and ranked columns
+CLOCK_CFG = dataclasses.replace(CFG, eviction="greedy_dual")
+CLOCK_VIEWS = {"evict_stamp", "evict_ranked"}
 
 # property -> (leaf, index of the row or column it names)
 VIEWS = {
@@ -44,6 +47,8 @@ VIEWS = {
   "key_end": ("block_aux", (slice(None), st.AUX_END)),
   "key_hits": ("block_aux", (slice(None), st.AUX_HITS)),
   "chain_start": ("block_aux", (slice(None), st.AUX_CHAIN)),
+  "evict_stamp": ("block_aux", (slice(None), st.AUX_STAMP)),
+  "evict_ranked": ("block_aux", (slice(None), st.AUX_RANKED)),
   "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
   "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
   "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
@@ -65,6 +70,7 @@ VIEWS = {
   "states_evicted": ("counters", (st.C_REC_EVICTED,)),
   "alpha_milli": ("counters", (st.C_ALPHA_MILLI,)),
   "states_retired": ("counters", (st.C_REC_RETIRED,)),
+  "evict_clock": ("counters", (st.C_EVICT_CLOCK,)),
   "num_real_blocks": ("params", (params.P_NUM_BLOCKS,)),
   "max_batched_tokens": ("params", (params.P_MAX_BATCHED,)),
   "max_model_len": ("params", (params.P_MAX_MODEL_LEN,)),
@@ -96,12 +102,22 @@ def _busy_state(cfg=CFG):
 
 
 def _views(cfg):
-  """The views of `cfg`'s state: the chain ones only with the chain features."""
-  chain = layout.layout(cfg).chain_features
-  return {n: v for n, v in VIEWS.items() if chain or n not in CHAIN_VIEWS}
+  """The views of `cfg`'s state: the chain ones only with the chain features, the clock ones
+  only with the eviction clock."""
+  lay = layout.layout(cfg)
+  return {
+    n: v
+    for n, v in VIEWS.items()
+    if (lay.chain_features or n not in CHAIN_VIEWS) and (lay.eviction_clock or n not in CLOCK_VIEWS)
+  }
 
 
-@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+CFGS = pytest.mark.parametrize(
+  "cfg", [CFG, CHAIN_CFG, CLOCK_CFG], ids=["lru", "chain_value", "greedy_dual"]
+)
+
+
+@CFGS
 def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
   state = _busy_state(cfg)
   host = jax.device_get(state)
@@ -111,8 +127,9 @@ def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
     for n, v in vars(cls).items()
     if isinstance(v, property) and not n.startswith("_")
   }
-  assert props == set(VIEWS) | {"has_chain"}
+  assert props == set(VIEWS) | {"has_chain", "has_clock"}
   assert state.has_chain == host.has_chain == layout.layout(cfg).chain_features
+  assert state.has_clock == host.has_clock == layout.layout(cfg).eviction_clock
   for name, (leaf, idx) in _views(cfg).items():
     want = np.asarray(getattr(host, leaf))[idx]
     np.testing.assert_array_equal(np.asarray(getattr(state, name)), want, err_msg=name)
@@ -123,7 +140,7 @@ def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
   assert set(np.asarray(state.req_status).tolist()) >= {st.STATUS_EMPTY, st.STATUS_RUNNING}
 
 
-@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+@CFGS
 def test_views_inside_jit_equal_the_leaf_slices(cfg):
   state = _busy_state(cfg)
   views = _views(cfg)
@@ -183,7 +200,24 @@ def test_stack_places_fields_by_their_constants():
   np.testing.assert_array_equal(rg[:, st.RG_CHAIN], step + 50)
   assert st.BlockAux.NO_KEY[st.AUX_HITS] == 0 and st.BlockAux.NO_KEY[st.AUX_CHAIN] == -1
   np.testing.assert_array_equal(st.BlockAux.no_key(False), st.BlockAux.NO_KEY[: st.NUM_AUX])
-  np.testing.assert_array_equal(st.BlockAux.no_key(True), st.BlockAux.NO_KEY)
+  np.testing.assert_array_equal(st.BlockAux.no_key(True), st.BlockAux.NO_KEY[: st.NUM_AUX_CHAIN])
+  # the eviction clock's columns (stamp, ranked priority) after the chain features', 0 unkeyed
+  aux = np.asarray(
+    st.BlockAux.stack(
+      key_step=step,
+      pinned=pinned,
+      key_end=end,
+      key_hits=step + 30,
+      chain_start=step + 40,
+      evict_stamp=step + 60,
+      evict_ranked=step + 70,
+    )
+  )
+  assert aux.shape == (3, st.NUM_AUX_CLOCK) and st.BlockAux.width(True, True) == st.NUM_AUX_CLOCK
+  np.testing.assert_array_equal(aux[:, st.AUX_STAMP], step + 60)
+  np.testing.assert_array_equal(aux[:, st.AUX_RANKED], step + 70)
+  np.testing.assert_array_equal(st.BlockAux.no_key(True, True), st.BlockAux.NO_KEY)
+  assert st.BlockAux.NO_KEY[st.AUX_STAMP] == st.BlockAux.NO_KEY[st.AUX_RANKED] == 0
   assert st.BlockAux.positions("key_end", "key_step") == (st.AUX_END, st.AUX_STEP)
 
 
@@ -234,20 +268,23 @@ def test_view_reads_and_writes_lower_as_the_indexing_they_name():
     assert text(view, rg, r) == text(hand, rg, r)
 
 
-@pytest.mark.parametrize("cfg", [CFG, CHAIN_CFG], ids=["lru", "chain_value"])
+@CFGS
 def test_fresh_state_widths_and_no_key_rows(cfg):
   s = jax.device_get(init_state(cfg))
   lay = layout.layout(cfg)
-  chain = lay.chain_features
-  assert chain == (cfg.eviction == "chain_value")  # only a policy that reads them
+  chain, clock = lay.chain_features, lay.eviction_clock
+  assert chain == (cfg.eviction != "lru")  # only a policy that reads them
+  assert clock == (cfg.eviction == "greedy_dual")  # only a policy with a clock
   num_aux, num_rg = (st.NUM_AUX_CHAIN, st.NUM_RG_CHAIN) if chain else (st.NUM_AUX, st.NUM_RG)
+  num_aux = st.NUM_AUX_CLOCK if clock else num_aux
   assert s.queue_key.shape == (st.NUM_QUEUES, lay.num_blocks)
   assert s.block_aux.shape == (lay.num_blocks, num_aux)
   assert s.index_entry.shape == (lay.buckets, layout.WAYS, st.NUM_IDX)
   assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
   assert s.req_group.shape == (lay.max_requests, lay.num_groups, num_rg)
   assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES
-  assert (s.block_aux == st.BlockAux.no_key(chain)).all()
+  assert (s.block_aux == st.BlockAux.no_key(chain, clock)).all()
+  assert int(s.evict_clock) == 0
   assert (s.group_last == -1).all() and (s.group_len == 0).all()
   if chain:
     assert (s.group_chain == 0).all()
