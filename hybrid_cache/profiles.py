@@ -23,13 +23,14 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    FLOP-aware eviction (SPEC B2)
   <eviction>               align  on        0          <eviction>  vllm_default with any other
                                                                    registered eviction policy
-  adaptive                 all    on        dense      lru         placement `adaptive` on fine
+  adaptive                 all    on        dense      greedy_dual placement `adaptive` on fine
                                                                    keys (issue 28): a state at
                                                                    the branch point and at one
                                                                    continuation point on a learned
                                                                    alignment, both at any multiple
-                                                                   of the recurrent block U; not a
-                                                                   vLLM setting
+                                                                   of the recurrent block U, and
+                                                                   chain-aware GreedyDual eviction;
+                                                                   not a vLLM setting
 
 `adaptive` keys full attention at every U inside its larger blocks (`CacheConfig.fine_keys`):
 the workload sizes it with a recurrent block U (the hash block) smaller than the attention
@@ -145,9 +146,10 @@ PROFILES: dict[str, Profile] = {
   "all_dense_no_junction": Profile("all", False, None),
   # vllm_default with another registered eviction policy, named after it
   **{p: Profile("align", True, 0, p) for p in EVICTION_POLICIES if p != "lru"},
-  # retirement stays off: `superseded` cost 4-10% of FLOPs saved on real ShareGPT with this
-  # placement in the simulator (align, U = 64, 3 seeds x 2e9 / 3e9, 2026-11-29, issue 28 notes)
-  "adaptive": Profile("all", True, None, placement="adaptive", fine_keys=True),
+  # the simulator's `adaptive` without its retirement and tuning: its placement and GreedyDual
+  # eviction. Retirement stays off: `superseded` cost 4-10% of FLOPs saved on real ShareGPT
+  # with this placement (simulator, align, U = 64, 3 seeds x 2e9 / 3e9, 2026-11-29); issue 28
+  "adaptive": Profile("all", True, None, "greedy_dual", placement="adaptive", fine_keys=True),
 }
 
 # Old name -> profile. Kept so that old commands and recorded results still read.

@@ -11,10 +11,12 @@ adaptive                checkpoints placed by value at multiples of the checkpoi
                         chain-aware FLOP-aware eviction, alpha re-tuned online
                         (`checkpoint_policies.py`): the simulator's own unit cache. The cache
                         core's profile of that name (`hybrid_cache.profiles`, served by the
-                        engine) has its placement, not yet this eviction, retirement
-                        decisions and tuning; the placement replays as `--policy vllm_default
-                        --placement adaptive --checkpoint-unit 64 --page-layout pools` (align
-                        mode: the branch point and the prompt end at U; issue 28).
+                        engine) has its placement and a GreedyDual eviction (`greedy_dual`:
+                        alpha 1, a block's own bytes), not yet its retirement decisions and
+                        tuning; in the simulator they replay as `--policy greedy_dual
+                        --placement adaptive --fine-keys --checkpoint-unit 64 --page-layout
+                        pools` (align mode: the branch point and the prompt end at U;
+                        issue 28).
 ckpt_dense, ckpt_sparse:K, ckpt_branch
                         checkpoints every U, every K U, or at branch points and leaves (Marconi at U
                         granularity), LRU eviction (`checkpoint_policies.py`).

@@ -187,10 +187,11 @@ MATRIX = (
     _speculated,
     engine=_ngram_drafter,
   ),
-  # Placement `adaptive` (issue 28) on fine keys: attention blocks of 128, recurrent states
-  # every 64 tokens (mode all), two kept per request. The prefix (72) ends inside the first
-  # attention block: vLLM's rules hit nothing there; the first prompt keeps its state at 64
-  # (its continuation point), the second its branch point at 64 (the junction floored to 64).
+  # Profile `adaptive` (issue 28): its placement on fine keys (attention blocks of 128,
+  # recurrent states every 64 tokens in mode all, two kept per request), GreedyDual eviction.
+  # The prefix (72) ends inside the first attention block: vLLM's rules hit nothing there;
+  # the first prompt keeps its state at 64 (its continuation point), the second its branch
+  # point at 64 (the junction floored to 64).
   Cell(
     "adaptive",
     dict(
