@@ -83,12 +83,16 @@ def efficiency_table(config: CacheConfig) -> np.ndarray:
   saves anything. Index column j = token end // block size of the group (column 0 unused).
   """
   byt = np.array([c[2] for c in group_costs(config)], np.float64)
-  eff = block_flops(config) / byt[:, None]
-  top = float(eff.max())
+  return _quantised(block_flops(config) / byt[:, None], EFF_BITS)
+
+
+def _quantised(values: np.ndarray, bits: int) -> np.ndarray:
+  """Read-only int32 `rint(values / max * 2^bits)` (all 0 when the max is not > 0)."""
+  top = float(values.max())
   if top > 0:
-    q = np.rint(eff / top * float(1 << EFF_BITS)).astype(np.int64)
+    q = np.rint(values / top * float(1 << bits)).astype(np.int64)
   else:
-    q = np.zeros(eff.shape, np.int64)
+    q = np.zeros(values.shape, np.int64)
   out = q.astype(np.int32)
   out.setflags(write=False)
   return out
@@ -117,15 +121,7 @@ def span_table(config: CacheConfig) -> np.ndarray:
   for spec, (lin, quad, _) in zip(config.resolved_groups, group_costs(config)):
     total += rules(spec).prefix_flops(spec, j * u, lin, quad)
   byt = np.array([c[2] for c in group_costs(config)], np.float64)
-  per_byte = total[None, :] / byt[:, None]
-  top = float(per_byte.max())
-  if top > 0:
-    q = np.rint(per_byte / top * float(1 << SPAN_BITS)).astype(np.int64)
-  else:
-    q = np.zeros(per_byte.shape, np.int64)
-  out = q.astype(np.int32)
-  out.setflags(write=False)
-  return out
+  return _quantised(total[None, :] / byt[:, None], SPAN_BITS)
 
 
 @functools.lru_cache(maxsize=64)
