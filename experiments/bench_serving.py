@@ -9,7 +9,8 @@ one workload, the cache arms side by side in one process (each arm warmed up onc
   the earlier user and assistant turns, and a new user turn), served closed-loop with
   `concurrency` requests in flight (a new request arrives as one finishes);
 * arms: caching off, vLLM 0.33's serving default (`vllm_default`), `vllm_align_dense` and
-  `flop_aware` (the core's FLOP-aware eviction), by profile name (`hybrid_cache.profiles`);
+  `flop_aware` (the core's FLOP-aware eviction), by profile name (`hybrid_cache.profiles`;
+  `adaptive` gets recurrent blocks of `checkpoint_unit` tokens beside the `block_size` pages);
 * per arm: TTFT p50 / p99 and mean, output tokens/s, prefill tokens computed, cached tokens,
   the engine's per-step breakdown (schedule / prepare / forward / commit seconds, and the
   non-model share = 1 - forward / wall), outputs equal to the uncached arm's, and the
@@ -203,6 +204,7 @@ def run(
   max_new_tokens: int = 8,
   concurrency: int = 8,
   block_size: int = 64,
+  checkpoint_unit: int = 64,
   max_num_batched_tokens: int = 2048,
   repeats: int = 2,
   implementation: str | None = None,
@@ -220,23 +222,33 @@ def run(
     prompts = chat_workload(
       seed, num_conversations, turns, system_len, user_len, assistant_len, cfg.vocab_size
     )
+  overrides = {
+    name: dict(engine_workload.STANDARD_ARMS["off"])
+    if name == "off"
+    else profiles.get(name).cache_overrides()
+    for name in arms
+  }
+  for kw in overrides.values():
+    if kw.get("fine_keys"):  # `adaptive`: recurrent blocks of U beside the attention's
+      kw["recurrent_block_size"] = checkpoint_unit
+  # the pool's ids count blocks of the smallest block size in use
+  unit = min(block_size, *(kw.get("recurrent_block_size", block_size) for kw in overrides.values()))
   longest = max(len(p) for p in prompts) + max_new_tokens
-  blocks_per_req = -(-longest // block_size) + 1
+  blocks_per_req = -(-longest // unit) + 1
   common = dict(
     block_size=block_size,
     num_blocks=blocks_per_req * (2 * concurrency + len(prompts)) + 1,
-    max_model_len=blocks_per_req * block_size,
+    max_model_len=-(-longest // block_size) * block_size + block_size,
     max_num_batched_tokens=max_num_batched_tokens,
     max_requests=concurrency,
   )
   engines = {}
   for name in arms:
-    if name == "off":
-      overrides = engine_workload.STANDARD_ARMS["off"]
-    else:
-      overrides = profiles.get(name).cache_overrides()
     engines[name] = Engine(
-      cfg, cache_config_for(cfg, **common, **overrides), seed=seed, implementation=implementation
+      cfg,
+      cache_config_for(cfg, **common, **overrides[name]),
+      seed=seed,
+      implementation=implementation,
     )
     engine_workload.serve(engines[name], prompts, max_new_tokens, concurrency=concurrency)
   best: dict[str, dict[str, Any]] = {}
