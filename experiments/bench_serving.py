@@ -38,7 +38,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from hybrid_cache import profiles
 from hybrid_cache.engine import workload as engine_workload
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.engine import Engine
@@ -204,7 +203,7 @@ def run(
   max_new_tokens: int = 8,
   concurrency: int = 8,
   block_size: int = 64,
-  checkpoint_unit: int = 64,
+  checkpoint_unit: int = engine_workload.CHECKPOINT_UNIT,
   max_num_batched_tokens: int = 2048,
   repeats: int = 2,
   implementation: str | None = None,
@@ -222,15 +221,7 @@ def run(
     prompts = chat_workload(
       seed, num_conversations, turns, system_len, user_len, assistant_len, cfg.vocab_size
     )
-  overrides = {
-    name: dict(engine_workload.STANDARD_ARMS["off"])
-    if name == "off"
-    else profiles.get(name).cache_overrides()
-    for name in arms
-  }
-  for kw in overrides.values():
-    if kw.get("fine_keys"):  # `adaptive`: recurrent blocks of U beside the attention's
-      kw["recurrent_block_size"] = checkpoint_unit
+  overrides = {name: engine_workload.arm(name, checkpoint_unit) for name in arms}
   # the pool's ids count blocks of the smallest block size in use
   unit = min(block_size, *(kw.get("recurrent_block_size", block_size) for kw in overrides.values()))
   longest = max(len(p) for p in prompts) + max_new_tokens

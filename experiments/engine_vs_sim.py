@@ -35,6 +35,7 @@ import numpy as np
 from experiments import plotting
 from hybrid_cache import profiles
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.engine import workload as engine_workload
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.config import resolve_model_config
 from hybrid_cache.engine.engine import Engine
@@ -86,7 +87,7 @@ class Setup:
   model: str = "qwen35_tiny"
   policies: tuple[str, ...] = POLICIES
   block_size: int = 128
-  checkpoint_unit: int = 64
+  checkpoint_unit: int = engine_workload.CHECKPOINT_UNIT
   num_blocks: int = 64
   max_model_len: int = 512
   max_num_batched_tokens: int = 256
@@ -112,9 +113,6 @@ class Setup:
 
   def cache_config(self, policy: str) -> CacheConfig:
     """The `CacheConfig` both the engine and the simulator run for `policy`."""
-    kw = profiles.get(policy).cache_overrides()
-    if kw.get("fine_keys"):
-      kw["recurrent_block_size"] = self.checkpoint_unit
     return cache_config_for(
       self.model,
       block_size=self.block_size,
@@ -122,7 +120,7 @@ class Setup:
       max_model_len=self.max_model_len,
       max_num_batched_tokens=self.max_num_batched_tokens,
       max_requests=1,
-      **kw,
+      **engine_workload.arm(policy, self.checkpoint_unit),
     )
 
 
@@ -195,7 +193,6 @@ def compare_policy(setup: Setup, policy: str, requests) -> dict[str, Any]:
       cfg,
       seed=setup.seed,
       cache_manager="jax",
-      token_buckets=_buckets(setup.max_num_batched_tokens),
       max_num_seqs=1,
     )
 
@@ -226,15 +223,6 @@ def compare_policy(setup: Setup, policy: str, requests) -> dict[str, Any]:
     "per_request_engine_cached": engine_cached,
     "per_request_sim_cached": sim_cached,
   }
-
-
-def _buckets(budget: int) -> tuple[int, ...]:
-  """Power-of-two token buckets from 32 up to the budget (the budget itself last)."""
-  out, b = [], 32
-  while b < budget:
-    out.append(b)
-    b *= 2
-  return (*out, budget)
 
 
 def run(workdir: str, seed: int = 0, **params: Any) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class ArmsSetup:
 
   model: str = "qwen35_tiny"
   arms: tuple[str, ...] = engine_workload.ARM_NAMES
-  checkpoint_unit: int = 64
+  checkpoint_unit: int = engine_workload.CHECKPOINT_UNIT
   num_prompts: int = 8
   prefix_len: int = 250
   suffix_len: int = 20
@@ -83,13 +83,7 @@ class ArmsSetup:
 
   def arm_overrides(self) -> dict[str, dict[str, Any]]:
     """Arm name -> its `cache_config_for` overrides (fine-key arms: recurrent blocks of U)."""
-    out = {}
-    for name in self.arms:
-      kw = engine_workload.arm(name)
-      if kw.get("fine_keys"):
-        kw["recurrent_block_size"] = self.checkpoint_unit
-      out[name] = kw
-    return out
+    return {name: engine_workload.arm(name, self.checkpoint_unit) for name in self.arms}
 
 
 _MIN_SIZES = {

@@ -39,11 +39,21 @@ STANDARD_ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm(name: str) -> dict[str, Any]:
-  """CacheConfig overrides of arm `name`: "off" or a profile name or alias (`profiles`)."""
+# recurrent block U of the fine-key profiles (`adaptive`) unless a workload says otherwise: the
+# kernels' checkpoint chunk (`engine.config.KERNEL_CHUNK`), the smallest block mode all allows
+CHECKPOINT_UNIT = 64
+
+
+def arm(name: str, checkpoint_unit: int = CHECKPOINT_UNIT) -> dict[str, Any]:
+  """`cache_config_for` overrides of arm `name`: "off" or a profile name or alias
+  (`profiles`); a profile that keys full attention finely (`adaptive`) also gets recurrent
+  blocks of `checkpoint_unit` tokens (the others keep one block size for every group)."""
   if name == "off":
     return dict(STANDARD_ARMS["off"])
-  return profiles.get(name).cache_overrides()
+  kw = profiles.get(name).cache_overrides()
+  if kw.get("fine_keys"):
+    kw["recurrent_block_size"] = checkpoint_unit
+  return kw
 
 
 def shared_prefix_prompts(

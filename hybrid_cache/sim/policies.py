@@ -87,16 +87,15 @@ def parse_policy(name: str) -> Policy:
     return Policy(name, "oracle")
   if name == "offline_bound":
     return Policy(name, "bound")
-  # the unit cache's `adaptive` before the core profile of that name (issue 28 moves the name)
+  if name in CORE_POLICIES:
+    return Policy(name, "core")
+  if name in profiles.ALIASES:
+    return Policy(profiles.resolve(name), "core")
   if name in ("adaptive", "ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
     from hybrid_cache.sim.checkpoint_placement import parse_placement
 
     parse_placement(name)
     return Policy(name, "ckpt")
-  if name in CORE_POLICIES:
-    return Policy(name, "core")
-  if name in profiles.ALIASES:
-    return Policy(profiles.resolve(name), "core")
   raise ValueError(f"policy must be one of {ALL_POLICIES}, got {name!r}")
 
 

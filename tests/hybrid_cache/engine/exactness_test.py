@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 from hybrid_cache import profiles
+from hybrid_cache.engine import workload
 from hybrid_cache.engine.config import cache_config_for
 from hybrid_cache.engine.config import resolve_model_config
 from hybrid_cache.engine.drafter import NgramDrafter
@@ -196,10 +197,9 @@ MATRIX = (
     "adaptive",
     dict(
       block_size=128,
-      recurrent_block_size=64,
       max_num_batched_tokens=64,
       max_model_len=512,
-      **profiles.get("adaptive").cache_overrides(),
+      **workload.arm("adaptive", checkpoint_unit=64),
     ),
     ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
     _prefix_hits(64),

@@ -4,7 +4,8 @@
 each, every turn extending the session's previous prompt by 20-49 tokens (prompts of 110-249
 tokens), turns interleaved. Served one request at a time by the engine (`qwen35_tiny`, jitted
 core) with attention blocks of 256 (a vLLM-sized hybrid block scaled to the tiny model), under
-caching off, `vllm_default` and `adaptive` (recurrent block U = 64, fine keys).
+caching off, `vllm_default` (recurrent blocks of 256 too, as vLLM sizes them) and `adaptive`
+(recurrent block U = 64, fine keys).
 
 What the rules give, request by request (the learned alignment A stays 1 unit: the depths
 where these prompts leave what the cache holds are not >= 90% multiples of 2 units):
@@ -19,11 +20,10 @@ Outputs equal the uncached run: greedy tokens, logits within fp32 1e-5 relative.
 
 from hybrid_cache.engine import workload
 
-U = 64
+U = workload.CHECKPOINT_UNIT  # 64
 SESSIONS = 6
-COMMON = dict(
+COMMON = dict(  # `adaptive`'s arm adds recurrent blocks of U (`workload.arm`)
   block_size=256,
-  recurrent_block_size=U,
   num_blocks=64,
   max_model_len=512,
   max_requests=1,
