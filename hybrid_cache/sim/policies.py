@@ -12,11 +12,11 @@ adaptive                checkpoints placed by value at multiples of the checkpoi
                         (`checkpoint_policies.py`): the simulator's own unit cache. The cache
                         core's profile of that name (`hybrid_cache.profiles`, served by the
                         engine) has its placement and a GreedyDual eviction (`greedy_dual`:
-                        alpha 1, a block's own bytes), not yet its retirement decisions and
-                        tuning; in the simulator they replay as `--policy greedy_dual
-                        --placement adaptive --fine-keys --checkpoint-unit 64 --page-layout
-                        pools` (align mode: the branch point and the prompt end at U;
-                        issue 28).
+                        alpha 1, a block's own bytes), not yet its tuning; in the simulator
+                        the core's parts replay best as `--policy greedy_dual --placement
+                        adaptive --retirement superseded --block-size 64 --page-layout
+                        pools` (align mode on 64-token pages, so every kept state is
+                        hittable; BENCHMARKS.md section 3, issue 28).
 ckpt_dense, ckpt_sparse:K, ckpt_branch
                         checkpoints every U, every K U, or at branch points and leaves (Marconi at U
                         granularity), LRU eviction (`checkpoint_policies.py`).

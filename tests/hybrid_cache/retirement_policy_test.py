@@ -166,6 +166,42 @@ def test_a_reused_superseded_state_is_kept_from_then_on(backend):
   assert retired in ([], [3, 5, 6])
 
 
+# fine keys: attention pages of 8 tokens, recurrent states every 4 (mode all)
+_FINE = dict(
+  groups=(GroupSpec("full", block_size=8), GroupSpec("mamba", mode="all", block_size=4)),
+  block_size=8,
+  hash_block_size=4,
+  fine_keys=True,
+  num_blocks=60,
+  **_COMMON,
+)
+
+
+@pytest.mark.parametrize("backend", ["jax", "reference"])
+def test_only_states_above_a_hittable_one_are_retired(backend):
+  """A state supersedes only if a lookup can reach it. Fine keys, attention block 8, a state
+  every 4 tokens: request k = a 9-token prompt + 4 output tokens keeps new states at 4, 8 and
+  12 (e = 3), but the attention keys only its full page [0, 8) (with its fine entry at 4; the
+  prompt tail floor(8 / 4) * 4 = 8 is page-aligned), so 12 cannot be hit: a lookup of the
+  request's own tokens hits 8. From request 9 on (the statistics of the sessions above: 2
+  supersessions per request reach MIN_OBS) the finish retires 4 only, not 8, which stays the
+  deepest hittable state of the chain (before this bound both went and nothing was left)."""
+  m = make_manager(CacheConfig(**_FINE, retirement="superseded"), backend)
+  after = []
+  for k in range(11):
+    t = [1000 * k + i for i in range(13)]
+    m.add_request("a", t[:9])
+    _run(m, "a")
+    m.append_tokens("a", t[9:])
+    _run(m, "a")
+    assert [m.lookup(t[:n] + [7]).hit_tokens for n in (4, 8, 12)] == [4, 8, 8]
+    m.free("a")
+    after.append([m.lookup(t[:n] + [7]).hit_tokens for n in (4, 8, 12)])
+  assert after == [[4, 8, 8]] * 9 + [[0, 8, 8]] * 2
+  if hasattr(m, "state"):
+    assert int(m.state.states_retired) == 2
+
+
 @pytest.mark.parametrize("backend", ["jax", "reference"])
 def test_a_pinned_superseded_state_is_unpinned_and_retired(backend):
   """As above with the pinned tier (SPEC B1): each turn's finish pins its keyed full-attention

@@ -102,13 +102,15 @@ class Retirement:
 
   def pick(self, s, r) -> list[int]:
     """The state blocks finishing request `r` retires, group by group in position order
-    (read after its blocks are freed): those of its chain above its e (not marked `KEEP`)
-    that a lookup finds, carrying that key as their own, free (normal queue or pinned tier).
-    The request's decision and e are forgotten (the core clears its slot's)."""
+    (read after its blocks are freed): those of its chain above min(e, the units a lookup of
+    its own tokens hits now) (not marked `KEEP`) that a lookup finds, carrying that key as
+    their own, free (normal queue or pinned tier). The request's decision and e are
+    forgotten (the core clears its slot's)."""
     out = []
+    hit = coordinator.lookup(s, r.fine_hashes, len(r.tokens))[0].hit_tokens
     for gid, g in enumerate(s.groups):
       decided = self.decision.pop((gid, r.name), False)
-      e = self.deepest.pop((gid, r.name), 0)
+      e = min(self.deepest.pop((gid, r.name), 0), hit // s.bs[gid])
       if g.kind != "mamba" or not decided:
         continue
       keys = coordinator.group_hashes(s, r.fine_hashes, s.bs[gid])
