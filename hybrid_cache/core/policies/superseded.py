@@ -15,8 +15,8 @@ keys (with fine keys, one in an output's partly filled page) cannot, and the sha
 state it would supersede is the chain's deepest reachable one (the simulator's unit cache keeps
 KV at every unit, so there every checkpoint is reachable; without this bound retirement cost 4%
 on real ShareGPT at B = 512, U = 64, and gains 1.5% with it, 2026-11-29).
-Every position p < e - 1 of r's chain (its own key at p, `coordinator.group_hashes`) whose state block the index
-finds (`block_index.probe`: the block a lookup hits) is retired when the block's own (primary)
+Every position p < e - 1 of r's chain (its own key at p, `coordinator.group_hashes`) whose
+state block the index finds (`block_index.probe`: the block a lookup hits) is retired when the block's own (primary)
 key is that key in g, it is free (ref 0: no running request holds it; in the normal queue or
 the pinned tier, SPEC B1: a superseded state pinned at an earlier finish is unpinned), and its
 mark (below) does not say "keep". A chat session's turn N+1 hits turn N's end state and extends
