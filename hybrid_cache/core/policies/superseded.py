@@ -16,8 +16,8 @@ state it would supersede is the chain's deepest reachable one (the simulator's u
 KV at every unit, so there every checkpoint is reachable; without this bound retirement cost 4%
 on real ShareGPT at B = 512, U = 64, and gains 1.5% with it, 2026-11-29).
 Every position p < e - 1 of r's chain (its own key at p, `coordinator.group_hashes`) whose
-state block the index finds (`block_index.probe`: the block a lookup hits) is retired when the block's own (primary)
-key is that key in g, it is free (ref 0: no running request holds it; in the normal queue or
+state block the index finds (`block_index.probe`: the block a lookup hits) is retired when the
+block's own (primary) key is that key in g, it is free (ref 0: no running request holds it; in the normal queue or
 the pinned tier, SPEC B1: a superseded state pinned at an earlier finish is unpinned), and its
 mark (below) does not say "keep". A chat session's turn N+1 hits turn N's end state and extends
 it: turn N's end state (and any state above it left by an earlier turn) goes, the new deepest
