@@ -17,13 +17,13 @@ KV at every unit, so there every checkpoint is reachable; without this bound ret
 on real ShareGPT at B = 512, U = 64, and gains 1.5% with it, 2026-11-29).
 Every position p < e - 1 of r's chain (its own key at p, `coordinator.group_hashes`) whose
 state block the index finds (`block_index.probe`: the block a lookup hits) is retired when the
-block's own (primary) key is that key in g, it is free (ref 0: no running request holds it; in the normal queue or
-the pinned tier, SPEC B1: a superseded state pinned at an earlier finish is unpinned), and its
-mark (below) does not say "keep". A chat session's turn N+1 hits turn N's end state and extends
-it: turn N's end state (and any state above it left by an earlier turn) goes, the new deepest
-one stays. Retiring = the block's keys dropped (un-hittable) and the block moved to the free
-queue's head, as vLLM frees an unkeyed block (`block_pool.to_head`, `release.retire`): it is
-the first to be reused. The slot's decision and e are then cleared.
+block's own (primary) key is that key in g, it is free (ref 0: no running request holds it; in
+the normal queue or the pinned tier, SPEC B1: a superseded state pinned at an earlier finish is
+unpinned), and its mark (below) does not say "keep". A chat session's turn N+1 hits turn N's
+end state and extends it: turn N's end state (and any state above it left by an earlier turn)
+goes, the new deepest one stays. Retiring = the block's keys dropped (un-hittable) and the
+block moved to the free queue's head, as vLLM frees an unkeyed block (`block_pool.to_head`,
+`release.retire`): it is the first to be reused. The slot's decision and e are then cleared.
 
 Example (B = 4, mode all, retirement decided on): turn 1 (9 tokens) keeps states 4 and 8
 (positions 0, 1; e = 2) and at its finish retires 4; turn 2 (turn 1's 8 tokens + 9) hits 8,
