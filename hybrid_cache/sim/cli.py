@@ -13,16 +13,17 @@ nemotron_h_like 1,040, marconi_7b 80; 16 for models without recurrent layers).
 or a directory holding one; `hf_cost_model.py`: Qwen3.5 / Qwen3-Next dense, Nemotron-H dense,
 Gemma 3); the summary's model is PATH.
 
-With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the
-seed; with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy,
-optional extra `sharegpt`, see `sharegpt.py`). The summary has requests, input_tokens,
+With --format synthetic, --trace names a generator (`synthetic.KINDS`) and --seed picks the seed;
+with --format sharegpt, --trace is a ShareGPT JSON file or `default` (the packaged copy, optional
+extra `sharegpt`, see `sharegpt.py`) and --seed k takes its k-th disjoint set of 100 sessions
+(`first_session = 100 k`, as the experiments' seeds). The summary has requests, input_tokens,
 token_hit_rate, request_hit_rate, flops_saved, TTFT percentiles, the oracle bounds and wall_s
-(replay seconds: trace parsing excluded, any compilation included). fraction_of_oracle divides
-by the infinite cache at the policy's --block-size; fraction_of_oracle_own by the one at its own
-hit granularity (`hit_granularity`: U for checkpoint policies, the hash block or B for core
-policies, both capped at input - 1 tokens; B for the others, whole inputs allowed). --dump writes
-[hit, num_input_tokens, tokens_reused] per request in trace order (atomically, only after a
-successful replay). Bad input exits with status 2 and a message.
+(replay seconds: trace parsing excluded, any compilation included). fraction_of_oracle divides by
+the infinite cache at the policy's --block-size; fraction_of_oracle_own by the one at its own hit
+granularity (`hit_granularity`: U for checkpoint policies, the hash block or B for core policies,
+both capped at input - 1 tokens; B for the others, whole inputs allowed). --dump writes [hit,
+num_input_tokens, tokens_reused] per request in trace order (atomically, only after a successful
+replay). Bad input exits with status 2 and a message.
 
 --policy offline_bound (`offline_bound.py`) computes the offline upper bound at the capacity with
 hits in multiples of --block-size (default 64; 1 covers every policy): the per-request fields

@@ -26,6 +26,9 @@ from hybrid_cache.sim.cost_model import MODELS
 from hybrid_cache.sim.simulate import DEFAULT_BOUND_ITERATIONS
 from hybrid_cache.sim.simulate import DEFAULT_CHECKPOINT_UNIT
 
+# sessions per ShareGPT seed (`sharegpt.load_sharegpt`'s default `num_sessions`)
+SHAREGPT_SESSIONS = 100
+
 
 def _retention(text: str):
   if text == "policy":
@@ -104,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--max-input", type=cli_util.int_arg(1), default=None, help="mooncake: drop longer inputs"
   )
-  p.add_argument("--seed", type=cli_util.int_arg(0), default=0, help="synthetic: generator seed")
+  p.add_argument(
+    "--seed",
+    type=cli_util.int_arg(0),
+    default=0,
+    help=f"synthetic: generator seed; sharegpt: the seed-th set of {SHAREGPT_SESSIONS} sessions",
+  )
   p.add_argument(
     "--bound-iterations",
     type=cli_util.int_arg(0),
@@ -236,7 +244,8 @@ def _load_trace(args: argparse.Namespace) -> trace_lib.Trace:
     path = None if args.trace == "default" else args.trace
     if path is not None and os.path.isdir(path):
       raise ValueError(f"trace file {path!r} is a directory")
-    trace = load_sharegpt(path)
+    # seed k: the k-th disjoint set of sessions, as `experiments.beyond_vllm.load`
+    trace = load_sharegpt(path, first_session=args.seed * SHAREGPT_SESSIONS)
     return trace if args.limit is None else trace.head(args.limit)
   path = args.trace
   if not os.path.exists(path):

@@ -34,6 +34,25 @@ def test_sharegpt_without_the_extra_is_a_clean_error(tmp_path, monkeypatch, caps
   assert not dump.exists()
 
 
+def test_sharegpt_seed_picks_a_disjoint_session_set(monkeypatch, capsys):
+  """--seed k with --format sharegpt loads the k-th set of 100 sessions (the experiments'
+  seeds, `experiments.beyond_vllm.load`); the loader's own error reaches the user."""
+  from hybrid_cache.sim import sharegpt
+
+  seen = []
+
+  def fake(path=None, *, first_session=0, **kw):
+    seen.append((path, first_session))
+    raise ValueError(f"no conversation is left after first_session={first_session}")
+
+  monkeypatch.setattr(sharegpt, "load_sharegpt", fake)
+  argv = ["--trace", "default", "--format", "sharegpt", "--model", "marconi_7b"]
+  argv += ["--capacity-bytes", "1e10", "--policy", "oracle", "--seed", "2"]
+  assert cli.main(argv) == 2
+  assert seen == [(None, 200)]
+  assert "first_session=200" in capsys.readouterr().err
+
+
 def test_core_replay_that_cannot_progress_writes_nothing(tmp_path, monkeypatch, capsys):
   from hybrid_cache.sim import core_sim
 
