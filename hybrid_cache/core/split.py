@@ -26,7 +26,7 @@ def checkpoint_position(num_tokens, unit: int, eagle: bool):
   return jnp.maximum(floor_to(num_tokens - 1, unit), 0)
 
 
-def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
+def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk, cuts=()):
   """Tokens to schedule so chunk ends land where a recurrent state is cached (align mode).
 
   vLLM 0.33 `Scheduler._mamba_block_aligned_split`, the same rule as
@@ -35,7 +35,10 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   wider than `max_chunk` (the entry's cap, else the configured budget); then it stops at the
   earliest of the next block boundary (a chunk starting mid-block), the last cacheable
   boundary floor((N-1)/B)*B, the partial-tail boundary floor((P-1)/HBS)*HBS (partial hits),
-  the block-floored junction. Example (bs 4, 22-token prompt, no hit, n 22): 20, then 2.
+  the block-floored junction, and (beyond vLLM) any of `cuts` (i32 token positions, `BIG` =
+  none): where a stateful placement keeps a state (`chunk_cuts` of the placement policy, e.g.
+  `adaptive`'s continuation point, `step.placement_cuts`), so that align mode computes it.
+  Example (bs 4, 22-token prompt, no hit, n 22): 20, then 2.
   """
   if not lay.align_bs:
     return n
@@ -57,6 +60,7 @@ def split(lay: Layout, start, n, num_tokens, num_prompt, spb, max_chunk):
   if lay.partial:  # §2.5: a chunk stops at the prompt's last hash boundary (partial entry)
     tail = checkpoint_position(num_prompt, lay.hash_block_size, eagle)
     cands.append(jnp.where((lcp < tail) & (tail < num_prompt), tail, BIG))
+  cands.extend(cuts)
   best = end
   for s in cands:
     best = jnp.where((s > start) & (s < best), s, best)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache import policies
 from hybrid_cache.core import admission
 from hybrid_cache.core import byte_budget
 from hybrid_cache.core import coordinator
@@ -20,6 +21,7 @@ from hybrid_cache.core import groups
 from hybrid_cache.core.allocate import allocate_slots
 from hybrid_cache.core.allocate import remove_skipped
 from hybrid_cache.core.block_pool import free_counts
+from hybrid_cache.core.fresh_state import policy_columns
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.split import split
 from hybrid_cache.core.state import BIG
@@ -95,6 +97,20 @@ class StepCarry(NamedTuple):
   queued: jax.Array
 
 
+def placement_cuts(lay: Layout, state: CacheState, r, admitted, info, tokens) -> tuple:
+  """The chunk cuts (i32 token positions, `BIG` = none) of a stateful placement policy with
+  `chunk_cuts` (`hybrid_cache.policies`, seam `placement`) for request slot `r`: where it keeps
+  a state, so that an align-mode chunk ends there (`split.split`). () for other policies and
+  without an align-mode recurrent group (nothing is traced then). `info`: the slot's
+  `ReqInfo` row."""
+  placement = policies.core_policy("placement", lay.config.placement)
+  if not lay.align_bs or not hasattr(placement, "chunk_cuts"):
+    return ()
+  off = policy_columns(lay.config, lay)[0]
+  table = state.policy_state[:, off : off + placement.state_size(lay)]
+  return placement.chunk_cuts(lay, table, r, admitted, info.prompt, tokens)
+
+
 def schedule_entry(lay: Layout, carry, x):
   """One entry of a step (the body of `scheduler.schedule_step`'s loop over its entries).
 
@@ -125,7 +141,8 @@ def schedule_entry(lay: Layout, carry, x):
   mml = state.max_model_len
   n0 = jnp.where(is_new, n0, jnp.maximum(jnp.minimum(n0, mml - start - 1), 0))
   max_chunk = jnp.where(max_tok >= 0, max_tok, state.max_batched_tokens)
-  n = split(lay, start, n0, num_tokens, info.prompt, spb, max_chunk)
+  cuts = placement_cuts(lay, state, r, is_new, info, num_tokens)
+  n = split(lay, start, n0, num_tokens, info.prompt, spb, max_chunk, cuts)
   active = valid & (status != STATUS_EMPTY)
   attempt = active & (n > 0)
 

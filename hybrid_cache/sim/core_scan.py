@@ -5,7 +5,8 @@ Same per-request life as the protocol path (`core_sim.run_core`), with no host r
   register(input)                      # scheduler.write_request's update, tokens = prompt
   step until the prompt is computed    # scheduler.admit_one, max_tokens unbounded
   register(input + output[:-1])        # appended tokens (the last sampled one is never computed)
-  step in block-aligned chunks         # admit_one with max_tokens = B - computed % B
+  step in block-aligned chunks         # admit_one with max_tokens = B - computed % B (one
+                                       # chunk: `core_sim.output_in_one_chunk`)
   release                              # release.release(preempt=False)
 
 Reused tokens = the first step's hit. A step that schedules nothing marks the request failed
@@ -46,6 +47,7 @@ from hybrid_cache.core.policies import flop_aware
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.hashing import mix64
+from hybrid_cache.sim import core_sim
 from hybrid_cache.sim.trace import Trace
 
 DEFAULT_CHUNK = 1024
@@ -173,6 +175,7 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
   pos = jnp.arange(lay.max_hashes)[:, None]
   row_in = jnp.where(pos < n_in // hbs, rows, 0)
   row_all = jnp.where(pos < n_total // hbs, rows, 0)
+  whole_output = core_sim.output_in_one_chunk(config)
 
   def live(state):
     adm0, ev0 = state.states_admitted, state.states_evicted
@@ -193,7 +196,10 @@ def _request(config: CacheConfig, hashes, state: CacheState, x):
         req_info=jnp.where(grow, grown.req_info, state.req_info),
         req_hashes=jnp.where(grow, grown.req_hashes, state.req_hashes),
       )
-      max_tok = jnp.where(computed < n_in, -1, bs - computed % bs)
+      if whole_output:  # static: other configs keep their program
+        max_tok = jnp.int32(-1)
+      else:
+        max_tok = jnp.where(computed < n_in, -1, bs - computed % bs)
       state, out = scheduler.admit_one(config, state, slot, max_tok)
       hit = jnp.where(steps == 0, out["hit"], hit)
       return state, hit, steps + 1, out["scheduled"] == 0

@@ -49,6 +49,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hybrid_cache import factory
+from hybrid_cache import policies
 from hybrid_cache import pools
 from hybrid_cache import profiles
 from hybrid_cache.config import CacheConfig
@@ -276,6 +277,15 @@ def make_manager(config: CacheConfig, backend: str):
   return factory.make_manager(config, "jax" if backend == "jax_protocol" else backend)
 
 
+def output_in_one_chunk(config: CacheConfig) -> bool:
+  """Whether a replay computes a request's appended output as one chunk: yes when the
+  placement policy cuts align-mode chunks at its own points (`chunk_cuts`, e.g. `adaptive`:
+  its only output state is the continuation point, where the core cuts). Otherwise the output
+  runs in chunks ending at every block boundary, as one-token decode steps would pass them
+  (vLLM's align mode keeps a state at each)."""
+  return hasattr(policies.core_policy("placement", config.placement), "chunk_cuts")
+
+
 def _run_to(m, name: str, start: int, target: int, step_tokens: Callable[[int], int | None]):
   """Schedules `name` from `start` computed tokens until `target`; returns the first entry."""
   first = None
@@ -309,6 +319,11 @@ def run_core(
   mamba = [i for i, g in enumerate(config.groups) if g.kind == "mamba"]
   triples = []
   mamba_allocated = 0
+  whole = output_in_one_chunk(config)
+
+  def output_chunk(computed: int) -> int | None:
+    return None if whole else B - computed % B
+
   t0 = time.perf_counter()
   for i, r in enumerate(trace.requests):
     toks = request_tokens(r)
@@ -321,7 +336,7 @@ def run_core(
     out = toks[n_in : len(toks) - 1]
     if len(out):
       m.append_tokens(name, out)
-      _run_to(m, name, n_in, len(toks) - 1, lambda c: B - c % B)
+      _run_to(m, name, n_in, len(toks) - 1, output_chunk)
     if mamba:
       v = m.request_view(name)
       mamba_allocated += sum(v.num_real_blocks[g] for g in mamba)

@@ -39,6 +39,7 @@ def block_aligned_split(
   max_chunk_tokens: int = 2**31 - 1,
   partial_hash_block: int | None = None,
   junction_block_size: int | None = None,
+  cuts: Sequence[int] = (),
 ) -> int:
   """Tokens to schedule so that chunk ends land where a recurrent state is cached (align mode).
 
@@ -49,7 +50,9 @@ def block_aligned_split(
   re-aligns at the next boundary. Then the chunk stops at the earliest of: the next block
   boundary (a chunk starting mid-block), the last cacheable boundary floor((N-1)/B)*B, the
   prompt's partial-tail boundary floor((P-1)/HBS)*HBS with partial hits (when it lies past the
-  last cacheable boundary and inside the prompt), the block-floored Marconi junction.
+  last cacheable boundary and inside the prompt), the block-floored Marconi junction, and
+  (beyond vLLM) any of `cuts`, the positions where a stateful placement keeps a state
+  (`placement.chunk_cuts`, e.g. `adaptive`'s continuation point).
   Decode steps (start >= max(P, N-1)) are not split.
 
   Example (B 9, HBS 3, 27-token prompt, partial hits): 18 (last cacheable boundary), then 6
@@ -74,6 +77,7 @@ def block_aligned_split(
   b = shared_prefix_boundary
   if start < b < end:  # floored to the block (fine keys, beyond vLLM: `junction_block_size`)
     stops.append(start + floor_to(b - start, junction_block_size or block_size))
+  stops.extend(cuts)
   inside = [s for s in stops if start < s < end]
   if inside:
     end = min(inside)

@@ -24,6 +24,7 @@ def split(s: TwinState, req: Request, start: int, n: int, max_chunk: int) -> int
   """The chunk of n tokens from `start`, cut by the block-aligned split (align groups only)."""
   if s.split_bs is None:
     return n
+  cut = getattr(s.placement, "chunk_cuts", None)
   return rules.block_aligned_split(
     start,
     n,
@@ -35,6 +36,7 @@ def split(s: TwinState, req: Request, start: int, n: int, max_chunk: int) -> int
     max_chunk_tokens=max_chunk,
     partial_hash_block=s.hbs if s.partial else None,
     junction_block_size=s.config.junction_block_size,
+    cuts=() if cut is None else cut(s, req, req.num_cached is None),
   )
 
 

@@ -10,8 +10,9 @@ integers).
 The unit. The simulator counts depths in checkpoint units U; here the unit of recurrent group
 g is its block size B (a state can be kept only where a block ends; with `fine_keys` and a
 recurrent group of block `hash_block_size` = U, mode "all", that is every U, the simulator's
-grid; in mode align a state exists only where a chunk ends, so only those of the points below
-are kept). Request r keeps the state block ending at
+grid; in mode align a state exists only where a chunk ends: the core cuts a chunk at the
+continuation point below, `chunk_cuts` / `core/step.py` `placement_cuts`, and the branch point
+is the junction, where vLLM's split cuts already). Request r keeps the state block ending at
 
 - the branch point: its shared-prefix boundary `spb` (vLLM's Marconi junction: the deepest
   prefix the cache's attention still holds beyond r's hit, `CacheConfig.marconi_junction`),
@@ -67,6 +68,7 @@ import jax.numpy as jnp
 
 from hybrid_cache.core.cache_keys import PlacementRequest
 from hybrid_cache.core.layout import Layout
+from hybrid_cache.core.state import BIG
 
 MAX_ALIGN_LOG2 = 4  # A <= 2^4 units
 MIN_OBS = 16  # divergences (decayed) before A and the output flag are learned
@@ -100,6 +102,27 @@ def observe(stats, seen, in_output) -> jax.Array:
   events = [jnp.int32(1), in_output.astype(jnp.int32)]
   events += [(seen % (1 << j) == 0).astype(jnp.int32) for j in range(1, MAX_ALIGN_LOG2 + 1)]
   return stats - stats // DECAY_DIV + jnp.stack(events) * SCALE
+
+
+def chunk_cuts(lay: Layout, table, r, admitted, prompt, tokens) -> tuple:
+  """i32 token positions, one per recurrent group (`BIG` = none): the continuation point c * B
+  that `keep` keeps for request slot `r` (its decision as `keep` takes it: at an admission the
+  one learned so far, else the slot's), so that an align-mode chunk ends there (`split.split`;
+  without the cut align mode computes a state only at the prompt end, the junction and block
+  ends a chunk happens to stop at, and a point at A > 1 units inside a chunk is lost).
+
+  `table` i32[R, state_size]: the placement's columns; `admitted` bool (the entry is new)."""
+  out = []
+  for row, g in enumerate(lay.recurrent_groups):
+    t = table[row]
+    bs = lay.groups[g].block_size
+    a, o = learned(t[:MARKS])
+    decision = jnp.where(admitted, a * 2 + o.astype(jnp.int32), t[DECISIONS + r])
+    a_r = jnp.maximum(decision >> 1, 1)
+    limit = jnp.where((decision & 1) == 1, tokens, jnp.minimum(prompt, tokens)) // bs
+    c = limit // a_r * a_r
+    out.append(jnp.where(c > 0, c * bs, BIG))
+  return tuple(out)
 
 
 def keep(lay: Layout, r, g: int, pos, boundaries, default, table, req: PlacementRequest):

@@ -80,6 +80,23 @@ class Placement:
       new[slot] = old if same else tag * 4 + (2 if (i + 1) * bs > req.prompt else 1)
     marks.update(new)
 
+  def chunk_cuts(self, s, req, admitted: bool) -> list[int]:
+    """Per recurrent group, the continuation point c * B that `start` keeps for `req` (its
+    decision as `start` takes it: at an admission the one learned so far), where an align-mode
+    chunk is cut (core `chunk_cuts`); none where c = 0."""
+    out = []
+    for gid, g in enumerate(s.groups):
+      if g.kind != "mamba":
+        continue
+      bs = self.block_size[gid]
+      a, o = self.learned(gid) if admitted else self.decision.get((gid, req.name), (1, False))
+      tokens = len(req.tokens)
+      limit = (tokens if o else min(req.num_prompt_tokens, tokens)) // bs
+      c = limit // a * a
+      if c > 0:
+        out.append(c * bs)
+    return out
+
   def keep(self, config, i: int, block_size: int, alignment: int, boundaries, default) -> bool:
     """Whether state block i is kept in the current call (`start`); `default` is not read."""
     return i in self.kept
