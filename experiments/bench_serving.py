@@ -10,7 +10,7 @@ one workload, the cache arms side by side in one process (each arm warmed up onc
   `concurrency` requests in flight (a new request arrives as one finishes);
 * arms: caching off, vLLM 0.33's serving default (`vllm_default`), `vllm_align_dense` and
   `flop_aware` (the core's FLOP-aware eviction), by profile name (`hybrid_cache.profiles`;
-  `adaptive` gets recurrent blocks of `checkpoint_unit` tokens beside the `block_size` pages);
+  `adaptive` runs on pages of `checkpoint_unit` tokens instead of `block_size`);
 * per arm: TTFT p50 / p99 and mean, output tokens/s, prefill tokens computed, cached tokens,
   the engine's per-step breakdown (schedule / prepare / forward / commit seconds, and the
   non-model share = 1 - forward / wall), outputs equal to the uncached arm's, and the
@@ -223,7 +223,10 @@ def run(
     )
   overrides = {name: engine_workload.arm(name, checkpoint_unit) for name in arms}
   # the pool's ids count blocks of the smallest block size in use
-  unit = min(block_size, *(kw.get("recurrent_block_size", block_size) for kw in overrides.values()))
+  sizes = [
+    kw.get("recurrent_block_size", kw.get("block_size", block_size)) for kw in overrides.values()
+  ]
+  unit = min(block_size, *sizes)
   longest = max(len(p) for p in prompts) + max_new_tokens
   blocks_per_req = -(-longest // unit) + 1
   common = dict(
@@ -237,7 +240,7 @@ def run(
   for name in arms:
     engines[name] = Engine(
       cfg,
-      cache_config_for(cfg, **common, **overrides[name]),
+      cache_config_for(cfg, **{**common, **overrides[name]}),
       seed=seed,
       implementation=implementation,
     )

@@ -69,7 +69,7 @@ class Setup:
     model: the engine's model preset.
     policies: profile names served and replayed.
     block_size: attention block (KV page) tokens.
-    checkpoint_unit: recurrent block U of the fine-key profiles (`adaptive`).
+    checkpoint_unit: the unit U of `adaptive` (every block U, `engine.workload.arm`).
     num_blocks: blocks in the pool (block 0 is the null block).
     max_model_len: longest scaled request (input + output).
     max_num_batched_tokens: token budget per engine step (and the core's).
@@ -113,14 +113,15 @@ class Setup:
 
   def cache_config(self, policy: str) -> CacheConfig:
     """The `CacheConfig` both the engine and the simulator run for `policy`."""
-    return cache_config_for(
-      self.model,
+    sizes = dict(
       block_size=self.block_size,
       num_blocks=self.num_blocks,
       max_model_len=self.max_model_len,
       max_num_batched_tokens=self.max_num_batched_tokens,
       max_requests=1,
-      **engine_workload.arm(policy, self.checkpoint_unit),
+    )
+    return cache_config_for(
+      self.model, **{**sizes, **engine_workload.arm(policy, self.checkpoint_unit)}
     )
 
 

@@ -5,7 +5,7 @@ Both serve `num_prompts` prompts that share a `prefix_len`-token prefix (each fo
 `hybrid_cache.profiles`; by default the standard three, `off`, `vllm_default`,
 `align_dense_no_junction`, see `engine_workload.STANDARD_ARMS`), side by side on the same
 model, and plot cached tokens, computed prefill tokens and wall time per arm. An arm whose
-profile keys full attention finely (`adaptive`) gets recurrent blocks of `checkpoint_unit`
+profile runs on pages of the checkpoint unit (`adaptive`) gets blocks of `checkpoint_unit`
 tokens; the others use `block_size` for every group. An experiment is
 its defaults (a dict of `ArmsSetup` overrides) plus how it reports the arms.
 """
@@ -33,8 +33,8 @@ class ArmsSetup:
   Attributes:
     model: model preset served by every arm.
     arms: "off" (first) and profile names (`hybrid_cache.profiles`), served side by side.
-    checkpoint_unit: recurrent block U of the fine-key arms (`adaptive`): a multiple of the
-      kernels' checkpoint chunk (64) below `block_size`.
+    checkpoint_unit: the unit U of the unit-page arms (`adaptive`: every block U) and of
+      fine-key arms (recurrent blocks of U): a multiple of the kernels' checkpoint chunk (64).
     num_prompts, prefix_len, suffix_len: the shared-prefix workload.
     max_new_tokens: decode tokens per request.
     block_size, num_blocks, max_num_batched_tokens, max_model_len: cache/engine sizes.
@@ -82,7 +82,7 @@ class ArmsSetup:
       raise ValueError(f"checkpoint_unit must be an integer, got {self.checkpoint_unit!r}")
 
   def arm_overrides(self) -> dict[str, dict[str, Any]]:
-    """Arm name -> its `cache_config_for` overrides (fine-key arms: recurrent blocks of U)."""
+    """Arm name -> its `cache_config_for` overrides (`adaptive`: blocks of U)."""
     return {name: engine_workload.arm(name, self.checkpoint_unit) for name in self.arms}
 
 

@@ -1,7 +1,7 @@
 """Quickstart: the GDN preset serves a shared-prefix workload under cache arms side by side
 (`configs/experiments/quickstart.gin`: caching off, vLLM 0.33's serving default
 `vllm_default`, align + Marconi junction with a state per block `vllm_align_dense`, and
-placement `adaptive` on 64-token recurrent blocks); prints a table with the cache fields each
+the core's `adaptive` on 64-token pages); prints a table with the cache fields each
 arm sets and saves `quickstart.png`.
 
   python -m experiments.run --gin_file=configs/experiments/quickstart.gin --workdir=runs/qs

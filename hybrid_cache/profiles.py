@@ -23,21 +23,24 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    FLOP-aware eviction (SPEC B2)
   <eviction>               align  on        0          <eviction>  vllm_default with any other
                                                                    registered eviction policy
-  adaptive                 all    on        dense      greedy_dual placement `adaptive` on fine
-                                                                   keys (issue 28): a state at
-                                                                   the branch point and at one
-                                                                   continuation point on a learned
-                                                                   alignment, both at any multiple
-                                                                   of the recurrent block U, and
-                                                                   chain-aware GreedyDual eviction;
-                                                                   not a vLLM setting
+  adaptive                 align  on        dense      greedy_dual placement `adaptive`, retirement
+                                                                   `superseded`, pages of U (issue
+                                                                   28): a state at the branch point
+                                                                   and at one continuation point on
+                                                                   a learned alignment, at any
+                                                                   multiple of U; states superseded
+                                                                   by a deeper one of the same
+                                                                   request dropped while rarely
+                                                                   reused; chain-aware GreedyDual
+                                                                   eviction; not a vLLM setting
 
-`adaptive` keys full attention at every U inside its larger blocks (`CacheConfig.fine_keys`):
-the workload sizes it with a recurrent block U (the hash block) smaller than the attention
-block B, U a multiple of the kernels' checkpoint chunk in the engine (`engine_config
-.cache_config_for(..., recurrent_block_size=U)` sets `hash_block_size` = U). Mode "all"
-computes a state at every U; the placement keeps two of them per request
-(`core/policies/adaptive.py`).
+`adaptive` runs every group on blocks of the checkpoint unit U (`Profile.unit_pages`: the
+workload sets `block_size` = U, `engine.workload.arm`), so every state it keeps is hittable, and
+align mode computes its states where the placement cuts the chunks (`core/policies/adaptive.py`
+`chunk_cuts`). vLLM pads a page to hold a state (500-2,000 tokens for real models); with state
+slots apart from the pages (the simulator's `--page-layout pools`) pages need not. In the
+simulator: `--policy greedy_dual --placement adaptive --retirement superseded --block-size 64
+--page-layout pools` (`--policy adaptive` is still the simulator's unit cache).
 
 `vllm_default` is exactly what vLLM 0.33 serves a hybrid model with (`VLLM_DEFAULT` lists every
 `CacheConfig` field it fixes, and where vLLM sets it). `CacheConfig`'s own defaults are not that
@@ -71,6 +74,10 @@ class Profile:
     fine_keys: `CacheConfig.fine_keys` (full attention keyed at every hash block U; the
       workload gives the recurrent block U, see the module doc).
     retirement: `CacheConfig.retirement` (a registered retirement policy).
+    unit_pages: every group's block (the KV page and the recurrent block) is the workload's
+      checkpoint unit U (`engine.workload.arm` sets `block_size`), not a size padded to hold a
+      state as vLLM's pages are: a state kept at any multiple of U is then hittable. Not a
+      `CacheConfig` field; the simulator replays it with `--block-size U --page-layout pools`.
   """
 
   mode: str
@@ -80,18 +87,22 @@ class Profile:
   placement: str = "vllm"
   fine_keys: bool = False
   retirement: str = "none"
+  unit_pages: bool = False
 
   def describe(self) -> str:
     """One line of its fields, e.g. "mode=align, marconi_junction=True, ..."."""
-    return ", ".join(f"{k}={v}" for k, v in self.cache_overrides().items())
+    fields = self.cache_overrides() | ({"unit_pages": True} if self.unit_pages else {})
+    return ", ".join(f"{k}={v}" for k, v in fields.items())
 
   def cache_overrides(self) -> dict[str, Any]:
     """Keyword arguments of `engine.config.cache_config_for` (mode + `CacheConfig` fields);
-    placement, fine_keys and retirement only where they are not vLLM's."""
+    placement, fine_keys and retirement only where they are not vLLM's (`unit_pages` is the
+    workload's block size: `engine.workload.arm`)."""
     return {
       f.name: getattr(self, f.name)
       for f in dataclasses.fields(self)
-      if f.name not in _NAMED_IF_SET or getattr(self, f.name) != f.default
+      if f.name != "unit_pages"
+      and (f.name not in _NAMED_IF_SET or getattr(self, f.name) != f.default)
     }
 
 
@@ -146,10 +157,19 @@ PROFILES: dict[str, Profile] = {
   "all_dense_no_junction": Profile("all", False, None),
   # vllm_default with another registered eviction policy, named after it
   **{p: Profile("align", True, 0, p) for p in EVICTION_POLICIES if p != "lru"},
-  # the simulator's `adaptive` without its retirement and tuning: its placement and GreedyDual
-  # eviction. Retirement stays off: `superseded` cost 4-10% of FLOPs saved on real ShareGPT
-  # with this placement (simulator, align, U = 64, 3 seeds x 2e9 / 3e9, 2026-11-29); issue 28
-  "adaptive": Profile("all", True, None, "greedy_dual", placement="adaptive", fine_keys=True),
+  # the simulator's `adaptive` without its tuning (issue 28): its placement, GreedyDual
+  # eviction and retirement, on pages of U. The best arm of the cache core in the simulator:
+  # 1.27-1.57x vLLM best on agentic, 1.15-1.29x on real ShareGPT (BENCHMARKS.md section 3,
+  # 2026-11-29); mode all or 512-token pages with fine keys saved less (0.66-1.05x on ShareGPT)
+  "adaptive": Profile(
+    "align",
+    True,
+    None,
+    "greedy_dual",
+    placement="adaptive",
+    retirement="superseded",
+    unit_pages=True,
+  ),
 }
 
 # Old name -> profile. Kept so that old commands and recorded results still read.

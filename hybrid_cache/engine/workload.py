@@ -39,18 +39,24 @@ STANDARD_ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-# recurrent block U of the fine-key profiles (`adaptive`) unless a workload says otherwise: the
-# kernels' checkpoint chunk (`engine.config.KERNEL_CHUNK`), the smallest block mode all allows
+# the checkpoint unit U of the unit-page profiles (`adaptive`: every block U) and of fine-key
+# arms (recurrent blocks of U) unless a workload says otherwise: the kernels' checkpoint chunk
+# (`engine.config.KERNEL_CHUNK`), the smallest block mode all allows
 CHECKPOINT_UNIT = 64
 
 
 def arm(name: str, checkpoint_unit: int = CHECKPOINT_UNIT) -> dict[str, Any]:
   """`cache_config_for` overrides of arm `name`: "off" or a profile name or alias
-  (`profiles`); a profile that keys full attention finely (`adaptive`) also gets recurrent
-  blocks of `checkpoint_unit` tokens (the others keep one block size for every group)."""
+  (`profiles`). A profile on pages of the checkpoint unit (`Profile.unit_pages`: `adaptive`)
+  gets `block_size` = `checkpoint_unit` (it overrides the workload's: merge these last); one
+  that keys full attention finely (`fine_keys`) gets recurrent blocks of `checkpoint_unit`;
+  the others keep the workload's block size for every group."""
   if name == "off":
     return dict(STANDARD_ARMS["off"])
-  kw = profiles.get(name).cache_overrides()
+  profile = profiles.get(name)
+  kw = profile.cache_overrides()
+  if profile.unit_pages:
+    kw["block_size"] = checkpoint_unit
   if kw.get("fine_keys"):
     kw["recurrent_block_size"] = checkpoint_unit
   return kw
@@ -82,7 +88,7 @@ def off_grid_sessions(
   leave each other (the system prompt's end, each turn's end) are random, not multiples of a
   block: with attention blocks larger than the prompts (vLLM's inflated hybrid blocks, 500-2,000
   tokens for real models) vLLM 0.33 keeps no state a later prompt can hit, while placement
-  `adaptive` keeps the branch point and each prompt's end floored to its recurrent block U.
+  `adaptive` keeps the branch point and each prompt's end floored to its unit U.
   """
   lo, hi = turn_len
   if not 1 <= lo < hi:

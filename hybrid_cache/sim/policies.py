@@ -11,12 +11,11 @@ adaptive                checkpoints placed by value at multiples of the checkpoi
                         chain-aware FLOP-aware eviction, alpha re-tuned online
                         (`checkpoint_policies.py`): the simulator's own unit cache. The cache
                         core's profile of that name (`hybrid_cache.profiles`, served by the
-                        engine) has its placement and a GreedyDual eviction (`greedy_dual`:
-                        alpha 1, a block's own bytes), not yet its tuning; in the simulator
-                        the core's parts replay best as `--policy greedy_dual --placement
-                        adaptive --retirement superseded --block-size 64 --page-layout
-                        pools` (align mode on 64-token pages, so every kept state is
-                        hittable; BENCHMARKS.md section 3, issue 28).
+                        engine) has its placement, retirement and a GreedyDual eviction
+                        (`greedy_dual`: alpha 1, a block's own bytes) on pages of U, not yet
+                        its tuning; in the simulator it replays as `--policy greedy_dual
+                        --placement adaptive --retirement superseded --block-size 64
+                        --page-layout pools` (BENCHMARKS.md section 3, issue 28).
 ckpt_dense, ckpt_sparse:K, ckpt_branch
                         checkpoints every U, every K U, or at branch points and leaves (Marconi at U
                         granularity), LRU eviction (`checkpoint_policies.py`).
@@ -40,8 +39,9 @@ import importlib.util
 
 from hybrid_cache import profiles
 
-# the core profiles the simulator replays (profile `adaptive` needs a checkpoint unit: the
-# unit cache still answers that name, issue 28)
+# the core profiles the simulator replays (`--policy adaptive` is still the unit cache; the core
+# profile `adaptive` replays as `greedy_dual --placement adaptive --retirement superseded`
+# on pages of U, issue 28)
 CORE_POLICIES = tuple(p for p in profiles.PROFILES if p != "adaptive")
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"

@@ -55,13 +55,13 @@ def test_setup_record_has_every_field_json_ready():
   assert json.loads(json.dumps(rec)) == rec
 
 
-def test_arms_are_off_then_profiles_and_fine_key_arms_get_the_checkpoint_unit():
+def test_arms_are_off_then_profiles_and_unit_page_arms_get_the_checkpoint_unit():
   s = prefix_arms.make_setup({}, {"arms": ("off", "vllm_default", "adaptive")})
   over = s.arm_overrides()
   assert over["off"] == {"enable_prefix_caching": False}
   assert "recurrent_block_size" not in over["vllm_default"]
   assert over["adaptive"]["placement"] == "adaptive"
-  assert over["adaptive"]["recurrent_block_size"] == s.checkpoint_unit == 64
+  assert over["adaptive"]["block_size"] == s.checkpoint_unit == 64
   for arms in [("vllm_default",), ("off", "off"), ()]:
     with pytest.raises(ValueError, match="arms must start with 'off'"):
       prefix_arms.make_setup({}, {"arms": arms})

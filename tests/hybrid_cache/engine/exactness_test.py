@@ -188,15 +188,13 @@ MATRIX = (
     _speculated,
     engine=_ngram_drafter,
   ),
-  # Profile `adaptive` (issue 28): its placement on fine keys (attention blocks of 128,
-  # recurrent states every 64 tokens in mode all, two kept per request), GreedyDual eviction.
-  # The prefix (72) ends inside the first attention block: vLLM's rules hit nothing there;
-  # the first prompt keeps its state at 64 (its continuation point), the second its branch
-  # point at 64 (the junction floored to 64).
+  # Profile `adaptive` (issue 28): its placement, retirement and GreedyDual eviction, every
+  # group on pages of U = 64 (align mode, chunks cut at the continuation point). The prefix
+  # (72) ends inside the second page: the first prompt keeps its state at 64 (its continuation
+  # point), the second its branch point at 64 (the junction floored to 64).
   Cell(
     "adaptive",
     dict(
-      block_size=128,
       max_num_batched_tokens=64,
       max_model_len=512,
       **workload.arm("adaptive", checkpoint_unit=64),

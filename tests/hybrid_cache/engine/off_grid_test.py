@@ -5,7 +5,7 @@ each, every turn extending the session's previous prompt by 20-49 tokens (prompt
 tokens), turns interleaved. Served one request at a time by the engine (`qwen35_tiny`, jitted
 core) with attention blocks of 256 (a vLLM-sized hybrid block scaled to the tiny model), under
 caching off, `vllm_default` (recurrent blocks of 256 too, as vLLM sizes them) and `adaptive`
-(recurrent block U = 64, fine keys).
+(every group on pages of U = 64, align mode, retirement `superseded`).
 
 What the rules give, request by request (the learned alignment A stays 1 unit: the depths
 where these prompts leave what the cache holds are not >= 90% multiples of 2 units):
@@ -22,7 +22,7 @@ from hybrid_cache.engine import workload
 
 U = workload.CHECKPOINT_UNIT  # 64
 SESSIONS = 6
-COMMON = dict(  # `adaptive`'s arm adds recurrent blocks of U (`workload.arm`)
+COMMON = dict(  # `adaptive`'s arm sets its own block, U (`workload.arm`)
   block_size=256,
   num_blocks=64,
   max_model_len=512,
