@@ -9,8 +9,8 @@ import pytest
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.factory import make_manager
-from hybrid_cache.types import ScheduleEntry
 from tests.hybrid_cache.policies_test import _COMMON
+from tests.hybrid_cache.policies_test import _serve
 
 # full attention + a recurrent group in align mode, block 4, placement `adaptive`
 _ALIGN = dict(
@@ -20,16 +20,6 @@ _ALIGN = dict(
   placement="adaptive",
   **_COMMON,
 )
-
-
-def _serve(m, name, tokens):
-  m.add_request(name, tokens)
-  for _ in range(12):
-    v = m.request_view(name)
-    if v.num_computed_tokens >= v.num_tokens:
-      break
-    m.schedule([ScheduleEntry(name)])
-  m.free(name)
 
 
 @pytest.mark.parametrize("backend", ["jax", "reference"])
