@@ -61,3 +61,36 @@ def test_adaptive_hits_off_the_block_grid_where_vllm_default_hits_nothing():
   for name in ("vllm_default", "adaptive"):
     assert res[name]["outputs_equal_to_off"], name
     assert res[name]["max_logit_rel_diff_vs_off"] <= 1e-5, name
+
+
+def test_adaptive_retires_superseded_states_and_stays_exact(monkeypatch):
+  """Longer sessions (3 x 8 turns, each turn 64-95 tokens longer than the last, prompts up to
+  686 tokens): each turn keeps a new continuation state and supersedes its previous one, so
+  the retirement `superseded` turns on once 16 supersessions are counted and drops the
+  superseded states while the engine serves (21 retired). Outputs still equal the uncached
+  run: a retired state is free and no running request reads it (`release.retire`)."""
+  prompts = workload.off_grid_sessions(
+    seed=1, num_sessions=3, turns=8, system_len=40, turn_len=(64, 96)
+  )
+  made = []
+  make = workload._engine
+
+  def spy(*args):  # keeps the engines `compare_arms` builds, to read the cache's counters
+    made.append(make(*args))
+    return made[-1]
+
+  monkeypatch.setattr(workload, "_engine", spy)
+  arms = {name: workload.arm(name) for name in ("off", "adaptive")}
+  res = workload.compare_arms(
+    "qwen35_tiny",
+    arms,
+    prompts,
+    max_new_tokens=3,
+    common={**COMMON, "max_model_len": 1024},
+    engine_kwargs=dict(cache_manager="jax", token_buckets=(256,), max_num_seqs=1),
+  )
+  (served,) = [e for e in made if e.manager.config.retirement == "superseded"]
+  assert int(served.manager.state.states_retired) > 0
+  assert res["adaptive"]["cached_tokens"] > 0
+  assert res["adaptive"]["outputs_equal_to_off"]
+  assert res["adaptive"]["max_logit_rel_diff_vs_off"] <= 1e-5
