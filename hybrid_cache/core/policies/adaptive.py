@@ -104,23 +104,30 @@ def observe(stats, seen, in_output) -> jax.Array:
   return stats - stats // DECAY_DIV + jnp.stack(events) * SCALE
 
 
+def continuation(t, r, admitted, prompt, tokens, bs: int) -> tuple[jax.Array, jax.Array]:
+  """(decision, c): request slot `r`'s decision A * 2 + output flag (at an admission the one
+  learned from row `t`'s counts so far, else the slot's) and its continuation point in blocks
+  of `bs`, c = (L // bs) // A * A with L = `tokens` under the output flag, else
+  min(`prompt`, `tokens`) (module doc; 0 = none)."""
+  a, out = learned(t[:MARKS])
+  decision = jnp.where(admitted, a * 2 + out.astype(jnp.int32), t[DECISIONS + r])
+  a_r = jnp.maximum(decision >> 1, 1)
+  limit = jnp.where((decision & 1) == 1, tokens, jnp.minimum(prompt, tokens)) // bs
+  return decision, limit // a_r * a_r
+
+
 def chunk_cuts(lay: Layout, table, r, admitted, prompt, tokens) -> tuple:
   """i32 token positions, one per recurrent group (`BIG` = none): the continuation point c * B
-  that `keep` keeps for request slot `r` (its decision as `keep` takes it: at an admission the
-  one learned so far, else the slot's), so that an align-mode chunk ends there (`split.split`;
-  without the cut align mode computes a state only at the prompt end, the junction and block
-  ends a chunk happens to stop at, and a point at A > 1 units inside a chunk is lost).
+  that `keep` keeps for request slot `r` (`continuation`), so that an align-mode chunk ends
+  there (`split.split`; without the cut align mode computes a state only at the prompt end,
+  the junction and block ends a chunk happens to stop at, and a point at A > 1 units inside a
+  chunk is lost).
 
   `table` i32[R, state_size]: the placement's columns; `admitted` bool (the entry is new)."""
   out = []
   for row, g in enumerate(lay.recurrent_groups):
-    t = table[row]
     bs = lay.groups[g].block_size
-    a, o = learned(t[:MARKS])
-    decision = jnp.where(admitted, a * 2 + o.astype(jnp.int32), t[DECISIONS + r])
-    a_r = jnp.maximum(decision >> 1, 1)
-    limit = jnp.where((decision & 1) == 1, tokens, jnp.minimum(prompt, tokens)) // bs
-    c = limit // a_r * a_r
+    _, c = continuation(table[row], r, admitted, prompt, tokens, bs)
     out.append(jnp.where(c > 0, c * bs, BIG))
   return tuple(out)
 
@@ -149,14 +156,10 @@ def keep(lay: Layout, r, g: int, pos, boundaries, default, table, req: Placement
   at = jnp.clip(seen - 1, 0, pos.shape[0] - 1)
   mark = marks[slot[at]]
   in_output = ((mark & 3) == 2) & ((mark >> 2) == tag[at])
-  a, out = learned(stats)
-  decision = jnp.where(req.admitted, a * 2 + out.astype(jnp.int32), t[DECISIONS + r])
+  decision, c = continuation(t, r, req.admitted, req.prompt, req.tokens, bs)
   counted = req.admitted & (seen > 0) & (seen < cap)
   stats = jnp.where(counted, observe(stats, seen, in_output), stats)
   # the kept blocks: the branch point and the continuation point
-  a_r = jnp.maximum(decision >> 1, 1)
-  limit = jnp.where((decision & 1) == 1, req.tokens, jnp.minimum(req.prompt, req.tokens)) // bs
-  c = limit // a_r * a_r
   mask = ((c > 0) & (pos == c - 1)) | ((req.spb > 0) & (pos == req.spb // bs - 1))
   # this call's marks: per table entry, the computed block at the largest position
   win = jnp.full((TABLE,), -1, jnp.int32).at[jnp.where(req.computed, slot, TABLE)]

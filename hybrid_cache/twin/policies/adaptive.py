@@ -35,6 +35,14 @@ def observe(stats: list[int], seen: int, in_output: bool) -> list[int]:
   return [x - x // DECAY_DIV + e * SCALE for x, e in zip(stats, events)]
 
 
+def continuation(decision: tuple[int, bool], prompt: int, tokens: int, bs: int) -> int:
+  """The continuation point in blocks of `bs` under `decision` (A, output flag): the last
+  multiple of A within `tokens` (output flag) or within min(`prompt`, `tokens`)."""
+  a, out = decision
+  limit = (tokens if out else min(prompt, tokens)) // bs
+  return limit // a * a
+
+
 class Placement:
   """Per recurrent group: the decayed counts and the marks (table entry -> tag * 4 + flag);
   per (group, request): its decision (A, output flag) taken at its admission; the blocks the
@@ -65,9 +73,7 @@ class Placement:
         mark = marks.get(lo & (TABLE - 1), 0)
         in_output = (mark & 3) == 2 and (mark >> 2) == (lo >> TABLE_BITS)
         self.stats[gid] = observe(stats, seen, in_output)
-    a, out = self.decision.get((gid, req.name), (1, False))
-    limit = (req.tokens if out else min(req.prompt, req.tokens)) // bs
-    c = limit // a * a
+    c = continuation(self.decision.get((gid, req.name), (1, False)), req.prompt, req.tokens, bs)
     self.kept = {p for p in (c - 1, req.spb // bs - 1 if req.spb > 0 else -1) if p >= 0}
     # per table entry, the computed block at the largest position writes; old values are read
     # before any write (the jitted twin's one scatter)
@@ -89,10 +95,8 @@ class Placement:
       if g.kind != "mamba":
         continue
       bs = self.block_size[gid]
-      a, o = self.learned(gid) if admitted else self.decision.get((gid, req.name), (1, False))
-      tokens = len(req.tokens)
-      limit = (tokens if o else min(req.num_prompt_tokens, tokens)) // bs
-      c = limit // a * a
+      decision = self.learned(gid) if admitted else self.decision.get((gid, req.name), (1, False))
+      c = continuation(decision, req.num_prompt_tokens, len(req.tokens), bs)
       if c > 0:
         out.append(c * bs)
     return out
