@@ -682,6 +682,38 @@ def _run(m, name):
     m.schedule([ScheduleEntry(name)])
 
 
+def placement_request(admitted, hit, spb, prompt, tokens, computed, keys):
+  """The core's `PlacementRequest` of one registration call from Python values: `computed`
+  bool[MB], `keys` MB u64 keys (split into the low and high u32 lanes)."""
+  import jax.numpy as jnp
+
+  from hybrid_cache.core.cache_keys import PlacementRequest
+
+  k = np.array(keys, np.uint64)
+  lanes = np.stack([k & 0xFFFFFFFF, k >> 32], axis=1).astype(np.uint32)
+  return PlacementRequest(
+    admitted=jnp.bool_(admitted),
+    hit=jnp.int32(hit),
+    spb=jnp.int32(spb),
+    prompt=jnp.int32(prompt),
+    tokens=jnp.int32(tokens),
+    computed=jnp.asarray(computed),
+    keys=jnp.asarray(lanes),
+  )
+
+
+def key_families(rng, mb: int, table_bits: int) -> list:
+  """Three families of mb block keys (u64: low lane, high lane) for a policy's direct-mapped
+  marks table of 2^table_bits entries: table entries 0..7 (collisions), tags from a small set
+  (some equal), random high lanes."""
+  return [
+    rng.integers(0, 8, mb)
+    | (rng.integers(0, 3, mb) << table_bits)
+    | (rng.integers(0, 1 << 30, mb) << 32)
+    for _ in range(3)
+  ]
+
+
 @pytest.mark.parametrize("backend", ["jax", "reference"])
 def test_adaptive_learns_output_reuse_and_continues_at_the_computed_end(backend):
   """U = 4 tokens. B = 8 prompt tokens (0..7) + 24 output tokens (8..31), computed: its units
@@ -726,7 +758,6 @@ def test_adaptive_twins_agree_on_random_calls():
   import jax.numpy as jnp
   import numpy as np
 
-  from hybrid_cache.core.cache_keys import PlacementRequest
   from hybrid_cache.core.layout import layout
   from hybrid_cache.core.policies import adaptive as core
   from hybrid_cache.twin.cache_keys import PlacementRequest as TwinRequest
@@ -749,13 +780,7 @@ def test_adaptive_twins_agree_on_random_calls():
     return core.keep(lay, r, g, pos, (), None, table, req)
 
   rng = np.random.default_rng(0)
-  # three key families: table entries 0..7 (collisions), tags from a small set (some equal)
-  fams = [
-    rng.integers(0, 8, mb)
-    | (rng.integers(0, 3, mb) << core.TABLE_BITS)
-    | (rng.integers(0, 1 << 30, mb) << 32)
-    for _ in range(3)
-  ]
+  fams = key_families(rng, mb, core.TABLE_BITS)
   table = jnp.zeros((1, core.state_size(lay)), jnp.int32)
   ref = twin.Placement(config)
   for _ in range(300):
@@ -771,16 +796,7 @@ def test_adaptive_twins_agree_on_random_calls():
     admitted = bool(rng.random() < 0.6)
     computed = np.zeros(mb, bool)
     computed[lo:hi] = True
-    lanes = np.stack([np.array(keys, np.uint64) & 0xFFFFFFFF, np.array(keys, np.uint64) >> 32])
-    req = PlacementRequest(
-      admitted=jnp.bool_(admitted),
-      hit=jnp.int32(hit),
-      spb=jnp.int32(spb),
-      prompt=jnp.int32(prompt),
-      tokens=jnp.int32(tokens),
-      computed=jnp.asarray(computed),
-      keys=jnp.asarray(lanes.T.astype(np.uint32)),
-    )
+    req = placement_request(admitted, hit, spb, prompt, tokens, computed, keys)
     table, mask = call(table, jnp.int32(r), req)
     ref.start(g, TwinRequest(f"s{r}", admitted, hit, spb, prompt, tokens, range(lo, hi), keys))
     assert np.flatnonzero(np.asarray(mask)).tolist() == sorted(ref.kept)

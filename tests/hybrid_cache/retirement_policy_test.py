@@ -26,6 +26,8 @@ from tests.hybrid_cache.policies_test import _ADAPTIVE
 from tests.hybrid_cache.policies_test import _COMMON
 from tests.hybrid_cache.policies_test import _PHASES
 from tests.hybrid_cache.policies_test import CONFIGS
+from tests.hybrid_cache.policies_test import key_families
+from tests.hybrid_cache.policies_test import placement_request
 from tests.hybrid_cache.policies_test import prompts
 
 # full attention + a recurrent group keeping a state at every block end (block 4)
@@ -237,7 +239,6 @@ def test_superseded_twins_agree_on_random_calls():
   g = lay.recurrent_groups[0]
   bs, mb = lay.groups[g].block_size, lay.max_blocks
   pos = jnp.arange(mb)
-  from hybrid_cache.core.cache_keys import PlacementRequest
   from hybrid_cache.twin.cache_keys import PlacementRequest as TwinRequest
 
   assert (core.SCALE, core.SAT, core.DECAY_DIV, core.MIN_OBS, core.TABLE_BITS) == (
@@ -253,12 +254,7 @@ def test_superseded_twins_agree_on_random_calls():
     return core.observe(lay, r, g, pos, table, req, kept)
 
   rng = np.random.default_rng(1)
-  fams = [
-    rng.integers(0, 8, mb)
-    | (rng.integers(0, 3, mb) << core.TABLE_BITS)
-    | (rng.integers(0, 1 << 30, mb) << 32)
-    for _ in range(3)
-  ]
+  fams = key_families(rng, mb, core.TABLE_BITS)
   table = jnp.zeros((1, core.state_size(lay)), jnp.int32)
   ref = twin.Retirement(config)
   decided = 0
@@ -277,16 +273,7 @@ def test_superseded_twins_agree_on_random_calls():
     computed = np.zeros(mb, bool)
     computed[lo:hi] = True
     kept = computed & (rng.random(mb) < 0.5)
-    lanes = np.stack([np.array(keys, np.uint64) & 0xFFFFFFFF, np.array(keys, np.uint64) >> 32])
-    req = PlacementRequest(
-      admitted=jnp.bool_(admitted),
-      hit=jnp.int32(hit),
-      spb=jnp.int32(spb),
-      prompt=jnp.int32(tokens),
-      tokens=jnp.int32(tokens),
-      computed=jnp.asarray(computed),
-      keys=jnp.asarray(lanes.T.astype(np.uint32)),
-    )
+    req = placement_request(admitted, hit, spb, tokens, tokens, computed, keys)
     table = call(table, jnp.int32(r), req, jnp.asarray(kept))
     treq = TwinRequest(f"s{r}", admitted, hit, spb, tokens, tokens, range(lo, hi), keys)
     ref.observe(g, treq, np.flatnonzero(kept).tolist())
