@@ -35,7 +35,6 @@ _KEY_COLS_CLOCK = np.asarray(
   ),
   np.int32,
 )
-_RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
 
@@ -95,33 +94,28 @@ def contains(state: CacheState, h: jax.Array, group: int) -> jax.Array:
   return jnp.any(same, axis=-1)
 
 
-def _rank_in_bucket(bks: jax.Array, buckets: int, chunk: int = _RANK_CHUNK) -> jax.Array:
+def _rank_in_bucket(bks: jax.Array, buckets: int) -> jax.Array:
   """i32[k]: for each i, the number of j < i with bks[j] == bks[i] (bks in [0, buckets]).
 
-  Blocked instead of one [k, k] compare: inside each chunk of `chunk` keys a [chunk, chunk]
-  compare; across chunks a per-chunk bucket histogram (scatter-add) and its exclusive prefix
-  over chunks (one small exact matmul), read at (chunk of i, bks[i]).
+  One sort of a packed u32 (bucket above the log2(k) position bits: unique keys, so the order
+  is stable), each key's rank = its sorted position minus its bucket's first sorted position
+  (a binary search on the sorted buckets), scattered back to list order.
+  Replaces: a blocked [32, 32] compare plus a per-chunk bucket histogram and its exclusive
+  prefix by a [k/32, k/32] x [k/32, buckets] matmul. In the scan's while loop that matmul
+  took ~3 ms a step (`ynn_fusion`, k = 256, 16,384 buckets; 20% of a Mooncake step at U = 64);
+  standalone (jit, 2-core CPU) k = 256: 117 -> 12 us, k = 2,048: 1,366 -> 122 us.
   """
   k = bks.shape[0]
-  i = jnp.arange(chunk if k > 2 * chunk else k)
-  if k <= 2 * chunk:
-    earlier = (bks[None, :] == bks[:, None]) & (i[None, :] < i[:, None])
-    return jnp.sum(earlier, axis=1).astype(jnp.int32)
-  m = -(-k // chunk)
-  b = jnp.full((m * chunk,), buckets, jnp.int32).at[:k].set(bks)
-  b2 = b.reshape(m, chunk)
-  earlier = (b2[:, None, :] == b2[:, :, None]) & (i[None, :] < i[:, None])[None]
-  within = jnp.matmul(
-    earlier.astype(jnp.float32),
-    jnp.ones((chunk,), jnp.float32),
-    precision=jax.lax.Precision.HIGHEST,
-  )
-  row = jnp.asarray(np.repeat(np.arange(m, dtype=np.int32), chunk))
-  hist = jnp.zeros((m, buckets + 1), jnp.float32).at[row, b].add(1.0)
-  low = jnp.asarray(np.arange(m)[None, :] < np.arange(m)[:, None], jnp.float32)
-  before = jnp.matmul(low, hist, precision=jax.lax.Precision.HIGHEST)
-  across = before[row, b]
-  return (within.reshape(-1) + across).astype(jnp.int32)[:k]
+  bits = max(1, (k - 1).bit_length())
+  if (buckets + 1) << bits > 1 << 32:
+    raise ValueError(f"_rank_in_bucket: {buckets} buckets x {k} keys exceed a u32 packing")
+  packed = (bks.astype(jnp.uint32) << jnp.uint32(bits)) | jnp.arange(k, dtype=jnp.uint32)
+  s = jnp.sort(packed)
+  sorted_bks = (s >> jnp.uint32(bits)).astype(jnp.int32)
+  first = jnp.searchsorted(sorted_bks, sorted_bks, side="left", method="scan_unrolled")
+  where = (s & jnp.uint32((1 << bits) - 1)).astype(jnp.int32)
+  rank = jnp.arange(k, dtype=jnp.int32) - first.astype(jnp.int32)
+  return jnp.zeros((k,), jnp.int32).at[where].set(rank, unique_indices=True)
 
 
 def _nth_empty_way(empty: jax.Array, bks: jax.Array, rank: jax.Array):

@@ -154,3 +154,15 @@ def test_probe_and_insert_with_precomputed_buckets_match(n_queries):
     np.asarray(block_index.probe(plain, q, qg, block_index.bucket_of(q, qg, buckets))),
   )
   assert int(np.sum(np.asarray(found) >= 0)) > 0
+
+
+@pytest.mark.parametrize("k", [129, 2048])
+def test_rank_in_bucket_counts_earlier_keys_of_the_same_bucket(k):
+  rng = np.random.default_rng(k)
+  buckets = 16384
+  bks = rng.integers(0, buckets + 1, k).astype(np.int32)
+  bks[: k // 3] = rng.integers(0, 4, k // 3)  # crowded buckets
+  rng.shuffle(bks)
+  want = [int(np.sum(bks[:i] == b)) for i, b in enumerate(bks)]
+  got = jax.jit(block_index._rank_in_bucket, static_argnums=1)(jnp.asarray(bks), buckets)
+  assert np.asarray(got).tolist() == want

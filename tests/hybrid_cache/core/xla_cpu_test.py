@@ -24,11 +24,17 @@ _compact = jax.jit(xla_cpu.compact, static_argnums=1)
 @given(st.lists(st.booleans(), min_size=1, max_size=300), st.integers(1, 40))
 def test_prefix_count_and_compact_match_numpy(bits, size):
   mask = np.asarray(bits)
-  for width in (32, 64):
+  for width in (2, 4, 32, 64):  # 2 and 4: offsets of > width rows recurse (`_prefix_sum`)
     assert np.asarray(_prefix(jnp.asarray(mask), width)).tolist() == np.cumsum(mask).tolist()
   want = np.nonzero(mask)[0][:size]
   want = np.concatenate([want, np.zeros(size - len(want), np.int64)])
   assert np.asarray(_compact(jnp.asarray(mask), size)).tolist() == want.tolist()
+
+
+def test_prefix_count_of_a_pool_sized_mask_matches_numpy():
+  # 2^16 + 3 entries: 2,049 rows of 32, their offsets by a second level of 65 rows, then a third
+  mask = np.random.default_rng(0).random((1 << 16) + 3) < 0.7
+  assert np.array_equal(np.asarray(_prefix(jnp.asarray(mask), 32)), np.cumsum(mask))
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (8, 64), (2, 300)])
