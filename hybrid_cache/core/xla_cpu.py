@@ -67,7 +67,8 @@ def prefix_count(mask: jax.Array, width: int = 32) -> jax.Array:
 
   Replaces: `cumsum`, which XLA:CPU lowers to a reduce-window (quadratic in N). Instead a
   [N/w, w] x [w, w] triangular matmul (counts inside rows of `width`) plus the rows' offsets,
-  the same way recursively (`_prefix_sum`); exact in f32 (counts < 2^24, HIGHEST precision: no TF32 on GPUs).
+  the same way recursively (`_prefix_sum`); exact in f32 (counts < 2^24, HIGHEST precision:
+  no TF32 on GPUs).
   Measured: 1.05x on the lru replay, ~1.0x on the scheduler benchmarks: kept as borderline
   (at load 3-7 the rounds spread +-15%; re-measure on an idle machine).
   """
