@@ -32,7 +32,11 @@ Deviations from `sim/chain_eviction.py` (exact integer rule instead, so both twi
   is a fixed per-config reference (the largest F/bytes of the config): GreedyDual's order is
   invariant to scaling every weight by one constant, so this differs only in that the sim's
   mean drifts over the run, and in rounding.
-* p_kind = 1 (the sim's prior "none": the core does not know a state's placement kind).
+* p_kind = 1 (the sim's prior "none": the core does not know a state's placement kind). On
+  Mooncake this prior is the sim's main lever (1.26x over LRU on chains at 2e11; its branch
+  points, where a request leaves everything seen, are hit ~100x as often per placed state as
+  its input-end points), and the core, without it, is at 0.98x vLLM best (BENCHMARKS.md,
+  section 3, "Why the core's `adaptive` is at 0.98x").
 * The unit is a block, not a checkpoint with its leaf KV chain: a state is weighted by its
   span back to A over its own block's bytes (the sim's leaf unit also counts the KV bytes over
   [A, E); tried here, it ranked every state below the KV it needs and saved less: ShareGPT
