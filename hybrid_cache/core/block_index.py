@@ -35,6 +35,10 @@ _KEY_COLS_CLOCK = np.asarray(
   ),
   np.int32,
 )
+# with the access history (its state carries the chain and clock columns idle: not cleared)
+_KEY_COLS_HISTORY = np.asarray(
+  BlockAux.positions("key_step", "key_end", "key_last", "key_penult"), np.int32
+)
 _RANK_CHUNK = 32  # keys per block of `_rank_in_bucket`
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
@@ -306,20 +310,28 @@ def evict_ids(
     ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   group = state.block_group.at[idx].set(-1, mode="drop")
   if clear_pinned:
-    no_key = BlockAux.no_key(state.has_chain, state.has_clock)
+    no_key = BlockAux.no_key(state.has_chain, state.has_clock, state.has_history)
     aux = state.block_aux.at[idx].set(jnp.asarray(no_key), mode="drop")
   else:
-    aux = clear_key_columns(state.block_aux, idx, state.has_chain, state.has_clock)
+    aux = clear_key_columns(
+      state.block_aux, idx, state.has_chain, state.has_clock, state.has_history
+    )
   return state.replace(index_entry=ent, block_group=group, block_aux=aux)
 
 
 def clear_key_columns(
-  block_aux: jax.Array, idx: jax.Array, chain: bool, clock: bool = False
+  block_aux: jax.Array, idx: jax.Array, chain: bool, clock: bool = False, history: bool = False
 ) -> jax.Array:
   """`block_aux` with the key columns of blocks `idx` (out-of-range ids dropped) set to their
   no-key values, the pinned flag kept: registration step and token end, and with the chain
   features (`chain`, static) hits and chain start, in one [k, 4] scatter (with the eviction
-  clock, `clock`, also stamp and ranked priority: [k, 6])."""
+  clock, `clock`, also stamp and ranked priority: [k, 6]; with the access history, `history`,
+  step, end, last and penultimate access: [k, 4], the idle chain and clock columns left)."""
+  if history:
+    cols = _KEY_COLS_HISTORY
+    return block_aux.at[idx[:, None], cols[None, :]].set(
+      jnp.asarray(BlockAux.NO_KEY[cols]), mode="drop"
+    )
   if chain:
     cols = _KEY_COLS_CLOCK if clock else _KEY_COLS
     return block_aux.at[idx[:, None], cols[None, :]].set(

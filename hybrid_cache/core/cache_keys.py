@@ -32,6 +32,8 @@ from hybrid_cache.core.state import floor_to
 # the `block_aux` fields a registration writes, in the order of its one scatter's values (the
 # third and fourth only with the chain features, the last two only with the eviction clock)
 _KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
+# with the access history (and no chain features): step, token end, last and penultimate access
+_HISTORY_FIELDS = ("key_step", "key_end", "key_last", "key_penult")
 
 
 def _key_fields(lay: Layout) -> tuple[str, ...]:
@@ -176,6 +178,9 @@ def cache_blocks(
     vals = [zeros + step, ends, zeros, jnp.concatenate(all_chain)]
     vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
     vals = jnp.stack(vals, axis=1)
+  elif lay.access_history:  # step, token end, last access (now), penultimate (none): [k, 4]
+    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
+    vals = jnp.stack([jnp.full_like(ends, step), ends, jnp.full_like(ends, step), 0 * ends], 1)
   else:  # registration step and token end of each registered block in ONE [k, 2] scatter
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
     vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
@@ -303,6 +308,10 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
     vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
     vals = jnp.stack(vals, axis=1)
     cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
+  elif lay.access_history:  # and the access history: last = now, no penultimate access
+    zeros = jnp.zeros_like(prim)
+    vals = jnp.stack([zeros + step, zeros + t, zeros + step, zeros], axis=1)
+    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
   else:
     vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)

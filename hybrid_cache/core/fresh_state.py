@@ -48,7 +48,9 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
     pin_key=0,
   )
   # the chain-feature columns only for a policy that reads them (`Layout.chain_features`)
-  aux = np.tile(BlockAux.no_key(lay.chain_features, lay.eviction_clock), (nb, 1))
+  aux = np.tile(
+    BlockAux.no_key(lay.chain_features, lay.eviction_clock, lay.access_history), (nb, 1)
+  )
   rg = np.zeros((r, g, ReqGroup.width(lay.chain_features)), np.int32)
   rg = ReqGroup(rg).set(last=-1)
   lanes = HashLanes.width()

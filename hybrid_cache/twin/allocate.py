@@ -64,6 +64,7 @@ def add_hits(
         s.hits[b] += 1
         s.stamp[b] = s.evict_clock
         s.ranked[b] = 0
+        s.penult[b], s.last[b] = s.last[b], s.step  # an access: the latest becomes penultimate
     req.rows[gid] = [NULL] * skip + list(kept)
     req.chain[gid] = hit_tokens  # the latest kept state: the hit (0 = none)
   req.num_cached = [len(r) for r in req.rows]
@@ -111,11 +112,13 @@ def allocate(s: TwinState, req: Request, gid: int, need: int, main: int, first: 
     # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
     assert row[idx] == src
     end, hits, chain, stamp = s.key_end[src], s.hits[src], s.chain[src], s.stamp[src]
+    history = s.last[src], s.penult[src]
     for key in block_pool.evict_key(s, src):
       block_pool.insert_key(s, cow, key, end, chain)
     if s.key[cow] is not None:  # the key's hits (and eviction stamp) go with it
       s.hits[cow] = hits
       s.stamp[cow] = stamp
+      s.last[cow], s.penult[cow] = history
     s.cow.append((gid, req.name, src, cow))
     s.ref[src] += 1
     if s.key[cow] is not None:

@@ -56,6 +56,8 @@ def evict_key(s: TwinState, b: int) -> list[tuple[int, int]]:
   s.evict_clock = max(s.evict_clock, s.ranked[b])
   s.stamp[b] = 0
   s.ranked[b] = 0
+  s.last[b] = 0
+  s.penult[b] = 0
   return removed
 
 
@@ -71,6 +73,8 @@ def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int)
     s.chain[b] = chain
     s.stamp[b] = s.evict_clock
     s.ranked[b] = 0
+    s.last[b] = s.step  # an access now, none before
+    s.penult[b] = 0
   else:
     s.extra.setdefault(b, []).append(key)
   s.index.setdefault(key, []).append(b)

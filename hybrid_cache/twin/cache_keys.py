@@ -157,6 +157,8 @@ def cache_full(s: TwinState, req: Request, gid: int, full: int) -> None:
     s.hits[b] = 0
     s.stamp[b] = s.evict_clock  # the eviction clock now, not ranked yet
     s.ranked[b] = 0
+    s.last[b] = s.step  # an access now, none before
+    s.penult[b] = 0
     # chain start: a state's previous kept state (then this one), else the block's start
     s.chain[b] = req.chain.get(gid, 0) if state else i * bs
     if state:

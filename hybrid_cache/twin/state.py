@@ -120,6 +120,13 @@ class TwinState:
   stamp: list[int]
   ranked: list[int]
   evict_clock: int
+  # per block: the scheduler step of its key's latest access (registration or hit) and of the
+  # one before (0 = none; raised by a retirement, `twin.release.retire`); the steps run so
+  # far. The core's `key_last` / `key_penult` / `clock`, kept only for a policy that reads the
+  # access history (`policies.reads_history`); here for every policy
+  last: list[int]
+  penult: list[int]
+  step: int
   evict: eviction.EvictionOrder | None  # None = lru (vLLM's free queue order)
   # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule; a
   # stateful placement is its `Placement` object (else the module)
@@ -200,6 +207,9 @@ def init_state(config: CacheConfig) -> TwinState:
     stamp=[0] * n,
     ranked=[0] * n,
     evict_clock=0,
+    last=[0] * n,
+    penult=[0] * n,
+    step=0,
     evict=None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg),
     placement=placement,
     admission=None if admission is None else admission.Admission(cfg),

@@ -100,6 +100,19 @@ def chain_features(m) -> dict[int, tuple[int, ...]]:
   return {int(b): tuple(int(c[b]) for c in cols) for b in ids}
 
 
+def access_history(m) -> dict[int, tuple[int, int]]:
+  """Keyed block -> (last, penultimate access step) of its key, on either backend (what LRU-2
+  reads); {} unless the policy reads the access history (`policies.reads_history`: only then
+  does the core keep it)."""
+  if not policies.reads_history(m.config.eviction):
+    return {}
+  if hasattr(m, "access_history"):
+    return m.access_history()
+  s = jax.device_get(m.state)
+  cols = [np.asarray(s.block_group), np.asarray(s.key_last), np.asarray(s.key_penult)]
+  return {int(b): (int(cols[1][b]), int(cols[2][b])) for b in np.nonzero(cols[0] >= 0)[0]}
+
+
 def eviction_clock(m) -> int:
   """The eviction clock (GreedyDual's L) on either backend; 0 without a clock policy."""
   if hasattr(m, "eviction_clock"):
@@ -111,8 +124,8 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
   """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
   until computed, then freed unless kept: how keyed blocks reach the free queue between
   steps), `finish`, and an invariant comparing the pool counters, the free-queue order, the
-  keyed blocks' chain features (`chain_features`) and the jitted state's invariants
-  (`self.config` is set by the subclass's `@initialize`)."""
+  keyed blocks' chain features (`chain_features`) and access history (`access_history`), and
+  the jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
 
   class EvictionRules(paired_rules(prompts)):
     @precondition(lambda self: self._active())
@@ -143,6 +156,7 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       assert free_queue(self.jax) == free_queue(self.ref)
       assert chain_features(self.jax) == chain_features(self.ref)
       assert eviction_clock(self.jax) == eviction_clock(self.ref)
+      assert access_history(self.jax) == access_history(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules
