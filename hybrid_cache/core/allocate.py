@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import byte_budget
@@ -132,8 +133,18 @@ def allocate_slots(
   if lay.access_history:  # a hit: the key's latest access becomes its penultimate, now latest
     idx = jnp.where(touched > 0, touched, lay.num_blocks)
     last = BlockAux(state.block_aux)[touched].key_last
+    # a new request inherits the previous access of the blocks serving its hit (per recurrent
+    # group, else per full-attention group, the deepest hit block; `access_history`)
+    rows_hit = touched.reshape(lay.num_groups, lay.max_blocks)
+    last_hit = last.reshape(lay.num_groups, lay.max_blocks)
+    inherit = jnp.int32(0)
+    for g in lay.recurrent_groups or lay.prefix_groups:
+      p = jnp.max(jnp.where(rows_hit[g] > 0, pos, -1))
+      inherit = jnp.maximum(inherit, jnp.where(p >= 0, last_hit[g, jnp.maximum(p, 0)], 0))
     aux = BlockAux(state.block_aux)[idx].set(key_penult=last, key_last=state.clock, mode="drop")
     state = state.replace(block_aux=aux)
+    old = access_history.inherit(state, r)
+    state = access_history.set_inherit(state, r, jnp.where(is_new & ok, inherit, old))
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg0 = ReqGroup(state.req_group[r])  # the request's row before the allocation
   # per-group values collected in Python lists and stacked once (one small array op instead

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.core import access_history
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
@@ -246,8 +247,12 @@ def advance_clock(state: CacheState, ranked: jax.Array) -> CacheState:
 
 def evict(state: CacheState, mask: jax.Array) -> CacheState:
   """Removes every key of the blocks where `mask` (bool[NB]) is set (and raises an eviction
-  clock to their ranked priorities, `advance_clock`)."""
+  clock to their ranked priorities, `advance_clock`); with the access history their ghosts are
+  kept first (`access_history.record`)."""
   state = advance_clock(state, jnp.where(mask, state.evict_ranked, 0) if state.has_clock else 0)
+  if state.has_history:
+    ids = jnp.arange(mask.shape[0], dtype=jnp.int32)
+    state = access_history.record(state, jnp.where(mask, ids, 0))
   blk = state.index_block
   hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
   ent = jnp.where(hit[..., None], -1, state.index_entry)
@@ -279,9 +284,12 @@ def evict_ids(
   `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
   `clear_pinned` (static): also clear the blocks' pinned flag (`CacheState.pinned`), in the same
   row write. `scan_all` (static): always scan the whole index (partial hits, vLLM §2.5: a block
-  may also carry an extra partial key, indexed under another bucket).
+  may also carry an extra partial key, indexed under another bucket). With the access
+  history the keyed blocks' ghosts are kept first (`access_history.record`).
   """
   nb = state.ref_cnt.shape[0]
+  if state.has_history:
+    state = access_history.record(state, ids, grp)
   buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
   if state.has_clock:  # an unkeyed block's ranked priority is 0

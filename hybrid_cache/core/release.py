@@ -35,6 +35,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache import policies
+from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import coordinator
@@ -73,11 +74,12 @@ def retire(lay: Layout, state: CacheState, slot, enabled=True) -> CacheState:
   (never a held or attention block); a pinned one is unpinned (superseded, it no longer
   keeps a prefix hittable)."""
   policy = policies.core_policy("retirement", lay.config.retirement)
-  off = sum(policy_columns(lay.config, lay)[:2])
-  old = state.policy_state[:, off:]
+  adm, place, ret, _ = policy_columns(lay.config, lay)
+  off = adm + place
+  old = state.policy_state[:, off : off + ret]
   ids, table = policy.pick(lay, state, slot, old)
   table = jnp.where(enabled, table, old)
-  state = state.replace(policy_state=state.policy_state.at[:, off:].set(table))
+  state = state.replace(policy_state=state.policy_state.at[:, off : off + ret].set(table))
   safe = jnp.maximum(ids, 0)
   rec = jnp.isin(state.block_group[safe], jnp.asarray(lay.recurrent_groups, jnp.int32))
   free = (state.free_key[safe] < BIG) | (state.pinned_key[safe] < BIG)
@@ -160,6 +162,8 @@ def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   )
   if lay.partial:  # a pending recurrent partial entry is dropped with the request (§2.5)
     state = state.replace(req_partial=state.req_partial.at[slot].set(0))
+  if lay.access_history:  # the slot inherits nothing until its next admission
+    state = access_history.set_inherit(state, slot, 0)
   if not (static and preempt):
     hashes = state.req_hashes[slot]
     state = state.replace(

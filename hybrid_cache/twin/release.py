@@ -93,3 +93,4 @@ def release(s: TwinState, r: Request, finished: bool) -> None:
   r.state_col.clear()
   r.partial.clear()
   r.chain.clear()
+  r.inherit = 0

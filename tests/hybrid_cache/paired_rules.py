@@ -18,6 +18,7 @@ from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from hybrid_cache import policies
+from hybrid_cache.core import access_history as core_access_history
 from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.core.state import BIG
 from hybrid_cache.types import ScheduleEntry
@@ -113,6 +114,31 @@ def access_history(m) -> dict[int, tuple[int, int]]:
   return {int(b): (int(cols[1][b]), int(cols[2][b])) for b in np.nonzero(cols[0] >= 0)[0]}
 
 
+def ghosts(m) -> dict[tuple[int, int], tuple[int, int]]:
+  """The access history's ghost table, (group, entry) -> (last access, tag), non-empty entries
+  only, on either backend; {} unless the policy reads the access history."""
+  if not policies.reads_history(m.config.eviction):
+    return {}
+  if hasattr(m, "access_history"):
+    return {at: v for at, v in m._state.ghosts.items() if v != (0, 0)}
+  s = jax.device_get(m.state)
+  _, t0, l0 = core_access_history._base(s)
+  row, n = np.asarray(s.policy_state)[0], s.tables.shape[1] * core_access_history.TABLE
+  tags, lasts = row[t0 : t0 + n], row[l0 : l0 + n]
+  return {
+    divmod(int(e), core_access_history.TABLE): (int(lasts[e]), int(tags[e]))
+    for e in np.nonzero((tags != 0) | (lasts != 0))[0]
+  }
+
+
+def access_inherit(m) -> list[int]:
+  """The jitted backend's inherited access per request slot (`core.access_history`)."""
+  s = jax.device_get(m.state)
+  r = s.tables.shape[0]
+  off = core_access_history._base(s)[0]
+  return [int(v) for v in np.asarray(s.policy_state)[0, off : off + r]]
+
+
 def eviction_clock(m) -> int:
   """The eviction clock (GreedyDual's L) on either backend; 0 without a clock policy."""
   if hasattr(m, "eviction_clock"):
@@ -157,6 +183,7 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       assert chain_features(self.jax) == chain_features(self.ref)
       assert eviction_clock(self.jax) == eviction_clock(self.ref)
       assert access_history(self.jax) == access_history(self.ref)
+      assert ghosts(self.jax) == ghosts(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules
