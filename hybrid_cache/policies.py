@@ -16,6 +16,9 @@ and has no file.
              reads `FreeBlocks.stamp`, the clock when each key was registered or last hit;
              the frame records the priority it ranks each candidate with and raises the clock
              to it when the block is evicted (`core.eviction`, `twin.eviction`).
+             A policy with the access history (LRU-2, `lru2`) reads `FreeBlocks.penult`, the
+             step of each key's access before its latest (0 = none); a retirement raises the
+             superseding state's to the retired states' (`core.release.retire`).
   placement  core   `keep(lay, r, g, pos, boundaries, default) -> bool[MB]`
              twin `keep(config, i, block_size, alignment, boundaries, default) -> bool`
              Which state blocks of a recurrent group a request keeps (registers a key for): the
@@ -91,6 +94,11 @@ class Reads(NamedTuple):
   # ranked with, and raises the clock to that priority when the block is evicted
   # (`block_aux` fields evict_stamp / evict_ranked, counter evict_clock; `Layout.eviction_clock`)
   clock: bool = False
+  # the access history (LRU-2): the core keeps per block the step of its key's last access
+  # (registration or hit) and of the one before (`FreeBlocks.penult`), and a retirement hands
+  # the retired states' penultimate accesses to the state that superseded them (`block_aux`
+  # fields key_last / key_penult; `Layout.access_history`)
+  history: bool = False
 
 
 # name -> what the policy reads (`Reads`)
@@ -103,9 +111,15 @@ EVICTION: dict[str, Reads] = {
   # the simulator's chain-aware GreedyDual (sim/chain_eviction.py): stamp + (1 + hits) x FLOPs
   # saved back to the previous kept state per byte
   "greedy_dual": Reads(costs=True, chain=True, clock=True),
+  # LRU-2 (O'Neil et al., SIGMOD'93; the simulator's unit cache with `penultimate=True`): the
+  # step of each block's penultimate access, inherited through retirement
+  "lru2": Reads(history=True),
 }
 EVICTION_POLICIES = tuple(EVICTION)
 assert all(r.chain for r in EVICTION.values() if r.clock), "a clock implies the chain features"
+# a history state's width is `block_aux`'s widest; the clock is read off a width of its own
+# (and the core writes either the chain features or the history at a registration)
+assert not any(r.history and r.chain for r in EVICTION.values()), "history: no chain, no clock"
 
 PLACEMENT_POLICIES = (
   "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in
@@ -156,6 +170,12 @@ def reads_clock(eviction: str) -> bool:
   """Whether `eviction` keeps the eviction clock (`FreeBlocks.stamp`; only then does the core
   carry the stamp and ranked-priority columns, `Layout.eviction_clock`)."""
   return EVICTION[eviction].clock
+
+
+def reads_history(eviction: str) -> bool:
+  """Whether `eviction` reads the access history (`FreeBlocks.penult`; only then does the core
+  carry the last / penultimate access columns, `Layout.access_history`)."""
+  return EVICTION[eviction].history
 
 
 def core_eviction(name: str) -> ModuleType | None:

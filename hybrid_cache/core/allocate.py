@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import byte_budget
@@ -129,6 +130,21 @@ def allocate_slots(
     clock = state.evict_clock
     aux = BlockAux(state.block_aux)[hit_idx].set(evict_stamp=clock, evict_ranked=0, mode="drop")
     state = state.replace(block_aux=aux)
+  if lay.access_history:  # a hit: the key's latest access becomes its penultimate, now latest
+    idx = jnp.where(touched > 0, touched, lay.num_blocks)
+    last = BlockAux(state.block_aux)[touched].key_last
+    # a new request inherits the previous access of the blocks serving its hit (per recurrent
+    # group, else per full-attention group, the deepest hit block; `access_history`)
+    rows_hit = touched.reshape(lay.num_groups, lay.max_blocks)
+    last_hit = last.reshape(lay.num_groups, lay.max_blocks)
+    inherit = jnp.int32(0)
+    for g in lay.recurrent_groups or lay.prefix_groups:
+      p = jnp.max(jnp.where(rows_hit[g] > 0, pos, -1))
+      inherit = jnp.maximum(inherit, jnp.where(p >= 0, last_hit[g, jnp.maximum(p, 0)], 0))
+    aux = BlockAux(state.block_aux)[idx].set(key_penult=last, key_last=state.clock, mode="drop")
+    state = state.replace(block_aux=aux)
+    old = access_history.inherit(state, r)
+    state = access_history.set_inherit(state, r, jnp.where(is_new & ok, inherit, old))
   rows = jnp.where(is_new, hit_ids, state.tables[r])
   rg0 = ReqGroup(state.req_group[r])  # the request's row before the allocation
   # per-group values collected in Python lists and stacked once (one small array op instead
@@ -300,6 +316,13 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   )
   if lay.eviction_clock:  # and its eviction stamp (the copy is held: not ranked)
     chain.update(evict_stamp=aux_src.evict_stamp, evict_ranked=jnp.zeros_like(src))
+  if lay.access_history:  # and its access history (the chain and clock columns idle)
+    idle = BlockAux.NO_KEY
+    chain.update(
+      {f: jnp.full_like(src, idle[BlockAux.FIELDS[f]]) for f in list(BlockAux.FIELDS)[3:7]},
+      key_last=aux_src.key_last,
+      key_penult=aux_src.key_penult,
+    )
   aux_new = BlockAux.stack(
     key_step=jnp.full_like(src, step), pinned=jnp.zeros_like(src), key_end=aux_src.key_end, **chain
   )
@@ -307,7 +330,9 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   block_hash = state.block_hash.at[dst].set(h, mode="drop")
   # the source loses its key (its pinned flag stays)
   aux = state.block_aux.at[dst].set(aux_new, mode="drop")
-  aux = block_index.clear_key_columns(aux, sdx, lay.chain_features, lay.eviction_clock)
+  aux = block_index.clear_key_columns(
+    aux, sdx, lay.chain_features, lay.eviction_clock, lay.access_history
+  )
   state = state.replace(
     index_entry=ent,
     block_group=group,

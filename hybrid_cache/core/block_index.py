@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_cache.core import access_history
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
@@ -34,6 +35,10 @@ _KEY_COLS_CLOCK = np.asarray(
     "key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked"
   ),
   np.int32,
+)
+# with the access history (its state carries the chain and clock columns idle: not cleared)
+_KEY_COLS_HISTORY = np.asarray(
+  BlockAux.positions("key_step", "key_end", "key_last", "key_penult"), np.int32
 )
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
@@ -236,8 +241,12 @@ def advance_clock(state: CacheState, ranked: jax.Array) -> CacheState:
 
 def evict(state: CacheState, mask: jax.Array) -> CacheState:
   """Removes every key of the blocks where `mask` (bool[NB]) is set (and raises an eviction
-  clock to their ranked priorities, `advance_clock`)."""
+  clock to their ranked priorities, `advance_clock`); with the access history their ghosts are
+  kept first (`access_history.record`)."""
   state = advance_clock(state, jnp.where(mask, state.evict_ranked, 0) if state.has_clock else 0)
+  if state.has_history:
+    ids = jnp.arange(mask.shape[0], dtype=jnp.int32)
+    state = access_history.record(state, jnp.where(mask, ids, 0))
   blk = state.index_block
   hit = (blk >= 0) & mask[jnp.maximum(blk, 0)]
   ent = jnp.where(hit[..., None], -1, state.index_entry)
@@ -269,9 +278,12 @@ def evict_ids(
   `grp` (optional i32[k]): the caller's `block_group[ids]` (read once, not twice).
   `clear_pinned` (static): also clear the blocks' pinned flag (`CacheState.pinned`), in the same
   row write. `scan_all` (static): always scan the whole index (partial hits, vLLM §2.5: a block
-  may also carry an extra partial key, indexed under another bucket).
+  may also carry an extra partial key, indexed under another bucket). With the access
+  history the keyed blocks' ghosts are kept first (`access_history.record`).
   """
   nb = state.ref_cnt.shape[0]
+  if state.has_history:
+    state = access_history.record(state, ids, grp)
   buckets, ways = state.index_entry.shape[:2]
   valid = ids > 0
   if state.has_clock:  # an unkeyed block's ranked priority is 0
@@ -300,20 +312,28 @@ def evict_ids(
     ent = state.index_entry.at[bi, way].set(-1, mode="drop")
   group = state.block_group.at[idx].set(-1, mode="drop")
   if clear_pinned:
-    no_key = BlockAux.no_key(state.has_chain, state.has_clock)
+    no_key = BlockAux.no_key(state.has_chain, state.has_clock, state.has_history)
     aux = state.block_aux.at[idx].set(jnp.asarray(no_key), mode="drop")
   else:
-    aux = clear_key_columns(state.block_aux, idx, state.has_chain, state.has_clock)
+    aux = clear_key_columns(
+      state.block_aux, idx, state.has_chain, state.has_clock, state.has_history
+    )
   return state.replace(index_entry=ent, block_group=group, block_aux=aux)
 
 
 def clear_key_columns(
-  block_aux: jax.Array, idx: jax.Array, chain: bool, clock: bool = False
+  block_aux: jax.Array, idx: jax.Array, chain: bool, clock: bool = False, history: bool = False
 ) -> jax.Array:
   """`block_aux` with the key columns of blocks `idx` (out-of-range ids dropped) set to their
   no-key values, the pinned flag kept: registration step and token end, and with the chain
   features (`chain`, static) hits and chain start, in one [k, 4] scatter (with the eviction
-  clock, `clock`, also stamp and ranked priority: [k, 6])."""
+  clock, `clock`, also stamp and ranked priority: [k, 6]; with the access history, `history`,
+  step, end, last and penultimate access: [k, 4], the idle chain and clock columns left)."""
+  if history:
+    cols = _KEY_COLS_HISTORY
+    return block_aux.at[idx[:, None], cols[None, :]].set(
+      jnp.asarray(BlockAux.NO_KEY[cols]), mode="drop"
+    )
   if chain:
     cols = _KEY_COLS_CLOCK if clock else _KEY_COLS
     return block_aux.at[idx[:, None], cols[None, :]].set(

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_cache import policies
+from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
@@ -32,6 +33,8 @@ from hybrid_cache.core.state import floor_to
 # the `block_aux` fields a registration writes, in the order of its one scatter's values (the
 # third and fourth only with the chain features, the last two only with the eviction clock)
 _KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
+# with the access history (and no chain features): step, token end, last and penultimate access
+_HISTORY_FIELDS = ("key_step", "key_end", "key_last", "key_penult")
 
 
 def _key_fields(lay: Layout) -> tuple[str, ...]:
@@ -95,6 +98,10 @@ def cache_blocks(
   # `policy_state`: the admission policy's columns, then a stateful placement's, then a
   # retirement policy's (`fresh_state.policy_columns`)
   table = state.policy_state
+  if lay.access_history:  # the history's columns come last (`fresh_state.policy_columns`):
+    # the other policies' part here, put back with the (updated) history's at the end
+    hist = access_history.width(lay.max_requests, lay.num_groups)
+    table = table[:, : table.shape[1] - hist]
   retirement = policies.core_policy("retirement", lay.config.retirement)
   if retirement is not None:  # its columns come last (`fresh_state.policy_columns`)
     width = retirement.state_size(lay)
@@ -155,6 +162,10 @@ def cache_blocks(
     if lay.tail_groups:
       n_g.append(jnp.minimum(raw, nc + bs) if eagle else nc)
   ids = jnp.concatenate(all_ids)
+  if lay.access_history:  # a key's ghost, read before this call's promotions drop any key
+    ghost = access_history.recall(
+      state, jnp.concatenate(all_keys) if keys is None else keys[0], jnp.concatenate(all_groups)
+    )
   if all_prom:  # every key of a promoted block goes (its extra partial key too)
     prom = jnp.concatenate(all_prom)
     state = block_index.evict_ids(state, prom, scan_all=True)
@@ -176,6 +187,11 @@ def cache_blocks(
     vals = [zeros + step, ends, zeros, jnp.concatenate(all_chain)]
     vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
     vals = jnp.stack(vals, axis=1)
+  elif lay.access_history:  # step, token end, last access (now), penultimate: [k, 4]
+    # the penultimate access: the request's inherit or the key's ghost, the later
+    penult = jnp.maximum(access_history.inherit(state, r), ghost)
+    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
+    vals = jnp.stack([jnp.full_like(ends, step), ends, jnp.full_like(ends, step), penult], 1)
   else:  # registration step and token end of each registered block in ONE [k, 2] scatter
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
     vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
@@ -189,6 +205,8 @@ def cache_blocks(
     table = jnp.concatenate([table, placed], axis=1)
   if retirement is not None:
     table = jnp.concatenate([table, retired], axis=1)
+  if lay.access_history:
+    table = jnp.concatenate([table, state.policy_state[:, table.shape[1] :]], axis=1)
   if stateful or admission is not None or retirement is not None:
     state = state.replace(policy_state=table)
   if lay.tail_groups:
@@ -303,6 +321,11 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
     vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
     vals = jnp.stack(vals, axis=1)
     cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
+  elif lay.access_history:  # and the access history: last = now, penultimate as inherited
+    zeros = jnp.zeros_like(prim)
+    penult = jnp.maximum(access_history.inherit(state, r), access_history.recall(state, keys, grp))
+    vals = jnp.stack([zeros + step, zeros + t, zeros + step, penult], axis=1)
+    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
   else:
     vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)

@@ -142,10 +142,15 @@ class FreeBlocks:
       block's key was registered or last hit (`CacheState.evict_stamp`), rebased with the clock
       (`rebase_clock`).
 
+    penult: i32[NB], the scheduler step of the access before the latest to the block's key
+      (`CacheState.key_penult`; an access is its registration or a hit; 0 = accessed once),
+      raised by retirement to the superseded states' (`release.retire`).
+
   `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`, `Layout.chain_features`):
   only then does the core maintain them (on every step they cost ~13%, issue 14). `stamp`
-  likewise only with `Reads(clock=True)` (`Layout.eviction_clock`).
+  likewise only with `Reads(clock=True)` (`Layout.eviction_clock`), `penult` only with
+  `Reads(history=True)` (`Layout.access_history`).
   """
 
   candidate: jax.Array
@@ -156,6 +161,7 @@ class FreeBlocks:
   hits: jax.Array | None = None
   chain_start: jax.Array | None = None
   stamp: jax.Array | None = None
+  penult: jax.Array | None = None
 
 
 def rebase_clock(state):
@@ -203,6 +209,7 @@ def _rekey_queue(lay, state, priority, ranked: bool = False):
     hits=state.key_hits if lay.chain_features else None,
     chain_start=state.chain_start if lay.chain_features else None,
     stamp=state.evict_stamp if lay.eviction_clock else None,
+    penult=state.key_penult if lay.access_history else None,
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))

@@ -12,6 +12,7 @@ import numpy as np
 
 from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
+from hybrid_cache.core import access_history
 from hybrid_cache.core.layout import WAYS
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.layout import derive_layout
@@ -48,7 +49,9 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
     pin_key=0,
   )
   # the chain-feature columns only for a policy that reads them (`Layout.chain_features`)
-  aux = np.tile(BlockAux.no_key(lay.chain_features, lay.eviction_clock), (nb, 1))
+  aux = np.tile(
+    BlockAux.no_key(lay.chain_features, lay.eviction_clock, lay.access_history), (nb, 1)
+  )
   rg = np.zeros((r, g, ReqGroup.width(lay.chain_features)), np.int32)
   rg = ReqGroup(rg).set(last=-1)
   lanes = HashLanes.width()
@@ -72,24 +75,29 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   return jax.device_put(state)
 
 
-def policy_columns(config: CacheConfig, lay: Layout) -> tuple[int, int, int]:
+def policy_columns(config: CacheConfig, lay: Layout) -> tuple[int, int, int, int]:
   """Columns of `policy_state` per recurrent group, in order: the admission policy's
   `STATE_SIZE`, a stateful placement policy's `state_size(lay)`, a retirement policy's
-  `state_size(lay)` (0 each for a seam without state)."""
+  `state_size(lay)`, the access history's (`access_history.width`, in row 0 only, with an
+  eviction policy that reads it: `Layout.access_history`) (0 each for a seam without state)."""
   admission = policies.core_policy("admission", config.admission)
   placement = policies.core_policy("placement", config.placement)
   retirement = policies.core_policy("retirement", config.retirement)
   adm = 0 if admission is None else admission.STATE_SIZE
   place = placement.state_size(lay) if hasattr(placement, "state_size") else 0
   ret = 0 if retirement is None else retirement.state_size(lay)
-  return adm, place, ret
+  hist = access_history.width(lay.max_requests, lay.num_groups) if lay.access_history else 0
+  return adm, place, ret, hist
 
 
 def policy_state_shape(config: CacheConfig, lay: Layout) -> tuple[int, int]:
   """(R, S): the `policy_state` leaf's shape (`state` module docstring): the admission
   policy's `STATE_SIZE` columns, then a stateful placement policy's `state_size(lay)`, then
-  a retirement policy's (`policy_columns`)."""
+  a retirement policy's, then the access history's (`policy_columns`; R >= 1 with the
+  history, whose columns are in row 0)."""
   size = sum(policy_columns(config, lay))
   if size == 0:
     return (0, 0)
+  if lay.access_history:
+    return (max(len(lay.recurrent_groups), 1), size)
   return (len(lay.recurrent_groups), size)

@@ -84,6 +84,10 @@ class Layout:
   # state carries `block_aux` evict_stamp / evict_ranked and the core maintains them and the
   # counter evict_clock (`eviction` module docstring); else no trace of them
   eviction_clock: bool = False
+  # the eviction policy reads the access history (`policies.reads_history`): the state carries
+  # `block_aux` key_last / key_penult (and the chain and clock columns before them, idle) and
+  # the core maintains them at registration, hit and retirement; else no trace of them
+  access_history: bool = False
   # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
   # `CacheState.first_slot` is a runtime parameter; `group_pool`: per group, the pool its blocks
   # come from (0 = pages, 1 = state slots: the recurrent groups when `state_pool`)
@@ -186,6 +190,7 @@ def derive_layout(config: CacheConfig) -> Layout:
     extra_keys=partial or bool(tail),
     chain_features=policies.reads_chain(config.eviction),
     eviction_clock=policies.reads_clock(config.eviction),
+    access_history=policies.reads_history(config.eviction),
     state_pool=config.state_slots > 0,
     byte_budget=config.byte_budget is not None,
     group_pool=tuple(

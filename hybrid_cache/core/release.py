@@ -20,6 +20,14 @@ and they move to the free queue's head. At the finish, not at the registration o
 state: the request then holds none of its blocks, so a picked block with ref 0 is held by no
 running request (and the request no longer needs the state it hit), and the simulator's unit
 cache retires at a request's finish too (`UnitCache.finish`).
+
+History inheritance (an eviction policy with the access history, `Layout.access_history`,
+LRU-2): the state that superseded the retired ones keeps their history, as the simulator's
+unit cache hands the deepest new checkpoint the latest penultimate access of those it retires
+(`UnitCache._retire`): per recurrent group g, the state at position h - 1 of the request's own
+chain, h = the units of g a lookup of its own tokens hits (`coordinator.lookup`, as the
+retirement policy `superseded` bounds its pick), gets `key_penult` = max(its own, the largest
+of the blocks retired in g), if that block still carries that key (`inherit_history`).
 """
 
 from __future__ import annotations
@@ -27,13 +35,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from hybrid_cache import policies
+from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
+from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
 from hybrid_cache.core.fresh_state import policy_columns
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import STATUS_WAITING
+from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import ReqGroup
@@ -63,20 +74,65 @@ def retire(lay: Layout, state: CacheState, slot, enabled=True) -> CacheState:
   (never a held or attention block); a pinned one is unpinned (superseded, it no longer
   keeps a prefix hittable)."""
   policy = policies.core_policy("retirement", lay.config.retirement)
-  off = sum(policy_columns(lay.config, lay)[:2])
-  old = state.policy_state[:, off:]
+  adm, place, ret, _ = policy_columns(lay.config, lay)
+  off = adm + place
+  old = state.policy_state[:, off : off + ret]
   ids, table = policy.pick(lay, state, slot, old)
   table = jnp.where(enabled, table, old)
-  state = state.replace(policy_state=state.policy_state.at[:, off:].set(table))
+  state = state.replace(policy_state=state.policy_state.at[:, off : off + ret].set(table))
   safe = jnp.maximum(ids, 0)
   rec = jnp.isin(state.block_group[safe], jnp.asarray(lay.recurrent_groups, jnp.int32))
   free = (state.free_key[safe] < BIG) | (state.pinned_key[safe] < BIG)
   ok = (ids > 0) & enabled & (state.ref_cnt[safe] == 0) & free & rec
   ids = jnp.where(ok, ids, 0)
+  if lay.access_history:  # read before the retired keys are dropped
+    heirs = _heirs(lay, state, slot, ids)
   state = block_index.evict_ids(state, ids, clear_pinned=True, scan_all=lay.partial)
   state = block_pool.to_head(state, ids)
+  if lay.access_history:
+    state = inherit_history(lay, state, *heirs)
   n = jnp.sum(ids > 0).astype(jnp.int32)
   return state.replace(counters=Counters(state.counters).add(states_retired=n))
+
+
+def _heirs(lay: Layout, state: CacheState, slot, ids):
+  """(i32[R] blocks, u32[R, 2] keys, i32[R] penultimate accesses): per recurrent group g, the
+  block a lookup finds for request `slot`'s own key at position h - 1 of g (h = the units a
+  lookup of its own tokens hits; -1 = none), that key, and the largest `key_penult` of the
+  blocks `ids` (i32[k], 0 = none) keyed in g (0 = none). Read before `ids` lose their keys."""
+  hashes = state.req_hashes[slot]
+  tokens = ReqInfo(state.req_info)[slot].tokens
+  hit = coordinator.lookup(lay, state, hashes, tokens)["hit"]
+  safe = jnp.maximum(ids, 0)
+  grp = jnp.where(ids > 0, state.block_group[safe], -1)
+  penult = state.key_penult[safe]
+  heirs, heir_keys, inherited = [], [], []
+  for g in lay.recurrent_groups:
+    keys, valid = coordinator.group_hashes(lay, hashes, tokens, g)
+    p = hit // lay.groups[g].block_size - 1
+    at = jnp.clip(p, 0, lay.max_blocks - 1)
+    blk = block_index.probe(state, keys[at], jnp.int32(g))
+    heirs.append(jnp.where((p >= 0) & valid[at], blk, -1))
+    heir_keys.append(keys[at])
+    inherited.append(jnp.max(jnp.where(grp == g, penult, 0), initial=0))
+  return (
+    jnp.stack(heirs).astype(jnp.int32),
+    jnp.stack(heir_keys),
+    jnp.stack(inherited).astype(jnp.int32),
+  )
+
+
+def inherit_history(lay: Layout, state: CacheState, heirs, keys, inherited) -> CacheState:
+  """Each heir (`_heirs`: i32[R] blocks, -1 = none, u32[R, 2] keys) whose own (primary) key
+  is still that key in its recurrent group takes `key_penult` = max(its own, `inherited`
+  i32[R]) (module doc)."""
+  safe = jnp.maximum(heirs, 0)
+  grp = jnp.asarray(lay.recurrent_groups, jnp.int32)
+  own = (state.block_group[safe] == grp) & jnp.all(state.block_hash[safe] == keys, axis=-1)
+  idx = jnp.where((heirs > 0) & own, safe, lay.num_blocks)
+  new = jnp.maximum(state.key_penult[safe], inherited)
+  aux = BlockAux(state.block_aux)[idx].set(key_penult=new, mode="drop")
+  return state.replace(block_aux=aux)
 
 
 def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
@@ -106,6 +162,8 @@ def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   )
   if lay.partial:  # a pending recurrent partial entry is dropped with the request (§2.5)
     state = state.replace(req_partial=state.req_partial.at[slot].set(0))
+  if lay.access_history:  # the slot inherits nothing until its next admission
+    state = access_history.set_inherit(state, slot, 0)
   if not (static and preempt):
     hashes = state.req_hashes[slot]
     state = state.replace(

@@ -181,6 +181,15 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
         if lay.eviction_clock
         else {}
       ),
+      # the access history's no-key values, after the idle chain and clock columns
+      **(
+        {
+          f: jnp.full((nb,), BlockAux.NO_KEY[BlockAux.FIELDS[f]], jnp.int32)
+          for f in list(BlockAux.FIELDS)[3:]
+        }
+        if lay.access_history
+        else {}
+      ),
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),

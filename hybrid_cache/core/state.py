@@ -48,6 +48,15 @@ Pool, per block:
   - `evict_ranked` i32[NB] (`AUX_RANKED`): the priority the last `eviction.prepare` ranked the
     block with, while it has stayed a free candidate since (0 otherwise): evicting the block
     raises `evict_clock` to it.
+  Two more exist only for an eviction policy that reads the access history
+  (`policies.reads_history`, `Layout.access_history`, LRU-2, `policies/lru2.py`); such a state
+  carries the chain and clock columns too (positions stay fixed), idle at their no-key values
+  unless the policy also declares those; 0 without a key:
+  - `key_last` i32[NB] (`AUX_LAST`): the scheduler step (`clock`) of the key's latest access:
+    its registration or its last hit.
+  - `key_penult` i32[NB] (`AUX_PENULT`): the step of the access before that (0 = none: the
+    key was accessed once), raised by a retirement to the penultimate accesses of the states
+    its finishing request's deepest state superseded (`release.retire`).
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
 * `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*` (`IndexEntry`: `block`, `seq`):
@@ -186,10 +195,23 @@ NUM_COUNTERS = 16
 # block_aux columns: registration step, pinned flag, key's token end; with the chain features
 # (`Layout.chain_features`) also hits and chain start; with the eviction clock
 # (`Layout.eviction_clock`, which implies the chain features) also stamp and ranked priority
-AUX_STEP, AUX_PINNED, AUX_END, AUX_HITS, AUX_CHAIN, AUX_STAMP, AUX_RANKED = range(7)
+# with the access history (`Layout.access_history`) also the last and penultimate access steps
+# (after every other column: such a state carries the chain and clock columns, maybe idle)
+(
+  AUX_STEP,
+  AUX_PINNED,
+  AUX_END,
+  AUX_HITS,
+  AUX_CHAIN,
+  AUX_STAMP,
+  AUX_RANKED,
+  AUX_LAST,
+  AUX_PENULT,
+) = range(9)
 NUM_AUX = 3  # without the chain features
 NUM_AUX_CHAIN = 5
 NUM_AUX_CLOCK = 7
+NUM_AUX_HISTORY = 9
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
@@ -302,9 +324,9 @@ class QueueCounts(Packed):
 
 class BlockAux(Packed):
   """`block_aux` columns (`AUX_*`): `key_step`, `pinned`, `key_end`, with the chain
-  features `key_hits`, `chain_start`, and with the eviction clock `evict_stamp`,
-  `evict_ranked` (module docstring). `NO_KEY`: an unkeyed, unpinned block's row at the
-  widest width (`no_key`: at any width)."""
+  features `key_hits`, `chain_start`, with the eviction clock `evict_stamp`, `evict_ranked`,
+  and with the access history `key_last`, `key_penult` (module docstring). `NO_KEY`: an
+  unkeyed, unpinned block's row at the widest width (`no_key`: at any width)."""
 
   FIELDS = {
     "key_step": AUX_STEP,
@@ -314,23 +336,28 @@ class BlockAux(Packed):
     "chain_start": AUX_CHAIN,
     "evict_stamp": AUX_STAMP,
     "evict_ranked": AUX_RANKED,
+    "key_last": AUX_LAST,
+    "key_penult": AUX_PENULT,
   }
-  WIDTHS = (NUM_AUX, NUM_AUX_CHAIN, NUM_AUX_CLOCK)
-  NO_KEY = np.zeros(NUM_AUX_CLOCK, np.int32)
+  WIDTHS = (NUM_AUX, NUM_AUX_CHAIN, NUM_AUX_CLOCK, NUM_AUX_HISTORY)
+  NO_KEY = np.zeros(NUM_AUX_HISTORY, np.int32)
   NO_KEY[[AUX_STEP, AUX_END, AUX_CHAIN]] = -1
   NO_KEY.flags.writeable = False
 
   @classmethod
-  def width(cls, chain: bool = False, clock: bool = False) -> int:
-    """Columns with the chain features if `chain` (`CacheState.has_chain`), and with the
-    eviction clock's too if `clock` (`CacheState.has_clock`; implies `chain`)."""
+  def width(cls, chain: bool = False, clock: bool = False, history: bool = False) -> int:
+    """Columns with the chain features if `chain` (`CacheState.has_chain`), with the
+    eviction clock's too if `clock` (`CacheState.has_clock`; implies `chain`), and with every
+    column if `history` (`CacheState.has_history`: the access history after the others)."""
+    if history:
+      return NUM_AUX_HISTORY
     return NUM_AUX_CLOCK if clock else (NUM_AUX_CHAIN if chain else NUM_AUX)
 
   @classmethod
-  def no_key(cls, chain: bool, clock: bool = False) -> np.ndarray:
-    """i32[width(chain, clock)]: an unkeyed, unpinned block's row (the first columns of
-    `NO_KEY`)."""
-    return cls.NO_KEY[: cls.width(chain, clock)]
+  def no_key(cls, chain: bool, clock: bool = False, history: bool = False) -> np.ndarray:
+    """i32[width(chain, clock, history)]: an unkeyed, unpinned block's row (the first columns
+    of `NO_KEY`)."""
+    return cls.NO_KEY[: cls.width(chain, clock, history)]
 
 
 class IndexEntry(Packed):
@@ -431,17 +458,25 @@ class CacheState(ParamViews):
 
   evict_stamp = _view(BlockAux, "block_aux", "evict_stamp", "i32[NB]: stamp (clock only).")
   evict_ranked = _view(BlockAux, "block_aux", "evict_ranked", "i32[NB]: ranked (clock only).")
+  key_last = _view(BlockAux, "block_aux", "key_last", "i32[NB]: last access (history only).")
+  key_penult = _view(BlockAux, "block_aux", "key_penult", "i32[NB]: penultimate (history only).")
 
   @property
   def has_chain(self) -> bool:
-    """Whether the state carries the chain features (static: `Layout.chain_features`)."""
+    """Whether the state carries the chain features' columns (static: `Layout.chain_features`,
+    or idle with `Layout.access_history`)."""
     return self.block_aux.shape[-1] >= NUM_AUX_CHAIN
 
   @property
   def has_clock(self) -> bool:
-    """Whether the state carries the eviction clock's columns (static:
-    `Layout.eviction_clock`)."""
+    """Whether the state keeps the eviction clock (static: `Layout.eviction_clock`)."""
     return self.block_aux.shape[-1] == NUM_AUX_CLOCK
+
+  @property
+  def has_history(self) -> bool:
+    """Whether the state carries the access history's columns (static:
+    `Layout.access_history`; the chain and clock columns then exist too, idle)."""
+    return self.block_aux.shape[-1] == NUM_AUX_HISTORY
 
   # ---- index_entry columns, i32[BK, W]
   index_block = _view(IndexEntry, "index_entry", "block", "i32[BK, W]: block, -1 = empty way.")

@@ -54,7 +54,17 @@ def add_hits(
   s: TwinState, req: Request, hit_rows: list[list[int]], total_computed: int, hit_tokens: int = 0
 ) -> None:
   """A new request takes its hit blocks (touched; skipped ones stay null); §2.5 partial tails
-  are queued for a copy-on-write."""
+  are queued for a copy-on-write. The request inherits the previous access of the blocks
+  serving its hit (`Request.inherit`, core `access_history`): per recurrent group (else per
+  full-attention group) its deepest hit block's last access before this hit, the largest."""
+  serving = [g for g, grp in enumerate(s.groups) if grp.kind == "mamba"]
+  serving = serving or [g for g, grp in enumerate(s.groups) if grp.kind == "full"]
+  req.inherit = 0
+  for gid in serving:
+    skip = admission.skipped_tokens(s, gid, total_computed) // s.bs[gid]
+    kept = [b for b in hit_rows[gid][skip:] if b != NULL]
+    if kept:
+      req.inherit = max(req.inherit, s.last[kept[-1]])
   for gid, hits in enumerate(hit_rows):
     skip = admission.skipped_tokens(s, gid, total_computed) // s.bs[gid]
     kept = hits[skip:]
@@ -64,6 +74,7 @@ def add_hits(
         s.hits[b] += 1
         s.stamp[b] = s.evict_clock
         s.ranked[b] = 0
+        s.penult[b], s.last[b] = s.last[b], s.step  # an access: the latest becomes penultimate
     req.rows[gid] = [NULL] * skip + list(kept)
     req.chain[gid] = hit_tokens  # the latest kept state: the hit (0 = none)
   req.num_cached = [len(r) for r in req.rows]
@@ -111,11 +122,13 @@ def allocate(s: TwinState, req: Request, gid: int, need: int, main: int, first: 
     # the producer keeps writing src (append-only table): its keys move to the copy (§2.5)
     assert row[idx] == src
     end, hits, chain, stamp = s.key_end[src], s.hits[src], s.chain[src], s.stamp[src]
-    for key in block_pool.evict_key(s, src):
+    history = s.last[src], s.penult[src]
+    for key in block_pool.evict_key(s, src, ghost=False):
       block_pool.insert_key(s, cow, key, end, chain)
     if s.key[cow] is not None:  # the key's hits (and eviction stamp) go with it
       s.hits[cow] = hits
       s.stamp[cow] = stamp
+      s.last[cow], s.penult[cow] = history
     s.cow.append((gid, req.name, src, cow))
     s.ref[src] += 1
     if s.key[cow] is not None:

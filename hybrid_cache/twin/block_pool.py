@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hybrid_cache.twin import access_history
 from hybrid_cache.twin.state import NULL
 from hybrid_cache.twin.state import TwinState
 
@@ -41,9 +42,13 @@ def unindex(s: TwinState, key: tuple[int, int], b: int) -> None:
       del s.index[key]
 
 
-def evict_key(s: TwinState, b: int) -> list[tuple[int, int]]:
-  """Drops every key of block b (primary first, then extras); returns them in that order."""
+def evict_key(s: TwinState, b: int, ghost: bool = True) -> list[tuple[int, int]]:
+  """Drops every key of block b (primary first, then extras); returns them in that order.
+  With the access history the primary key's ghost is kept (`access_history.record`) unless
+  `ghost` is False (a copy-on-write moves the key to the copy: nothing is dropped)."""
   key = s.key[b]
+  if ghost and s.history:
+    access_history.record(s, b)
   removed = [] if key is None else [key]
   removed += s.extra.pop(b, [])
   for k in removed:
@@ -56,12 +61,17 @@ def evict_key(s: TwinState, b: int) -> list[tuple[int, int]]:
   s.evict_clock = max(s.evict_clock, s.ranked[b])
   s.stamp[b] = 0
   s.ranked[b] = 0
+  s.last[b] = 0
+  s.penult[b] = 0
   return removed
 
 
-def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int) -> None:
+def insert_key(
+  s: TwinState, b: int, key: tuple[int, int], end: int, chain: int, penult: int = 0
+) -> None:
   """vLLM `_insert_block_hash`: a key becomes b's primary key (token end `end`, chain start
-  `chain`, no hits yet, stamped with the eviction clock), or an extra one if b has one."""
+  `chain`, no hits yet, stamped with the eviction clock, accessed now and before at `penult`),
+  or an extra one if b has one."""
   if s.key[b] == key or b in s.index.get(key, ()):
     return
   if s.key[b] is None:
@@ -71,6 +81,8 @@ def insert_key(s: TwinState, b: int, key: tuple[int, int], end: int, chain: int)
     s.chain[b] = chain
     s.stamp[b] = s.evict_clock
     s.ranked[b] = 0
+    s.last[b] = s.step  # an access now, the one before inherited (`access_history`)
+    s.penult[b] = penult
   else:
     s.extra.setdefault(b, []).append(key)
   s.index.setdefault(key, []).append(b)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from hybrid_cache import hashing
+from hybrid_cache.twin import access_history
 from hybrid_cache.twin import block_pool
 from hybrid_cache.twin import coordinator
 from hybrid_cache.twin import rules
@@ -137,7 +138,13 @@ def cache_full(s: TwinState, req: Request, gid: int, full: int) -> None:
   row, bs = req.rows[gid], s.bs[gid]
   hashes = coordinator.group_hashes(s, req.fine_hashes, bs)
   state = s.groups[gid].kind == "mamba"
-  for i in range(req.num_cached[gid], min(full, len(row))):
+  span = range(req.num_cached[gid], min(full, len(row)))
+  # the ghosts (`access_history`) are read before this call's promotions drop any key (the
+  # core reads them for the whole call at once)
+  ghosts = {}
+  if s.history:
+    ghosts = {i: access_history.recall(s, (hashes[i], gid)) for i in span if i < len(hashes)}
+  for i in span:
     b = row[i]
     if b == NULL or not cacheable(s, req, gid, i):
       continue
@@ -157,6 +164,8 @@ def cache_full(s: TwinState, req: Request, gid: int, full: int) -> None:
     s.hits[b] = 0
     s.stamp[b] = s.evict_clock  # the eviction clock now, not ranked yet
     s.ranked[b] = 0
+    s.last[b] = s.step  # an access now, the one before inherited (`access_history`)
+    s.penult[b] = max(req.inherit, ghosts.get(i, 0))
     # chain start: a state's previous kept state (then this one), else the block's start
     s.chain[b] = req.chain.get(gid, 0) if state else i * bs
     if state:
@@ -249,4 +258,5 @@ def cache_partial_block(s: TwinState, req: Request, b: int, t: int, gid: int, ch
   already = s.key[b] == key or b in s.index.get(key, ())
   if not already and s.key[b] is not None and s.key_end[b] < t:
     block_pool.evict_key(s, b)
-  block_pool.insert_key(s, b, key, t, chain)
+  penult = max(req.inherit, access_history.recall(s, key) if s.history else 0)
+  block_pool.insert_key(s, b, key, t, chain, penult)

@@ -116,7 +116,9 @@ class FreeBlocks:
   maintains them only then. The twin (`TwinState`) keeps them for every policy (plain
   Python, no speed to save); the machines compare them only where the core maintains them.
   `stamp` (per block id, the eviction clock when its key was registered or last hit: the
-  core's `CacheState.evict_stamp`) likewise only under `Reads(clock=True)`.
+  core's `CacheState.evict_stamp`) likewise only under `Reads(clock=True)`, `penult` (per
+  block id, the step of its key's access before the latest, 0 = none: the core's
+  `CacheState.key_penult`) only under `Reads(history=True)`.
   """
 
   candidates: tuple[int, ...]
@@ -125,6 +127,7 @@ class FreeBlocks:
   hits: Sequence[int] | None = None
   chain_start: Sequence[int] | None = None
   stamp: Sequence[int] | None = None
+  penult: Sequence[int] | None = None
 
 
 class EvictionOrder:
@@ -160,6 +163,7 @@ class EvictionOrder:
     hits: Sequence[int] | None = None,
     chains: Sequence[int] | None = None,
     stamps: Sequence[int] | None = None,
+    penults: Sequence[int] | None = None,
   ) -> StampedFree:
     """The free list for this step (a new `StampedFree`; use it as the policy's free list).
 
@@ -176,6 +180,9 @@ class EvictionOrder:
         0 for every block); reaches the policy only if it keeps a clock
         (`policies.reads_clock`), which then also records each candidate's priority in
         `ranked`.
+      penults: per block id, the step of its key's access before the latest (None: 0 for
+        every block); reaches the policy only if it reads the access history
+        (`policies.reads_history`).
       `hits` / `chains` reach the policy only if it reads them (`policies.reads_chain`).
     """
     if not (isinstance(free, StampedFree) and free._owner is self):
@@ -195,6 +202,9 @@ class EvictionOrder:
       if self.clocked:
         stamps = [0] * len(groups) if stamps is None else stamps
       blocks = FreeBlocks(cand, groups, ends, hits, chains, stamps if self.clocked else None)
+    elif policies.reads_history(self.config.eviction):
+      penults = [0] * len(groups) if penults is None else penults
+      blocks = FreeBlocks(cand, groups, ends, penult=penults)
     else:
       blocks = FreeBlocks(cand, groups, ends)
     prio = self.policy.priority(self.config, blocks, self)

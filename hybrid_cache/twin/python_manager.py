@@ -210,6 +210,12 @@ class PythonCacheManager:
       if key is not None
     }
 
+  def access_history(self) -> dict[int, tuple[int, int]]:
+    """Test only: keyed block -> (last, penultimate access step) of its primary key (kept for
+    every policy; the core has them only under `policies.reads_history`)."""
+    s = self._state
+    return {b: (s.last[b], s.penult[b]) for b, key in enumerate(s.key) if key is not None}
+
   def eviction_clock(self) -> int:
     """Test only: the eviction clock (GreedyDual's L; the core's `CacheState.evict_clock`)."""
     return self._state.evict_clock

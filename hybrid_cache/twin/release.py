@@ -3,12 +3,15 @@
 Jitted twin: `core/release.py` (`pin_finished`, `release`). A finished (not preempted) request
 first pins what keeps its prefix hittable (`rules.finish_pin_indices`, or the retention policy's
 pick), then frees its blocks tail first, one batch per group in group order, then retires what
-the retirement policy picks (`retire`).
+the retirement policy picks (`retire`), handing the retired states' access history to the
+state that superseded them when the eviction policy reads it (LRU-2).
 """
 
 from __future__ import annotations
 
+from hybrid_cache import policies
 from hybrid_cache.twin import block_pool
+from hybrid_cache.twin import coordinator
 from hybrid_cache.twin import rules
 from hybrid_cache.twin.state import NULL
 from hybrid_cache.twin.state import Request
@@ -42,6 +45,8 @@ def retire(s: TwinState, r: Request) -> None:
     key = s.key[b]
     if s.ref[b] == 0 and key is not None and s.groups[key[1]].kind == "mamba":
       out.append(b)
+  if policies.reads_history(s.config.eviction):
+    heirs = _heirs(s, r, out)
   for b in out:
     block_pool.evict_key(s, b)
     if b in s.pinned_free:
@@ -50,6 +55,27 @@ def retire(s: TwinState, r: Request) -> None:
       s.free.remove(b)
     s.pinned[b] = False
   s.free[0:0] = out
+  if policies.reads_history(s.config.eviction):
+    for b, key, inherited in heirs:
+      if s.key[b] == key:
+        s.penult[b] = max(s.penult[b], inherited)
+
+
+def _heirs(s: TwinState, r: Request, retired: list[int]) -> list[tuple[int, tuple, int]]:
+  """History inheritance (core `release.inherit_history`): per recurrent group g, (the block
+  a lookup finds for r's own key at position h - 1 of g, h = the units of g a lookup of r's
+  own tokens hits; that key; the largest penultimate access of the `retired` blocks keyed in
+  g), for the groups where h > 0 and the key is indexed. Read before `retired` lose keys."""
+  out = []
+  hit = coordinator.lookup(s, r.fine_hashes, len(r.tokens))[0].hit_tokens
+  for gid, g in enumerate(s.groups):
+    h = hit // s.bs[gid]
+    keys = coordinator.group_hashes(s, r.fine_hashes, s.bs[gid])
+    if g.kind != "mamba" or h < 1 or h > len(keys) or not s.index.get((keys[h - 1], gid)):
+      continue
+    inherited = max((s.penult[b] for b in retired if s.key[b][1] == gid), default=0)
+    out.append((s.index[keys[h - 1], gid][0], (keys[h - 1], gid), inherited))
+  return out
 
 
 def release(s: TwinState, r: Request, finished: bool) -> None:
@@ -67,3 +93,4 @@ def release(s: TwinState, r: Request, finished: bool) -> None:
   r.state_col.clear()
   r.partial.clear()
   r.chain.clear()
+  r.inherit = 0

@@ -23,12 +23,13 @@ from hybrid_cache.types import StepResult
 
 def schedule_step(s: TwinState, entries: Sequence[ScheduleEntry]) -> StepResult:
   """One scheduler step over validated entries (active requests, each at most once)."""
+  s.step += 1  # the core's `clock`
   if s.evict is not None:  # a registered eviction policy re-orders the free list
     groups = [None if k is None else k[1] for k in s.key]
     dead = eviction.dead_states(s.config, s.key, s.key_end, s.index)
     if s.evict.clocked:  # GreedyDual's clock: rebased, then each candidate's rank recorded
       s.evict_clock, s.stamp = eviction.rebase_clock(s.evict_clock, s.stamp)
-    s.free = s.evict.reorder(s.free, groups, s.key_end, dead, s.hits, s.chain, s.stamp)
+    s.free = s.evict.reorder(s.free, groups, s.key_end, dead, s.hits, s.chain, s.stamp, s.penult)
     if s.evict.clocked:
       s.ranked = [s.evict.ranked.get(b, 0) for b in range(len(s.ranked))]
   s.cached_this_step.clear()
@@ -55,6 +56,8 @@ def reset_prefix_cache(s: TwinState) -> bool:
   s.chain = [-1] * s.config.pool_size
   s.stamp = [0] * s.config.pool_size  # the eviction clock itself stays
   s.ranked = [0] * s.config.pool_size
+  s.last = [0] * s.config.pool_size
+  s.penult = [0] * s.config.pool_size
   s.pinned = [False] * s.config.pool_size
   s.cached_this_step.clear()
   return True

@@ -60,6 +60,9 @@ class Request:
   # group -> token end of the latest kept state (hit at admission, then each registered state;
   # the core's `group_chain`), the chain start of the next state it registers
   chain: dict[int, int] = dataclasses.field(default_factory=dict)
+  # the access a key this request registers inherits (eviction `lru2`: the previous access of
+  # the block serving its hit, 0 = none; `twin.access_history`, core `access_history.inherit`)
+  inherit: int = 0
 
 
 @dataclasses.dataclass
@@ -120,6 +123,17 @@ class TwinState:
   stamp: list[int]
   ranked: list[int]
   evict_clock: int
+  # per block: the scheduler step of its key's latest access (registration or hit) and of the
+  # one before (0 = none; raised by a retirement, `twin.release.retire`); the steps run so
+  # far. The core's `key_last` / `key_penult` / `clock`, kept only for a policy that reads the
+  # access history (`policies.reads_history`); here for every policy
+  last: list[int]
+  penult: list[int]
+  step: int
+  # the eviction policy reads the access history (`policies.reads_history`): only then are
+  # dropped keys' ghosts kept, (group, entry) -> (last access, tag) (`twin.access_history`)
+  history: bool
+  ghosts: dict[tuple[int, int], tuple[int, int]]
   evict: eviction.EvictionOrder | None  # None = lru (vLLM's free queue order)
   # placement and admission seams (`hybrid_cache.policies`): None = vLLM's own rule; a
   # stateful placement is its `Placement` object (else the module)
@@ -200,6 +214,11 @@ def init_state(config: CacheConfig) -> TwinState:
     stamp=[0] * n,
     ranked=[0] * n,
     evict_clock=0,
+    last=[0] * n,
+    penult=[0] * n,
+    step=0,
+    history=policies.reads_history(cfg.eviction),
+    ghosts={},
     evict=None if cfg.eviction == "lru" else eviction.EvictionOrder(cfg),
     placement=placement,
     admission=None if admission is None else admission.Admission(cfg),

@@ -18,6 +18,7 @@ from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
 from hybrid_cache import policies
+from hybrid_cache.core import access_history as core_access_history
 from hybrid_cache.core.invariants import check_invariants
 from hybrid_cache.core.state import BIG
 from hybrid_cache.types import ScheduleEntry
@@ -100,6 +101,44 @@ def chain_features(m) -> dict[int, tuple[int, ...]]:
   return {int(b): tuple(int(c[b]) for c in cols) for b in ids}
 
 
+def access_history(m) -> dict[int, tuple[int, int]]:
+  """Keyed block -> (last, penultimate access step) of its key, on either backend (what LRU-2
+  reads); {} unless the policy reads the access history (`policies.reads_history`: only then
+  does the core keep it)."""
+  if not policies.reads_history(m.config.eviction):
+    return {}
+  if hasattr(m, "access_history"):
+    return m.access_history()
+  s = jax.device_get(m.state)
+  cols = [np.asarray(s.block_group), np.asarray(s.key_last), np.asarray(s.key_penult)]
+  return {int(b): (int(cols[1][b]), int(cols[2][b])) for b in np.nonzero(cols[0] >= 0)[0]}
+
+
+def ghosts(m) -> dict[tuple[int, int], tuple[int, int]]:
+  """The access history's ghost table, (group, entry) -> (last access, tag), non-empty entries
+  only, on either backend; {} unless the policy reads the access history."""
+  if not policies.reads_history(m.config.eviction):
+    return {}
+  if hasattr(m, "access_history"):
+    return {at: v for at, v in m._state.ghosts.items() if v != (0, 0)}
+  s = jax.device_get(m.state)
+  _, t0, l0 = core_access_history._base(s)
+  row, n = np.asarray(s.policy_state)[0], s.tables.shape[1] * core_access_history.TABLE
+  tags, lasts = row[t0 : t0 + n], row[l0 : l0 + n]
+  return {
+    divmod(int(e), core_access_history.TABLE): (int(lasts[e]), int(tags[e]))
+    for e in np.nonzero((tags != 0) | (lasts != 0))[0]
+  }
+
+
+def access_inherit(m) -> list[int]:
+  """The jitted backend's inherited access per request slot (`core.access_history`)."""
+  s = jax.device_get(m.state)
+  r = s.tables.shape[0]
+  off = core_access_history._base(s)[0]
+  return [int(v) for v in np.asarray(s.policy_state)[0, off : off + r]]
+
+
 def eviction_clock(m) -> int:
   """The eviction clock (GreedyDual's L) on either backend; 0 without a clock policy."""
   if hasattr(m, "eviction_clock"):
@@ -111,8 +150,8 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
   """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
   until computed, then freed unless kept: how keyed blocks reach the free queue between
   steps), `finish`, and an invariant comparing the pool counters, the free-queue order, the
-  keyed blocks' chain features (`chain_features`) and the jitted state's invariants
-  (`self.config` is set by the subclass's `@initialize`)."""
+  keyed blocks' chain features (`chain_features`) and access history (`access_history`), and
+  the jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
 
   class EvictionRules(paired_rules(prompts)):
     @precondition(lambda self: self._active())
@@ -143,6 +182,8 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       assert free_queue(self.jax) == free_queue(self.ref)
       assert chain_features(self.jax) == chain_features(self.ref)
       assert eviction_clock(self.jax) == eviction_clock(self.ref)
+      assert access_history(self.jax) == access_history(self.ref)
+      assert ghosts(self.jax) == ghosts(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
   return EvictionRules

@@ -37,6 +37,10 @@ CHAIN_VIEWS = {"key_hits", "chain_start", "group_chain"}
 # the same with a policy that keeps the eviction clock: also the stamp and ranked columns
 CLOCK_CFG = dataclasses.replace(CFG, eviction="greedy_dual")
 CLOCK_VIEWS = {"evict_stamp", "evict_ranked"}
+# the same with a policy that reads the access history: every `block_aux` column (the chain and
+# clock ones idle), the `req_group` of a state without the chain features
+HISTORY_CFG = dataclasses.replace(CFG, eviction="lru2")
+HISTORY_VIEWS = {"key_last", "key_penult"}
 
 # property -> (leaf, index of the row or column it names)
 VIEWS = {
@@ -49,6 +53,8 @@ VIEWS = {
   "chain_start": ("block_aux", (slice(None), st.AUX_CHAIN)),
   "evict_stamp": ("block_aux", (slice(None), st.AUX_STAMP)),
   "evict_ranked": ("block_aux", (slice(None), st.AUX_RANKED)),
+  "key_last": ("block_aux", (slice(None), st.AUX_LAST)),
+  "key_penult": ("block_aux", (slice(None), st.AUX_PENULT)),
   "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
   "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
   "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
@@ -103,17 +109,23 @@ def _busy_state(cfg=CFG):
 
 def _views(cfg):
   """The views of `cfg`'s state: the chain ones only with the chain features, the clock ones
-  only with the eviction clock."""
+  only with the eviction clock, the history ones only with the access history (whose state
+  has the `block_aux` chain and clock columns too, idle)."""
   lay = layout.layout(cfg)
+  hist = lay.access_history
   return {
     n: v
     for n, v in VIEWS.items()
-    if (lay.chain_features or n not in CHAIN_VIEWS) and (lay.eviction_clock or n not in CLOCK_VIEWS)
+    if (lay.chain_features or n not in CHAIN_VIEWS or (hist and n != "group_chain"))
+    and (lay.eviction_clock or hist or n not in CLOCK_VIEWS)
+    and (hist or n not in HISTORY_VIEWS)
   }
 
 
 CFGS = pytest.mark.parametrize(
-  "cfg", [CFG, CHAIN_CFG, CLOCK_CFG], ids=["lru", "chain_value", "greedy_dual"]
+  "cfg",
+  [CFG, CHAIN_CFG, CLOCK_CFG, HISTORY_CFG],
+  ids=["lru", "chain_value", "greedy_dual", "lru2"],
 )
 
 
@@ -127,9 +139,11 @@ def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
     for n, v in vars(cls).items()
     if isinstance(v, property) and not n.startswith("_")
   }
-  assert props == set(VIEWS) | {"has_chain", "has_clock"}
-  assert state.has_chain == host.has_chain == layout.layout(cfg).chain_features
-  assert state.has_clock == host.has_clock == layout.layout(cfg).eviction_clock
+  assert props == set(VIEWS) | {"has_chain", "has_clock", "has_history"}
+  lay = layout.layout(cfg)
+  assert state.has_chain == host.has_chain == (lay.chain_features or lay.access_history)
+  assert state.has_clock == host.has_clock == lay.eviction_clock
+  assert state.has_history == host.has_history == lay.access_history
   for name, (leaf, idx) in _views(cfg).items():
     want = np.asarray(getattr(host, leaf))[idx]
     np.testing.assert_array_equal(np.asarray(getattr(state, name)), want, err_msg=name)
@@ -216,8 +230,15 @@ def test_stack_places_fields_by_their_constants():
   assert aux.shape == (3, st.NUM_AUX_CLOCK) and st.BlockAux.width(True, True) == st.NUM_AUX_CLOCK
   np.testing.assert_array_equal(aux[:, st.AUX_STAMP], step + 60)
   np.testing.assert_array_equal(aux[:, st.AUX_RANKED], step + 70)
-  np.testing.assert_array_equal(st.BlockAux.no_key(True, True), st.BlockAux.NO_KEY)
+  np.testing.assert_array_equal(
+    st.BlockAux.no_key(True, True), st.BlockAux.NO_KEY[: st.NUM_AUX_CLOCK]
+  )
   assert st.BlockAux.NO_KEY[st.AUX_STAMP] == st.BlockAux.NO_KEY[st.AUX_RANKED] == 0
+  # the access history's columns (last, penultimate access) after every other, 0 unkeyed
+  assert (st.AUX_LAST, st.AUX_PENULT) == (st.NUM_AUX_CLOCK, st.NUM_AUX_CLOCK + 1)
+  assert st.BlockAux.width(history=True) == st.NUM_AUX_HISTORY
+  np.testing.assert_array_equal(st.BlockAux.no_key(False, history=True), st.BlockAux.NO_KEY)
+  assert st.BlockAux.NO_KEY[st.AUX_LAST] == st.BlockAux.NO_KEY[st.AUX_PENULT] == 0
   assert st.BlockAux.positions("key_end", "key_step") == (st.AUX_END, st.AUX_STEP)
 
 
@@ -272,18 +293,20 @@ def test_view_reads_and_writes_lower_as_the_indexing_they_name():
 def test_fresh_state_widths_and_no_key_rows(cfg):
   s = jax.device_get(init_state(cfg))
   lay = layout.layout(cfg)
-  chain, clock = lay.chain_features, lay.eviction_clock
-  assert chain == (cfg.eviction != "lru")  # only a policy that reads them
+  chain, clock, hist = lay.chain_features, lay.eviction_clock, lay.access_history
+  assert chain == (cfg.eviction not in ("lru", "lru2"))  # only a policy that reads them
   assert clock == (cfg.eviction == "greedy_dual")  # only a policy with a clock
+  assert hist == (cfg.eviction == "lru2")  # only a policy that reads the access history
   num_aux, num_rg = (st.NUM_AUX_CHAIN, st.NUM_RG_CHAIN) if chain else (st.NUM_AUX, st.NUM_RG)
   num_aux = st.NUM_AUX_CLOCK if clock else num_aux
+  num_aux = st.NUM_AUX_HISTORY if hist else num_aux
   assert s.queue_key.shape == (st.NUM_QUEUES, lay.num_blocks)
   assert s.block_aux.shape == (lay.num_blocks, num_aux)
   assert s.index_entry.shape == (lay.buckets, layout.WAYS, st.NUM_IDX)
   assert s.req_info.shape == (lay.max_requests, st.NUM_INFO)
   assert s.req_group.shape == (lay.max_requests, lay.num_groups, num_rg)
   assert s.block_hash.shape[-1] == s.index_hash.shape[-1] == st.HASH_LANES
-  assert (s.block_aux == st.BlockAux.no_key(chain, clock)).all()
+  assert (s.block_aux == st.BlockAux.no_key(chain, clock, hist)).all()
   assert int(s.evict_clock) == 0
   assert (s.group_last == -1).all() and (s.group_len == 0).all()
   if chain:
