@@ -322,6 +322,7 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
       {f: jnp.full_like(src, idle[BlockAux.FIELDS[f]]) for f in list(BlockAux.FIELDS)[3:7]},
       key_last=aux_src.key_last,
       key_penult=aux_src.key_penult,
+      kv_owner=jnp.full_like(src, -1),
     )
   aux_new = BlockAux.stack(
     key_step=jnp.full_like(src, step), pinned=jnp.zeros_like(src), key_end=aux_src.key_end, **chain

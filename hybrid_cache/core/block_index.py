@@ -38,7 +38,7 @@ _KEY_COLS_CLOCK = np.asarray(
 )
 # with the access history (its state carries the chain and clock columns idle: not cleared)
 _KEY_COLS_HISTORY = np.asarray(
-  BlockAux.positions("key_step", "key_end", "key_last", "key_penult"), np.int32
+  BlockAux.positions("key_step", "key_end", "key_last", "key_penult", "kv_owner"), np.int32
 )
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
@@ -328,7 +328,8 @@ def clear_key_columns(
   no-key values, the pinned flag kept: registration step and token end, and with the chain
   features (`chain`, static) hits and chain start, in one [k, 4] scatter (with the eviction
   clock, `clock`, also stamp and ranked priority: [k, 6]; with the access history, `history`,
-  step, end, last and penultimate access: [k, 4], the idle chain and clock columns left)."""
+  step, end, last and penultimate access and KV owner: [k, 5], the idle chain and clock
+  columns left)."""
   if history:
     cols = _KEY_COLS_HISTORY
     return block_aux.at[idx[:, None], cols[None, :]].set(

@@ -34,7 +34,7 @@ from hybrid_cache.core.state import floor_to
 # third and fourth only with the chain features, the last two only with the eviction clock)
 _KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
 # with the access history (and no chain features): step, token end, last and penultimate access
-_HISTORY_FIELDS = ("key_step", "key_end", "key_last", "key_penult")
+_HISTORY_FIELDS = ("key_step", "key_end", "key_last", "key_penult", "kv_owner")
 
 
 def _key_fields(lay: Layout) -> tuple[str, ...]:
@@ -187,11 +187,12 @@ def cache_blocks(
     vals = [zeros + step, ends, zeros, jnp.concatenate(all_chain)]
     vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
     vals = jnp.stack(vals, axis=1)
-  elif lay.access_history:  # step, token end, last access (now), penultimate: [k, 4]
+  elif lay.access_history:  # step, token end, last access (now), penultimate, no owner: [k, 5]
     # the penultimate access: the request's inherit or the key's ghost, the later
     penult = jnp.maximum(access_history.inherit(state, r), ghost)
     cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
-    vals = jnp.stack([jnp.full_like(ends, step), ends, jnp.full_like(ends, step), penult], 1)
+    none = jnp.full_like(ends, -1)
+    vals = jnp.stack([jnp.full_like(ends, step), ends, jnp.full_like(ends, step), penult, none], 1)
   else:  # registration step and token end of each registered block in ONE [k, 2] scatter
     cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
     vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
@@ -324,7 +325,7 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   elif lay.access_history:  # and the access history: last = now, penultimate as inherited
     zeros = jnp.zeros_like(prim)
     penult = jnp.maximum(access_history.inherit(state, r), access_history.recall(state, keys, grp))
-    vals = jnp.stack([zeros + step, zeros + t, zeros + step, penult], axis=1)
+    vals = jnp.stack([zeros + step, zeros + t, zeros + step, penult, zeros - 1], axis=1)
     cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
   else:
     vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)

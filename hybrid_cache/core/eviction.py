@@ -145,12 +145,14 @@ class FreeBlocks:
     penult: i32[NB], the scheduler step of the access before the latest to the block's key
       (`CacheState.key_penult`; an access is its registration or a hit; 0 = accessed once),
       raised by retirement to the superseded states' (`release.retire`).
+    owner: i32[NB], per full-attention block the recurrent state block the last finished
+      request through it needed it for (`CacheState.kv_owner`, `core.kv_owner`; -1 = none).
 
   `hits` and `chain_start` (the chain features) are None unless the policy declares it reads
   them (`Reads(chain=True)` in `hybrid_cache.policies.EVICTION`, `Layout.chain_features`):
   only then does the core maintain them (on every step they cost ~13%, issue 14). `stamp`
-  likewise only with `Reads(clock=True)` (`Layout.eviction_clock`), `penult` only with
-  `Reads(history=True)` (`Layout.access_history`).
+  likewise only with `Reads(clock=True)` (`Layout.eviction_clock`), `penult` and `owner` only
+  with `Reads(history=True)` (`Layout.access_history`).
   """
 
   candidate: jax.Array
@@ -162,6 +164,7 @@ class FreeBlocks:
   chain_start: jax.Array | None = None
   stamp: jax.Array | None = None
   penult: jax.Array | None = None
+  owner: jax.Array | None = None
 
 
 def rebase_clock(state):
@@ -210,6 +213,7 @@ def _rekey_queue(lay, state, priority, ranked: bool = False):
     chain_start=state.chain_start if lay.chain_features else None,
     stamp=state.evict_stamp if lay.eviction_clock else None,
     penult=state.key_penult if lay.access_history else None,
+    owner=state.kv_owner if lay.access_history else None,
   )
   util = priority(blocks)
   primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))

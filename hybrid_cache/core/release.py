@@ -40,6 +40,7 @@ from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import coordinator
 from hybrid_cache.core import groups
+from hybrid_cache.core import kv_owner
 from hybrid_cache.core.fresh_state import policy_columns
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
@@ -151,6 +152,8 @@ def release(lay: Layout, state: CacheState, slot, preempt) -> CacheState:
   state = block_pool.free_ordered(state, rows.reshape(-1), batch)
   if lay.config.retirement != "none" and not (static and preempt):
     state = retire(lay, state, slot, enabled=True if static else ~preempt)
+  if lay.access_history and not (static and preempt):  # after retirement (`core.kv_owner`)
+    state = kv_owner.record(lay, state, slot, enabled=True if static else ~preempt)
   rg = ReqGroup(jnp.zeros_like(state.req_group[slot])).set(last=-1)
   info = state.req_info[slot]
   waiting = ReqInfo(info).set(status=STATUS_WAITING, computed=0, spb=0)

@@ -57,6 +57,9 @@ Pool, per block:
   - `key_penult` i32[NB] (`AUX_PENULT`): the step of the access before that (0 = none: the
     key was accessed once), raised by a retirement to the penultimate accesses of the states
     its finishing request's deepest state superseded (`release.retire`).
+  - `kv_owner` i32[NB] (`AUX_OWNER`): for a full-attention block, the recurrent state block
+    that the last finished request through it needed it for (`core.kv_owner`), -1 = none
+    (no key, or no finished request since its registration).
 
 Block index, set-associative `[buckets, ways]` (`block_index`):
 * `index_entry` i32[BK, W, NUM_IDX], columns `IDX_*` (`IndexEntry`: `block`, `seq`):
@@ -207,11 +210,12 @@ NUM_COUNTERS = 16
   AUX_RANKED,
   AUX_LAST,
   AUX_PENULT,
-) = range(9)
+  AUX_OWNER,
+) = range(10)
 NUM_AUX = 3  # without the chain features
 NUM_AUX_CHAIN = 5
 NUM_AUX_CLOCK = 7
-NUM_AUX_HISTORY = 9
+NUM_AUX_HISTORY = 10
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
@@ -338,10 +342,11 @@ class BlockAux(Packed):
     "evict_ranked": AUX_RANKED,
     "key_last": AUX_LAST,
     "key_penult": AUX_PENULT,
+    "kv_owner": AUX_OWNER,
   }
   WIDTHS = (NUM_AUX, NUM_AUX_CHAIN, NUM_AUX_CLOCK, NUM_AUX_HISTORY)
   NO_KEY = np.zeros(NUM_AUX_HISTORY, np.int32)
-  NO_KEY[[AUX_STEP, AUX_END, AUX_CHAIN]] = -1
+  NO_KEY[[AUX_STEP, AUX_END, AUX_CHAIN, AUX_OWNER]] = -1
   NO_KEY.flags.writeable = False
 
   @classmethod
@@ -460,6 +465,7 @@ class CacheState(ParamViews):
   evict_ranked = _view(BlockAux, "block_aux", "evict_ranked", "i32[NB]: ranked (clock only).")
   key_last = _view(BlockAux, "block_aux", "key_last", "i32[NB]: last access (history only).")
   key_penult = _view(BlockAux, "block_aux", "key_penult", "i32[NB]: penultimate (history only).")
+  kv_owner = _view(BlockAux, "block_aux", "kv_owner", "i32[NB]: KV owner (history only).")
 
   @property
   def has_chain(self) -> bool:

@@ -63,6 +63,7 @@ def evict_key(s: TwinState, b: int, ghost: bool = True) -> list[tuple[int, int]]
   s.ranked[b] = 0
   s.last[b] = 0
   s.penult[b] = 0
+  s.owner[b] = -1
   return removed
 
 
@@ -83,6 +84,7 @@ def insert_key(
     s.ranked[b] = 0
     s.last[b] = s.step  # an access now, the one before inherited (`access_history`)
     s.penult[b] = penult
+    s.owner[b] = -1
   else:
     s.extra.setdefault(b, []).append(key)
   s.index.setdefault(key, []).append(b)

@@ -118,7 +118,9 @@ class FreeBlocks:
   `stamp` (per block id, the eviction clock when its key was registered or last hit: the
   core's `CacheState.evict_stamp`) likewise only under `Reads(clock=True)`, `penult` (per
   block id, the step of its key's access before the latest, 0 = none: the core's
-  `CacheState.key_penult`) only under `Reads(history=True)`.
+  `CacheState.key_penult`) and `owner` (per block id, the state a full-attention block was
+  kept for, -1 = none: the core's `CacheState.kv_owner`, `twin.kv_owner`) only under
+  `Reads(history=True)`.
   """
 
   candidates: tuple[int, ...]
@@ -128,6 +130,7 @@ class FreeBlocks:
   chain_start: Sequence[int] | None = None
   stamp: Sequence[int] | None = None
   penult: Sequence[int] | None = None
+  owner: Sequence[int] | None = None
 
 
 class EvictionOrder:
@@ -164,6 +167,7 @@ class EvictionOrder:
     chains: Sequence[int] | None = None,
     stamps: Sequence[int] | None = None,
     penults: Sequence[int] | None = None,
+    owners: Sequence[int] | None = None,
   ) -> StampedFree:
     """The free list for this step (a new `StampedFree`; use it as the policy's free list).
 
@@ -182,7 +186,8 @@ class EvictionOrder:
         `ranked`.
       penults: per block id, the step of its key's access before the latest (None: 0 for
         every block); reaches the policy only if it reads the access history
-        (`policies.reads_history`).
+        (`policies.reads_history`), as `owners` (per block id, its KV owner, -1 = none;
+        None: -1 for every block).
       `hits` / `chains` reach the policy only if it reads them (`policies.reads_chain`).
     """
     if not (isinstance(free, StampedFree) and free._owner is self):
@@ -204,7 +209,8 @@ class EvictionOrder:
       blocks = FreeBlocks(cand, groups, ends, hits, chains, stamps if self.clocked else None)
     elif policies.reads_history(self.config.eviction):
       penults = [0] * len(groups) if penults is None else penults
-      blocks = FreeBlocks(cand, groups, ends, penult=penults)
+      owners = [-1] * len(groups) if owners is None else owners
+      blocks = FreeBlocks(cand, groups, ends, penult=penults, owner=owners)
     else:
       blocks = FreeBlocks(cand, groups, ends)
     prio = self.policy.priority(self.config, blocks, self)

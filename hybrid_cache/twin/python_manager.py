@@ -216,6 +216,12 @@ class PythonCacheManager:
     s = self._state
     return {b: (s.last[b], s.penult[b]) for b, key in enumerate(s.key) if key is not None}
 
+  def kv_owners(self) -> dict[int, int]:
+    """Test only: keyed block -> its KV owner (`twin.kv_owner`), owned blocks only (kept for
+    every policy, recorded only under `policies.reads_history`)."""
+    s = self._state
+    return {b: o for b, (key, o) in enumerate(zip(s.key, s.owner)) if key is not None and o >= 0}
+
   def eviction_clock(self) -> int:
     """Test only: the eviction clock (GreedyDual's L; the core's `CacheState.evict_clock`)."""
     return self._state.evict_clock

@@ -12,6 +12,7 @@ from __future__ import annotations
 from hybrid_cache import policies
 from hybrid_cache.twin import block_pool
 from hybrid_cache.twin import coordinator
+from hybrid_cache.twin import kv_owner
 from hybrid_cache.twin import rules
 from hybrid_cache.twin.state import NULL
 from hybrid_cache.twin.state import Request
@@ -87,6 +88,8 @@ def release(s: TwinState, r: Request, finished: bool) -> None:
     block_pool.free_blocks(s, list(reversed(row)))
   if finished and s.retirement is not None:
     retire(s, r)
+  if finished and policies.reads_history(s.config.eviction):  # after retirement
+    kv_owner.record(s, r)
   r.rows = []
   r.num_cached = None
   r.last_state.clear()

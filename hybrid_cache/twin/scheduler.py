@@ -29,7 +29,9 @@ def schedule_step(s: TwinState, entries: Sequence[ScheduleEntry]) -> StepResult:
     dead = eviction.dead_states(s.config, s.key, s.key_end, s.index)
     if s.evict.clocked:  # GreedyDual's clock: rebased, then each candidate's rank recorded
       s.evict_clock, s.stamp = eviction.rebase_clock(s.evict_clock, s.stamp)
-    s.free = s.evict.reorder(s.free, groups, s.key_end, dead, s.hits, s.chain, s.stamp, s.penult)
+    s.free = s.evict.reorder(
+      s.free, groups, s.key_end, dead, s.hits, s.chain, s.stamp, s.penult, s.owner
+    )
     if s.evict.clocked:
       s.ranked = [s.evict.ranked.get(b, 0) for b in range(len(s.ranked))]
   s.cached_this_step.clear()
@@ -58,6 +60,7 @@ def reset_prefix_cache(s: TwinState) -> bool:
   s.ranked = [0] * s.config.pool_size
   s.last = [0] * s.config.pool_size
   s.penult = [0] * s.config.pool_size
+  s.owner = [-1] * s.config.pool_size
   s.pinned = [False] * s.config.pool_size
   s.cached_this_step.clear()
   return True

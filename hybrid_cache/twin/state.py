@@ -129,6 +129,9 @@ class TwinState:
   # access history (`policies.reads_history`); here for every policy
   last: list[int]
   penult: list[int]
+  # per block: the recurrent state a full-attention block was kept for (-1 = none; the core's
+  # `kv_owner`, `twin.kv_owner`), kept for every policy, read only by those reading the history
+  owner: list[int]
   step: int
   # the eviction policy reads the access history (`policies.reads_history`): only then are
   # dropped keys' ghosts kept, (group, entry) -> (last access, tag) (`twin.access_history`)
@@ -216,6 +219,7 @@ def init_state(config: CacheConfig) -> TwinState:
     evict_clock=0,
     last=[0] * n,
     penult=[0] * n,
+    owner=[-1] * n,
     step=0,
     history=policies.reads_history(cfg.eviction),
     ghosts={},

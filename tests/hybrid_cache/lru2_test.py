@@ -6,6 +6,7 @@ the differential machine with retirement on."""
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import jax
 import jax.numpy as jnp
 from hypothesis import settings
 from hypothesis.stateful import initialize
@@ -29,6 +30,7 @@ from tests.hybrid_cache.paired_rules import access_inherit
 from tests.hybrid_cache.paired_rules import eviction_rules
 from tests.hybrid_cache.paired_rules import free_queue
 from tests.hybrid_cache.paired_rules import ghosts
+from tests.hybrid_cache.paired_rules import kv_owners
 from tests.hybrid_cache.policies_test import _ADAPTIVE
 from tests.hybrid_cache.policies_test import _COMMON
 from tests.hybrid_cache.policies_test import _GD_CONFIGS
@@ -204,7 +206,7 @@ def test_a_retirement_hands_the_superseded_states_history_to_the_new_deepest_sta
 def test_the_history_columns_exist_only_under_lru2():
   """A history state carries every `block_aux` column (the chain and clock ones idle at their
   no-key values); the others keep their widths (their programs are unchanged)."""
-  for eviction, width in (("lru", 3), ("chain_value", 5), ("greedy_dual", 7), ("lru2", 9)):
+  for eviction, width in (("lru", 3), ("chain_value", 5), ("greedy_dual", 7), ("lru2", 10)):
     m = make_manager(CacheConfig(**_ALL, eviction=eviction), "jax")
     _serve(m, "a", list(range(9)))
     assert m.state.block_aux.shape[-1] == width
@@ -254,3 +256,49 @@ TestLru2Machine = Lru2Machine.TestCase
 TestLru2Machine.settings = settings(
   max_examples=8, stateful_step_count=30, phases=_PHASES, deadline=None
 )
+
+
+def _owner_ends(m) -> dict[int, int]:
+  """KV owners by token end (`core.kv_owner`): the key end of each owned full-attention block
+  -> its owner's key end, on either backend."""
+  owners = kv_owners(m)
+  if hasattr(m, "state"):
+    ends = [int(e) for e in jax.device_get(m.state.key_end)]
+  else:
+    ends = m._state.key_end
+  return {ends[b]: ends[o] for b, o in owners.items()}
+
+
+def test_a_finished_request_records_the_nearest_state_at_or_after_each_kv_block():
+  """Full attention + mamba, block 4, A = 9 tokens. Mode all keeps a state at every block end
+  (4, 8): each KV block is owned by the state at its own end. Align mode keeps one state at
+  the prompt's checkpoint position floor((9 - 1) / 4) * 4 = 8: both KV blocks (ends 4, 8) are
+  owned by it, the unit cache's leaf checkpoint with its KV."""
+  for mode, want in (("all", {4: 4, 8: 8}), ("align", {4: 8, 8: 8})):
+    cfg = CacheConfig(**{**_ALL, "groups": (GroupSpec("full"), GroupSpec("mamba", mode=mode))})
+    for backend in ("jax", "reference"):
+      m = make_manager(CacheConfig(**{**cfg.__dict__, "eviction": "lru2"}), backend)
+      _serve(m, "A", list(range(9)))
+      assert _owner_ends(m) == want, (mode, backend)
+
+
+def test_kv_ranks_by_its_owner_state_and_first_once_the_state_is_gone():
+  """`owned_priority` on both twins: blocks 1, 2, 5 full attention (owners 3, 4, none), 3 a
+  keyed state, 4 key-less; own priorities 10, 20, 50, -, 30. Block 1 takes its owner's 50;
+  block 2's owner lost its key: 0; block 5 and the state keep their own."""
+  from hybrid_cache.core import kv_owner as core_owner
+  from hybrid_cache.twin import kv_owner as twin_owner
+  from hybrid_cache.twin.eviction import FreeBlocks as TwinBlocks
+
+  cfg = CacheConfig(**_ALL, eviction="lru2")
+  lay = layout(cfg)
+  group = [-1, 0, 0, 1, -1, 0] + [-1] * (lay.num_blocks - 6)
+  owner = [-1, 3, 4, -1, -1, -1] + [-1] * (lay.num_blocks - 6)
+  own = [0, 10, 20, 50, 0, 30] + [0] * (lay.num_blocks - 6)
+  state = init_state(cfg).replace(block_group=jnp.asarray(group, jnp.int32))
+  got = core_owner.owned_priority(lay, state, jnp.asarray(own), jnp.asarray(owner))
+  assert [int(got[b]) for b in (1, 2, 3, 5)] == [50, 0, 50, 30]
+  blocks = TwinBlocks(
+    (1, 2, 3, 5), [None if g < 0 else g for g in group], [0] * len(group), owner=owner
+  )
+  assert twin_owner.owned_priority(cfg, blocks, lambda b: own[b]) == [50, 0, 50, 30]

@@ -114,6 +114,18 @@ def access_history(m) -> dict[int, tuple[int, int]]:
   return {int(b): (int(cols[1][b]), int(cols[2][b])) for b in np.nonzero(cols[0] >= 0)[0]}
 
 
+def kv_owners(m) -> dict[int, int]:
+  """Keyed block -> its KV owner (`core.kv_owner`), owned blocks only, on either backend; {}
+  unless the policy reads the access history (only then does the core keep owners)."""
+  if not policies.reads_history(m.config.eviction):
+    return {}
+  if hasattr(m, "kv_owners"):
+    return m.kv_owners()
+  s = jax.device_get(m.state)
+  group, owner = np.asarray(s.block_group), np.asarray(s.kv_owner)
+  return {int(b): int(owner[b]) for b in np.nonzero((group >= 0) & (owner >= 0))[0]}
+
+
 def ghosts(m) -> dict[tuple[int, int], tuple[int, int]]:
   """The access history's ghost table, (group, entry) -> (last access, tag), non-empty entries
   only, on either backend; {} unless the policy reads the access history."""
@@ -150,7 +162,8 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
   """`paired_rules` plus the rules of the eviction machines: `serve` (one request run alone
   until computed, then freed unless kept: how keyed blocks reach the free queue between
   steps), `finish`, and an invariant comparing the pool counters, the free-queue order, the
-  keyed blocks' chain features (`chain_features`) and access history (`access_history`), and
+  keyed blocks' chain features (`chain_features`), access history (`access_history`) and KV
+  owners (`kv_owners`), and
   the jitted state's invariants (`self.config` is set by the subclass's `@initialize`)."""
 
   class EvictionRules(paired_rules(prompts)):
@@ -183,6 +196,7 @@ def eviction_rules(prompts: st.SearchStrategy) -> type[RuleBasedStateMachine]:
       assert chain_features(self.jax) == chain_features(self.ref)
       assert eviction_clock(self.jax) == eviction_clock(self.ref)
       assert access_history(self.jax) == access_history(self.ref)
+      assert kv_owners(self.jax) == kv_owners(self.ref)
       assert ghosts(self.jax) == ghosts(self.ref)
       assert check_invariants(self.config, self.jax.state) == []
 
