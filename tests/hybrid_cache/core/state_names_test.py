@@ -40,7 +40,7 @@ CLOCK_VIEWS = {"evict_stamp", "evict_ranked"}
 # the same with a policy that reads the access history: every `block_aux` column (the chain and
 # clock ones idle), the `req_group` of a state without the chain features
 HISTORY_CFG = dataclasses.replace(CFG, eviction="lru2")
-HISTORY_VIEWS = {"key_last", "key_penult"}
+HISTORY_VIEWS = {"key_last", "key_penult", "kv_owner"}
 
 # property -> (leaf, index of the row or column it names)
 VIEWS = {
@@ -55,6 +55,7 @@ VIEWS = {
   "evict_ranked": ("block_aux", (slice(None), st.AUX_RANKED)),
   "key_last": ("block_aux", (slice(None), st.AUX_LAST)),
   "key_penult": ("block_aux", (slice(None), st.AUX_PENULT)),
+  "kv_owner": ("block_aux", (slice(None), st.AUX_OWNER)),
   "index_block": ("index_entry", (Ellipsis, st.IDX_BLOCK)),
   "index_seq": ("index_entry", (Ellipsis, st.IDX_SEQ)),
   "req_status": ("req_info", (slice(None), st.INFO_STATUS)),
