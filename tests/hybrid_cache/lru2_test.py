@@ -49,6 +49,19 @@ def test_lru2_reads_only_the_access_history():
   assert not layout(CacheConfig(**_ALL, eviction="greedy_dual")).access_history
 
 
+def _full_attention(**kw):
+  """Full attention only, block 4, blocks 1..5 (one step per request served alone)."""
+  return CacheConfig(
+    groups=(GroupSpec("full"),),
+    block_size=4,
+    num_blocks=6,
+    max_model_len=32,
+    max_requests=2,
+    max_num_batched_tokens=32,
+    **{"eviction": "lru2", **kw},
+  )
+
+
 def test_lru2_keeps_a_twice_used_block_that_lru_evicts():
   """Full attention, block 4, blocks 1..5; one step per request, so step k serves the k-th
   call. A (5 tokens, step 1) pops 1, 2: key on 1 (last 1, penult 0), 2 partial: queue
@@ -60,16 +73,7 @@ def test_lru2_keeps_a_twice_used_block_that_lru_evicts():
   for backend in ("jax", "reference"):
     got = {}
     for eviction in ("lru", "lru2"):
-      cfg = CacheConfig(
-        groups=(GroupSpec("full"),),
-        block_size=4,
-        num_blocks=6,
-        max_model_len=32,
-        max_requests=2,
-        max_num_batched_tokens=32,
-        eviction=eviction,
-      )
-      m = make_manager(cfg, backend)
+      m = make_manager(_full_attention(eviction=eviction), backend)
       _serve(m, "A", list(range(5)))
       _serve(m, "A2", list(range(5)))
       _serve(m, "B", list(range(100, 105)))
@@ -86,20 +90,6 @@ def test_lru2_keeps_a_twice_used_block_that_lru_evicts():
         m.lookup(list(range(100, 105))).hit_tokens,
       )
     assert got == {"lru": (0, 4), "lru2": (4, 0)}, backend
-
-
-def _full_attention(**kw):
-  """Full attention only, block 4, blocks 1..5 (one step per request served alone)."""
-  return CacheConfig(
-    groups=(GroupSpec("full"),),
-    block_size=4,
-    num_blocks=6,
-    max_model_len=32,
-    max_requests=2,
-    max_num_batched_tokens=32,
-    eviction="lru2",
-    **kw,
-  )
 
 
 def test_a_request_hands_the_previous_access_of_the_block_serving_its_hit_to_its_new_keys():
