@@ -202,6 +202,18 @@ MATRIX = (
     ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
     _prefix_hits(64),
   ),
+  # The same with LRU-2 eviction and its KV owners (`core/kv_owner.py`): the owners are
+  # recorded at every finish, a release-time lookup of the request's own tokens.
+  Cell(
+    "adaptive_lru2",
+    dict(
+      max_num_batched_tokens=64,
+      max_model_len=512,
+      **{**workload.arm("adaptive", checkpoint_unit=64), "eviction": "lru2"},
+    ),
+    ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
+    _prefix_hits(64),
+  ),
   Cell(
     "unequal_all",
     dict(mode="all", recurrent_block_size=64, max_num_batched_tokens=64),
@@ -225,6 +237,7 @@ DEFAULT = {
   ("pinning_min_drop", "hf_gemma3"),
   ("adaptive", "qwen35_tiny"),
   ("adaptive", "hf_nemotron_h"),
+  ("adaptive_lru2", "qwen35_tiny"),
 }
 
 
