@@ -38,6 +38,7 @@ from hybrid_cache.core.groups import recurrent_slots
 from hybrid_cache.core.groups import rules as group_rules
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
+from hybrid_cache.core.policies import tuned
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.step import REASON_ALLOC
 from hybrid_cache.core.step import REASON_BUDGET
@@ -361,6 +362,13 @@ class JaxCacheManager:
     if self.config.eviction != "flop_aware":
       raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
     self.state = flop_aware.set_alpha(self.state, alpha)
+
+  def set_eviction_weighting(self, name: str) -> None:
+    """Eviction `tuned`'s weighting, "greedy_dual" or "lru2", from the next step (ValueError
+    otherwise, or if the eviction is not `tuned`)."""
+    if self.config.eviction != "tuned":
+      raise ValueError(f"eviction must be 'tuned' to set a weighting, got {self.config.eviction!r}")
+    self.state = tuned.set_weighting(self.state, name)
 
   def request_view(self, req) -> RequestView:
     r = self._get(req)

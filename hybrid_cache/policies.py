@@ -114,12 +114,14 @@ EVICTION: dict[str, Reads] = {
   # LRU-2 (O'Neil et al., SIGMOD'93; the simulator's unit cache with `penultimate=True`): the
   # step of each block's penultimate access, inherited through retirement
   "lru2": Reads(history=True),
+  # `greedy_dual` or `lru2`, chosen at run time (`CacheState.eviction_weighting`) by the
+  # simulator's shadow tuner (`sim/core_scan.py`, the unit cache's re-tuning): it reads both
+  "tuned": Reads(costs=True, chain=True, clock=True, history=True),
 }
 EVICTION_POLICIES = tuple(EVICTION)
 assert all(r.chain for r in EVICTION.values() if r.clock), "a clock implies the chain features"
-# a history state's width is `block_aux`'s widest; the clock is read off a width of its own
-# (and the core writes either the chain features or the history at a registration)
-assert not any(r.history and r.chain for r in EVICTION.values()), "history: no chain, no clock"
+# a history state's width is `block_aux`'s widest (its chain and clock columns idle unless the
+# policy declares them too)
 
 PLACEMENT_POLICIES = (
   "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in

@@ -316,10 +316,14 @@ def copy_on_write(lay: Layout, state: CacheState, r, cow_new, cow_own, srcs, cow
   )
   if lay.eviction_clock:  # and its eviction stamp (the copy is held: not ranked)
     chain.update(evict_stamp=aux_src.evict_stamp, evict_ranked=jnp.zeros_like(src))
-  if lay.access_history:  # and its access history (the chain and clock columns idle)
+  if lay.access_history:  # and its access history (the chain and clock columns idle if unread)
     idle = BlockAux.NO_KEY
     chain.update(
-      {f: jnp.full_like(src, idle[BlockAux.FIELDS[f]]) for f in list(BlockAux.FIELDS)[3:7]},
+      {
+        f: jnp.full_like(src, idle[BlockAux.FIELDS[f]])
+        for f in list(BlockAux.FIELDS)[3:7]
+        if f not in chain
+      },
       key_last=aux_src.key_last,
       key_penult=aux_src.key_penult,
       kv_owner=jnp.full_like(src, -1),

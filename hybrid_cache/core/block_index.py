@@ -36,10 +36,9 @@ _KEY_COLS_CLOCK = np.asarray(
   ),
   np.int32,
 )
-# with the access history (its state carries the chain and clock columns idle: not cleared)
-_KEY_COLS_HISTORY = np.asarray(
-  BlockAux.positions("key_step", "key_end", "key_last", "key_penult", "kv_owner"), np.int32
-)
+# with the access history: every column but the pinned flag (the chain and clock ones are idle
+# at their no-key values unless the policy declares them too, eviction `tuned`)
+_KEY_COLS_HISTORY = np.asarray([i for f, i in BlockAux.FIELDS.items() if f != "pinned"], np.int32)
 _PAIRWISE_MAX = 128  # `insert`: up to this many keys, ranks from one [k, k] compare
 
 
@@ -328,8 +327,7 @@ def clear_key_columns(
   no-key values, the pinned flag kept: registration step and token end, and with the chain
   features (`chain`, static) hits and chain start, in one [k, 4] scatter (with the eviction
   clock, `clock`, also stamp and ranked priority: [k, 6]; with the access history, `history`,
-  step, end, last and penultimate access and KV owner: [k, 5], the idle chain and clock
-  columns left)."""
+  every column: [k, 9])."""
   if history:
     cols = _KEY_COLS_HISTORY
     return block_aux.at[idx[:, None], cols[None, :]].set(

@@ -30,17 +30,6 @@ from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.state import floor_to
 
-# the `block_aux` fields a registration writes, in the order of its one scatter's values (the
-# third and fourth only with the chain features, the last two only with the eviction clock)
-_KEY_FIELDS = ("key_step", "key_end", "key_hits", "chain_start", "evict_stamp", "evict_ranked")
-# with the access history (and no chain features): step, token end, last and penultimate access
-_HISTORY_FIELDS = ("key_step", "key_end", "key_last", "key_penult", "kv_owner")
-
-
-def _key_fields(lay: Layout) -> tuple[str, ...]:
-  """The `_KEY_FIELDS` a chain-feature registration writes (all with the eviction clock)."""
-  return _KEY_FIELDS if lay.eviction_clock else _KEY_FIELDS[:4]
-
 
 class PlacementRequest(NamedTuple):
   """What a stateful placement policy (and a retirement policy's `observe`) reads of one
@@ -176,26 +165,16 @@ def cache_blocks(
   for g in lay.fine_key_groups:
     state = fine_key_entries(lay, state, hashes, g, all_ids[g])
   nb = lay.num_blocks
-  step = state.clock
   sidx = jnp.where(ids > 0, ids, nb)
   ends = jnp.concatenate(all_ends)
-  if lay.chain_features:
-    # registration step, token end, hits (0) and chain start of each registered block in ONE
-    # [k, 4] scatter ([k, 6] with the eviction clock: stamp = the clock, not ranked yet)
-    cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
-    zeros = jnp.zeros_like(ends)
-    vals = [zeros + step, ends, zeros, jnp.concatenate(all_chain)]
-    vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
-    vals = jnp.stack(vals, axis=1)
-  elif lay.access_history:  # step, token end, last access (now), penultimate, no owner: [k, 5]
-    # the penultimate access: the request's inherit or the key's ghost, the later
-    penult = jnp.maximum(access_history.inherit(state, r), ghost)
-    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
-    none = jnp.full_like(ends, -1)
-    vals = jnp.stack([jnp.full_like(ends, step), ends, jnp.full_like(ends, step), penult, none], 1)
-  else:  # registration step and token end of each registered block in ONE [k, 2] scatter
-    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
-    vals = jnp.stack([jnp.full_like(ends, step), ends], axis=1)
+  # registration step and token end of each registered block, with the chain features hits (0)
+  # and chain start, with the eviction clock stamp (the clock) and ranked priority (0), with the
+  # access history last access (now), penultimate (the request's inherit or the key's ghost,
+  # the later) and KV owner (none): ONE [k, 2..9] scatter
+  penult = jnp.maximum(access_history.inherit(state, r), ghost) if lay.access_history else None
+  cols, vals = _key_columns(
+    lay, state, ends, jnp.concatenate(all_chain) if all_chain else None, penult
+  )
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   counters = state.counters
   if lay.recurrent_groups:
@@ -213,6 +192,26 @@ def cache_blocks(
   if lay.tail_groups:
     state = cache_partial_tail(lay, state, r, n_g, ok, info)
   return state
+
+
+def _key_columns(lay: Layout, state: CacheState, ends, chain, penult):
+  """(i32[c] columns, i32[k, c] values) a registration writes for k blocks with token ends
+  `ends`: step and end; with the chain features hits 0 and `chain`; with the eviction clock the
+  clock as stamp and 0 ranked; with the access history last access now, `penult` and no KV
+  owner (-1). The columns in `BlockAux` order (one scatter)."""
+  zeros = jnp.zeros_like(ends)
+  step = state.clock
+  names, vals = ["key_step", "key_end"], [zeros + step, ends]
+  if lay.chain_features:
+    names += ["key_hits", "chain_start"]
+    vals += [zeros, chain]
+  if lay.eviction_clock:
+    names += ["evict_stamp", "evict_ranked"]
+    vals += [zeros + state.evict_clock, zeros]
+  if lay.access_history:
+    names += ["key_last", "key_penult", "kv_owner"]
+    vals += [zeros + step, penult, zeros - 1]
+  return jnp.asarray(BlockAux.positions(*names), jnp.int32), jnp.stack(vals, axis=1)
 
 
 def fine_key_entries(lay: Layout, state: CacheState, hashes, g: int, ids) -> CacheState:
@@ -316,20 +315,11 @@ def cache_partial_tail(lay: Layout, state: CacheState, r, n_g, ok, info=None) ->
   nb = lay.num_blocks
   sidx = jnp.where(prim > 0, prim, nb)
   step = state.clock
-  if lay.chain_features:
-    zeros = jnp.zeros_like(prim)
-    vals = [zeros + step, zeros + t, zeros, jnp.stack(chains)]
-    vals += [zeros + state.evict_clock, zeros] if lay.eviction_clock else []
-    vals = jnp.stack(vals, axis=1)
-    cols = jnp.asarray(BlockAux.positions(*_key_fields(lay)), jnp.int32)
-  elif lay.access_history:  # and the access history: last = now, penultimate as inherited
-    zeros = jnp.zeros_like(prim)
+  penult = None
+  if lay.access_history:  # last = now, penultimate as inherited
     penult = jnp.maximum(access_history.inherit(state, r), access_history.recall(state, keys, grp))
-    vals = jnp.stack([zeros + step, zeros + t, zeros + step, penult, zeros - 1], axis=1)
-    cols = jnp.asarray(BlockAux.positions(*_HISTORY_FIELDS), jnp.int32)
-  else:
-    vals = jnp.stack([jnp.full_like(prim, step), jnp.zeros_like(prim) + t], axis=1)
-    cols = jnp.asarray(BlockAux.positions(*_KEY_FIELDS[:2]), jnp.int32)
+  chain = jnp.stack(chains) if lay.chain_features else None
+  cols, vals = _key_columns(lay, state, jnp.zeros_like(prim) + t, chain, penult)
   aux = state.block_aux.at[sidx[:, None], cols[None, :]].set(vals, mode="drop")
   ncached = ReqGroup(state.req_group)[r].ncached
   pend = state.req_partial[r]

@@ -233,7 +233,8 @@ def prepare(lay, state):
   counter above the re-keying window and, when the policy is `active` (flop_aware: alpha > 0;
   default: always), re-keys the normal free queue by the policy's `priority` (module
   docstring). With an eviction clock (`Layout.eviction_clock`): first `rebase_clock`, then each
-  block's `evict_ranked` is set to the priority it was ranked with (0: not a candidate).
+  block's `evict_ranked` is set to the priority it was ranked with (0: not a candidate), or to
+  the policy's `clock_priority(state, ranked)` if it defines one.
   Pinned tier untouched.
   """
   policy = policies.core_eviction(lay.config.eviction)
@@ -251,6 +252,8 @@ def prepare(lay, state):
   active = getattr(policy, "active", None)
   if lay.eviction_clock:  # a clock policy is always active
     qk0, ranked = rekey(ranked=True)
+    on_clock = getattr(policy, "clock_priority", None)  # what the clock may rise to (`tuned`)
+    ranked = ranked if on_clock is None else on_clock(state, ranked)
     state = state.replace(block_aux=BlockAux(state.block_aux).set(evict_ranked=ranked))
   elif active is None:
     qk0 = rekey()

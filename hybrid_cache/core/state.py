@@ -107,6 +107,8 @@ Scalars:
     (`release.retire`; not counted in `states_evicted`).
   - `evict_clock` (`C_EVICT_CLOCK`): an eviction policy's clock (GreedyDual's L: the largest
     ranked priority evicted so far), 0 and untouched unless `Layout.eviction_clock`.
+  - `eviction_weighting` (`C_WEIGHTING`): eviction `tuned`'s weighting (0 = GreedyDual, 1 =
+    LRU-2, `policies/tuned.py`), 0 and unread otherwise.
 * `params` i32[NUM_PARAMS], entries `P_*` (packed and named in `params`, the one module that
   uses them): the config's runtime parameters (`params.runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
@@ -193,7 +195,8 @@ NUM_RG_CHAIN = 4
   C_ALPHA_MILLI,
   C_REC_RETIRED,
   C_EVICT_CLOCK,
-) = range(11)
+  C_WEIGHTING,
+) = range(12)
 NUM_COUNTERS = 16
 # block_aux columns: registration step, pinned flag, key's token end; with the chain features
 # (`Layout.chain_features`) also hits and chain start; with the eviction clock
@@ -408,6 +411,7 @@ class Counters(Packed):
     "alpha_milli": C_ALPHA_MILLI,
     "states_retired": C_REC_RETIRED,
     "evict_clock": C_EVICT_CLOCK,
+    "eviction_weighting": C_WEIGHTING,
   }
   AXIS = 0
   WIDTHS = (NUM_COUNTERS,)
@@ -475,8 +479,10 @@ class CacheState(ParamViews):
 
   @property
   def has_clock(self) -> bool:
-    """Whether the state keeps the eviction clock (static: `Layout.eviction_clock`)."""
-    return self.block_aux.shape[-1] == NUM_AUX_CLOCK
+    """Whether the state carries the eviction clock's columns (static: `Layout.eviction_clock`,
+    or with `Layout.access_history`, idle at 0 unless the policy declares the clock too: then
+    the clock never rises, as no block is ranked)."""
+    return self.block_aux.shape[-1] >= NUM_AUX_CLOCK
 
   @property
   def has_history(self) -> bool:
@@ -513,6 +519,9 @@ class CacheState(ParamViews):
   alpha_milli = _view(Counters, "counters", "alpha_milli", "FLOP-aware alpha in thousandths.")
   states_retired = _view(Counters, "counters", "states_retired", "Recurrent keys retired.")
   evict_clock = _view(Counters, "counters", "evict_clock", "Eviction clock (clock policies).")
+  eviction_weighting = _view(
+    Counters, "counters", "eviction_weighting", "Eviction `tuned`'s weighting (0 GD, 1 LRU-2)."
+  )
 
 
 def cdiv(a, b):

@@ -44,6 +44,7 @@ from hybrid_cache.core import scheduler
 from hybrid_cache.core.fresh_state import init_state
 from hybrid_cache.core.layout import layout
 from hybrid_cache.core.policies import flop_aware
+from hybrid_cache.core.policies import tuned as tuned_policy
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.hashing import mix64
@@ -329,6 +330,60 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   return st, list(o0) + rest, info
 
 
+def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
+  """Eviction `tuned`'s online re-tuning (`core/policies/tuned.py`), the unit cache's rule
+  (`sim/eviction_weightings.py`, `checkpoint_sweep`): one shadow state per weighting
+  (`tuned.WEIGHTINGS`, fixed) replays the same requests beside the live state; each shadow's
+  score decays by 2^(-1 / `RETUNE_HALF_LIFE`) per request and adds the FLOPs its hit saved
+  (`model.prefill_flops`); after every `RETUNE_EVERY` requests the live state takes the
+  weighting of the best-scoring shadow (ties: the first; LRU-2 only with a retirement policy,
+  as the unit cache's LRU-2 shadow is eligible only while superseded checkpoints are retired).
+  The live state starts as GreedyDual (the unit cache's default, hits/1) and is that shadow's
+  state until its first switch (no separate replay until then). Every scan runs chunks of
+  `RETUNE_EVERY` requests (one compile serves the live state and the shadows: the weighting
+  lives in the state). Returns (live state, outs, tuning summary)."""
+  from hybrid_cache.core.policies import tuned
+  from hybrid_cache.sim import eviction_weightings as ew
+
+  if model is None:
+    raise ValueError("eviction 'tuned' needs tune_model (the sim cost model that scores shadows)")
+  n = len(p.n_in)
+  every = ew.RETUNE_EVERY
+  decay = 0.5 ** (1.0 / ew.RETUNE_HALF_LIFE)
+  names = tuned.WEIGHTINGS
+  eligible = [w != "lru2" or config.retirement != "none" for w in names]
+  shadows = [tuned.set_weighting(init_state(config), w) for w in names]
+  score = [0.0] * len(names)
+  current, live, outs = 0, None, []  # live None: it is still shadow `current`'s state
+  used = dict.fromkeys(names, 0)
+  switches = []
+  for s in range(0, n, every):
+    e = min(s + every, n)
+    for i in range(len(names)):
+      shadows[i], o = _replay_range(config, p, hashes, shadows[i], s, e, every, None)
+      if live is None and i == current:
+        outs += o
+      for r in _col(np.concatenate(o), "reused").tolist():
+        score[i] = score[i] * decay + (model.prefill_flops(int(r)) if r else 0)
+    if live is not None:
+      live, o = _replay_range(config, p, hashes, live, s, e, every, None)
+      outs += o
+    used[names[current]] += e - s
+    if e - s == every:
+      best = max((i for i in range(len(names)) if eligible[i]), key=lambda i: (score[i], -i))
+      if best != current:
+        # the live state leaves the shadow it was: its own buffers (the scans donate theirs)
+        src = jax.tree.map(jnp.copy, shadows[current]) if live is None else live
+        live = tuned.set_weighting(src, names[best])
+        current = best
+        switches.append((e, names[best]))
+  state = shadows[current] if live is None else live
+  if on_chunk is not None:
+    on_chunk(n - 1, state)
+  info = {"weighting": names[current], "requests_per_weighting": used, "switches": switches}
+  return state, outs, info
+
+
 def run_scan(
   trace: Trace,
   config: CacheConfig,
@@ -340,6 +395,7 @@ def run_scan(
   alpha: float | str | None = None,
   tune_model=None,
   tune_opts: dict | None = None,
+  weighting: str | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
 
@@ -350,6 +406,8 @@ def run_scan(
   `alpha` (FLOP-aware eviction) is written into the initial state (`flop_aware.set_alpha`);
   "tuned" runs Marconi's online tuner instead (`_replay_tuned`; needs `tune_model`, the sim
   cost model that scores FLOPs saved, and the core's `hybrid_cache.core.alpha_tuning`).
+  Eviction `tuned` runs its shadow tuner (`_replay_shadowed`; needs `tune_model`) unless
+  `weighting` ("greedy_dual" or "lru2") fixes its weighting.
   `details`, if given, receives the per-request output columns ("per_request") and the final
   state ("final_state").
   """
@@ -365,13 +423,19 @@ def run_scan(
   n = len(p.n_in)
   hashes = jnp.asarray(p.hashes)
   tuning = None
-  if alpha == "tuned":
+  if config.eviction == "tuned" and weighting is None:
+    state, outs, tuning = _replay_shadowed(config, p, hashes, tune_model, on_chunk)
+  elif alpha == "tuned":
     state, outs, tuning = _replay_tuned(config, p, hashes, chunk, on_chunk, tune_model, tune_opts)
     alpha = tuning["alpha"]
   else:
     state = init_state(config)
     if alpha is not None:
       state = flop_aware.set_alpha(state, alpha)
+    if weighting is not None:
+      if config.eviction != "tuned":
+        raise ValueError(f"a weighting needs eviction 'tuned', got {config.eviction!r}")
+      state = tuned_policy.set_weighting(state, weighting)
     state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
@@ -391,7 +455,9 @@ def run_scan(
     # keys a full index bucket dropped (later misses, never wrong hits; `block_index`)
     "index_overflows": int(jax.device_get(state.index_overflows)),
   }
-  if tuning is not None:
+  if tuning is not None and config.eviction == "tuned" and weighting is None:
+    counters["weighting_tuning"] = tuning
+  elif tuning is not None:
     counters["alpha_tuning"] = tuning
   counters["states_admitted"] = int(_col(res, "rec_admitted").sum())
   counters["states_evicted"] = int(_col(res, "rec_evicted").sum())

@@ -376,9 +376,12 @@ def replay(
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
   JaxCacheManager through the protocol, "reference" = PythonCacheManager. `alpha`: FLOP-aware
   eviction's static alpha (jax backends), or "tuned" (scan only: Marconi's online tuner,
-  scored with `model`'s FLOPs)."""
+  scored with `model`'s FLOPs). Eviction `tuned` runs its shadow tuner, scored with `model`'s
+  FLOPs (scan only)."""
   if alpha == "tuned" and backend != "jax":
     raise ValueError(f"alpha 'tuned' needs backend 'jax', got {backend!r}")
+  if config.eviction == "tuned" and backend != "jax":
+    raise ValueError(f"eviction 'tuned' (its shadow tuner) needs backend 'jax', got {backend!r}")
   if backend == "jax":
     from hybrid_cache.sim import core_scan
 

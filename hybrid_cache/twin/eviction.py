@@ -147,6 +147,8 @@ class EvictionOrder:
     self._clock = 0
     self.alpha_milli = 0
     self.set_alpha(alpha)
+    # eviction `tuned`'s weighting (the core's `CacheState.eviction_weighting`; 0 = GreedyDual)
+    self.weighting = 0
 
   def set_alpha(self, alpha: float) -> None:
     """Sets alpha (ValueError outside [0, ALPHA_MAX]); stored in thousandths like the core."""
@@ -201,20 +203,20 @@ class EvictionOrder:
     keyed = sorted((b for b in free if groups[b] is not None), key=lambda b: self._stamps[b])
     gone = [b for b in keyed if b in dead]
     cand = tuple(b for b in keyed if b not in dead)
+    fields = {}
     if policies.reads_chain(self.config.eviction):
-      hits = [0] * len(groups) if hits is None else hits
-      chains = [0] * len(groups) if chains is None else chains
-      if self.clocked:
-        stamps = [0] * len(groups) if stamps is None else stamps
-      blocks = FreeBlocks(cand, groups, ends, hits, chains, stamps if self.clocked else None)
-    elif policies.reads_history(self.config.eviction):
-      penults = [0] * len(groups) if penults is None else penults
-      owners = [-1] * len(groups) if owners is None else owners
-      blocks = FreeBlocks(cand, groups, ends, penult=penults, owner=owners)
-    else:
-      blocks = FreeBlocks(cand, groups, ends)
-    prio = self.policy.priority(self.config, blocks, self)
+      fields["hits"] = [0] * len(groups) if hits is None else hits
+      fields["chain_start"] = [0] * len(groups) if chains is None else chains
     if self.clocked:
-      self.ranked = dict(zip(cand, prio))
+      fields["stamp"] = [0] * len(groups) if stamps is None else stamps
+    if policies.reads_history(self.config.eviction):
+      fields["penult"] = [0] * len(groups) if penults is None else penults
+      fields["owner"] = [-1] * len(groups) if owners is None else owners
+    blocks = FreeBlocks(cand, groups, ends, **fields)
+    prio = self.policy.priority(self.config, blocks, self)
+    if self.clocked:  # what the clock may rise to (`clock_priority`: eviction `tuned`)
+      on_clock = getattr(self.policy, "clock_priority", None)
+      ranked = prio if on_clock is None else on_clock(self, prio)
+      self.ranked = dict(zip(cand, ranked))
     order = sorted(range(len(cand)), key=lambda i: (prio[i], i))
     return StampedFree(scratch + gone + [cand[i] for i in order], self)

@@ -38,6 +38,7 @@ from hybrid_cache.twin import block_pool
 from hybrid_cache.twin import coordinator
 from hybrid_cache.twin import release
 from hybrid_cache.twin import scheduler
+from hybrid_cache.twin.policies.tuned import WEIGHTINGS
 from hybrid_cache.twin.state import Request
 from hybrid_cache.twin.state import init_state
 from hybrid_cache.types import HitInfo
@@ -59,6 +60,15 @@ class PythonCacheManager:
     if self.config.eviction != "flop_aware":
       raise ValueError(f"eviction must be 'flop_aware' to set alpha, got {self.config.eviction!r}")
     self._state.evict.set_alpha(alpha)
+
+  def set_eviction_weighting(self, name: str) -> None:
+    """Eviction `tuned`'s weighting, "greedy_dual" or "lru2", from the next step (ValueError
+    otherwise, or if the eviction is not `tuned`)."""
+    if self.config.eviction != "tuned":
+      raise ValueError(f"eviction must be 'tuned' to set a weighting, got {self.config.eviction!r}")
+    if name not in WEIGHTINGS:
+      raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {name!r}")
+    self._state.evict.weighting = WEIGHTINGS.index(name)
 
   # ------------------------------------------------------------------------------------------
   # CacheManager protocol

@@ -249,3 +249,54 @@ def test_tuned_alpha_follows_marconis_schedule_on_the_protocol_path():
 
   ref, _ = core_sim.run_core(tr, cfg, "jax", on_request=switch, alpha=0.0)
   assert tri == ref
+
+
+def test_tuned_eviction_takes_the_weighting_of_its_best_shadow(monkeypatch):
+  """Eviction `tuned` (`core_scan._replay_shadowed`), re-tuned every 8 requests: its shadows
+  are the fixed-weighting replays, so the switches follow from their per-request FLOPs (the
+  unit cache's decayed score); the live run equals the twin's protocol run (the reference
+  backend) switched after the same requests."""
+  from hybrid_cache.core.policies.tuned import WEIGHTINGS
+  from hybrid_cache.sim import eviction_weightings as ew
+
+  monkeypatch.setattr(ew, "RETUNE_EVERY", 8)
+  tr = small_chat(48)  # at this capacity LRU-2 leads from request 16 to 40, then GreedyDual
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 40, "tuned", 4, retirement="superseded")
+  tri, c = core_scan.run_scan(tr, cfg, chunk=8, tune_model=TINY)
+  t = c["weighting_tuning"]
+  fixed = {w: _reused(core_scan.run_scan(tr, cfg, chunk=8, weighting=w)[0]) for w in WEIGHTINGS}
+  decay = 0.5 ** (1.0 / ew.RETUNE_HALF_LIFE)
+  score, cur, want = [0.0, 0.0], 0, []
+  for i in range(len(tr)):
+    for k, w in enumerate(WEIGHTINGS):
+      r = fixed[w][i]
+      score[k] = score[k] * decay + (TINY.prefill_flops(r) if r else 0)
+    if (i + 1) % 8 == 0:
+      best = max(range(2), key=lambda k: (score[k], -k))
+      if best != cur:
+        want.append((i + 1, WEIGHTINGS[best]))
+        cur = best
+  assert len(want) == 2 and t["switches"] == want
+  assert t["weighting"] == WEIGHTINGS[cur]
+  assert sum(t["requests_per_weighting"].values()) == len(tr)
+  assert _reused(tri)[:8] == fixed["greedy_dual"][:8]  # GreedyDual until the first switch
+
+  def switch(i, m):
+    for e, w in t["switches"]:
+      if i == e - 1:
+        m.set_eviction_weighting(w)
+
+  ref, _ = core_sim.run_core(tr, cfg, "reference", on_request=switch)
+  assert tri == ref
+
+
+def test_tuned_eviction_needs_the_scan_and_a_cost_model():
+  tr = small_chat(8)
+  cfg, _ = core_sim.build_config(tr, TINY, 34 * 60, "tuned", 4)
+  with pytest.raises(ValueError, match="needs backend 'jax'"):
+    core_sim.replay(tr, cfg, "reference")
+  with pytest.raises(ValueError, match="needs tune_model"):
+    core_scan.run_scan(tr, cfg, chunk=8)
+  lru, _ = core_sim.build_config(tr, TINY, 34 * 60, "vllm_default", 4)
+  with pytest.raises(ValueError, match="a weighting needs eviction 'tuned'"):
+    core_scan.run_scan(tr, lru, chunk=8, weighting="lru2")
