@@ -85,8 +85,9 @@ class Layout:
   # counter evict_clock (`eviction` module docstring); else no trace of them
   eviction_clock: bool = False
   # the eviction policy reads the access history (`policies.reads_history`): the state carries
-  # `block_aux` key_last / key_penult (and the chain and clock columns before them, idle) and
-  # the core maintains them at registration, hit and retirement; else no trace of them
+  # `block_aux` key_last / key_penult / kv_owner (and the chain and clock columns before them,
+  # idle unless declared too: `tuned`) and the core maintains them at registration, hit,
+  # retirement and finish; else no trace of them
   access_history: bool = False
   # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
   # `CacheState.first_slot` is a runtime parameter; `group_pool`: per group, the pool its blocks

@@ -48,7 +48,7 @@ Pool, per block:
   - `evict_ranked` i32[NB] (`AUX_RANKED`): the priority the last `eviction.prepare` ranked the
     block with, while it has stayed a free candidate since (0 otherwise): evicting the block
     raises `evict_clock` to it.
-  Two more exist only for an eviction policy that reads the access history
+  Three more exist only for an eviction policy that reads the access history
   (`policies.reads_history`, `Layout.access_history`, LRU-2, `policies/lru2.py`); such a state
   carries the chain and clock columns too (positions stay fixed), idle at their no-key values
   unless the policy also declares those; 0 without a key:

@@ -78,6 +78,7 @@ VIEWS = {
   "alpha_milli": ("counters", (st.C_ALPHA_MILLI,)),
   "states_retired": ("counters", (st.C_REC_RETIRED,)),
   "evict_clock": ("counters", (st.C_EVICT_CLOCK,)),
+  "eviction_weighting": ("counters", (st.C_WEIGHTING,)),
   "num_real_blocks": ("params", (params.P_NUM_BLOCKS,)),
   "max_batched_tokens": ("params", (params.P_MAX_BATCHED,)),
   "max_model_len": ("params", (params.P_MAX_MODEL_LEN,)),
@@ -143,7 +144,7 @@ def test_every_view_is_its_leaf_slice_on_device_and_host(cfg):
   assert props == set(VIEWS) | {"has_chain", "has_clock", "has_history"}
   lay = layout.layout(cfg)
   assert state.has_chain == host.has_chain == (lay.chain_features or lay.access_history)
-  assert state.has_clock == host.has_clock == lay.eviction_clock
+  assert state.has_clock == host.has_clock == (lay.eviction_clock or lay.access_history)
   assert state.has_history == host.has_history == lay.access_history
   for name, (leaf, idx) in _views(cfg).items():
     want = np.asarray(getattr(host, leaf))[idx]

@@ -189,7 +189,11 @@ def test_bound_above_every_core_policy(model, n, cap):
   res = offline_bound(tr, model, cap, 4)
   assert res.bound_tokens < res.oracle_tokens or n == 40  # the capacity binds
   for policy in CORE_POLICIES:
-    tri, _ = simulate(tr, model, cap, policy, 4, core={"backend": "reference"})
+    # `tuned` runs its shadow tuner on the scan only: checked at the first point
+    if policy == "tuned" and (n, cap) != (120, 34 * 50):
+      continue
+    backend = "jax" if policy == "tuned" else "reference"
+    tri, _ = simulate(tr, model, cap, policy, 4, core={"backend": backend})
     reused = np.asarray([t[2] for t in tri])
     assert res.bound_tokens >= reused.sum(), policy
     assert res.bound_flops >= flops_saved(model, reused), policy
