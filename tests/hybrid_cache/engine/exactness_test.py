@@ -138,6 +138,11 @@ def _speculated(outs, eng):
   assert eng.stats.verify_windows > 0, eng.stats  # decoding ran through verify windows
 
 
+_ADAPTIVE = dict(
+  max_num_batched_tokens=64, max_model_len=512, **workload.arm("adaptive", checkpoint_unit=64)
+)
+ADAPTIVE_PRESETS = ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT)
+
 MATRIX = (
   Cell("none", dict(mode="none"), RECURRENT, _no_hits),
   Cell(
@@ -192,28 +197,10 @@ MATRIX = (
   # group on pages of U = 64 (align mode, chunks cut at the continuation point). The prefix
   # (72) ends inside the second page: the first prompt keeps its state at 64 (its continuation
   # point), the second its branch point at 64 (the junction floored to 64).
-  Cell(
-    "adaptive",
-    dict(
-      max_num_batched_tokens=64,
-      max_model_len=512,
-      **workload.arm("adaptive", checkpoint_unit=64),
-    ),
-    ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
-    _prefix_hits(64),
-  ),
+  Cell("adaptive", _ADAPTIVE, ADAPTIVE_PRESETS, _prefix_hits(64)),
   # The same with LRU-2 eviction and its KV owners (`core/kv_owner.py`): the owners are
   # recorded at every finish, a release-time lookup of the request's own tokens.
-  Cell(
-    "adaptive_lru2",
-    dict(
-      max_num_batched_tokens=64,
-      max_model_len=512,
-      **{**workload.arm("adaptive", checkpoint_unit=64), "eviction": "lru2"},
-    ),
-    ("qwen35_tiny", "nemotron_h_tiny", *HF_RECURRENT),
-    _prefix_hits(64),
-  ),
+  Cell("adaptive_lru2", dict(_ADAPTIVE, eviction="lru2"), ADAPTIVE_PRESETS, _prefix_hits(64)),
   Cell(
     "unequal_all",
     dict(mode="all", recurrent_block_size=64, max_num_batched_tokens=64),
