@@ -330,11 +330,24 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   return st, list(o0) + rest, info
 
 
+# eviction `tuned`'s re-tuning (`_replay_shadowed`): requests between re-tunes and the score's
+# half-life in requests. The unit cache's are 256 and 2,048 (`eviction_weightings`); with those
+# a ~1,300-request ShareGPT replay re-tunes 4-5 times on a nearly cumulative score and
+# switched to LRU-2 late (GreedyDual 512 requests, then LRU-2: 7.05e15 at seed 2, 3e9, below
+# both fixed weightings, 7.69 and 7.60; forcing the switch at request 0, 64, 256, 512 gives
+# 7.60, 7.60, 7.45, 7.11). 64 and 256 follow the recent requests: real ShareGPT 1.24-1.48x
+# vLLM best on all 6 points (was 1.08-1.48x), agentic unchanged (GreedyDual throughout).
+# Chosen on those points (BENCHMARKS.md section 3, "eviction `tuned`").
+RETUNE_EVERY = 64
+RETUNE_HALF_LIFE = 256.0
+
+
 def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
   """Eviction `tuned`'s online re-tuning (`core/policies/tuned.py`), the unit cache's rule
-  (`sim/eviction_weightings.py`, `checkpoint_sweep`): one shadow state per weighting
-  (`tuned.WEIGHTINGS`, fixed) replays the same requests beside the live state; each shadow's
-  score decays by 2^(-1 / `RETUNE_HALF_LIFE`) per request and adds the FLOPs its hit saved
+  (`sim/eviction_weightings.py`, `checkpoint_sweep`) with its own constants (`RETUNE_EVERY`,
+  `RETUNE_HALF_LIFE` above): one shadow state per weighting (`tuned.WEIGHTINGS`, fixed)
+  replays the same requests beside the live state; each shadow's score decays by
+  2^(-1 / `RETUNE_HALF_LIFE`) per request and adds the FLOPs its hit saved
   (`model.prefill_flops`); after every `RETUNE_EVERY` requests the live state takes the
   weighting of the best-scoring shadow (ties: the first; LRU-2 only with a retirement policy,
   as the unit cache's LRU-2 shadow is eligible only while superseded checkpoints are retired).
@@ -343,13 +356,12 @@ def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
   `RETUNE_EVERY` requests (one compile serves the live state and the shadows: the weighting
   lives in the state). Returns (live state, outs, tuning summary)."""
   from hybrid_cache.core.policies import tuned
-  from hybrid_cache.sim import eviction_weightings as ew
 
   if model is None:
     raise ValueError("eviction 'tuned' needs tune_model (the sim cost model that scores shadows)")
   n = len(p.n_in)
-  every = ew.RETUNE_EVERY
-  decay = 0.5 ** (1.0 / ew.RETUNE_HALF_LIFE)
+  every = RETUNE_EVERY
+  decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
   names = tuned.WEIGHTINGS
   eligible = [w != "lru2" or config.retirement != "none" for w in names]
   shadows = [tuned.set_weighting(init_state(config), w) for w in names]

@@ -10,7 +10,8 @@ BENCHMARKS.md section 3. This policy keeps both policies' bookkeeping (the chain
 the eviction clock, the access history and the KV owners: `Reads(costs, chain, clock,
 history)`) and ranks by the one `CacheState.eviction_weighting` names (`GREEDY_DUAL` = 0, the
 default, or `LRU2` = 1; `set_weighting`, a host call); the simulator's tuner
-(`hybrid_cache.sim.core_scan`, `run_scan` with eviction `tuned`) runs the shadows and sets it.
+(`hybrid_cache.sim.core_scan`, `run_scan` with eviction `tuned`, with constants of its own:
+every 64 requests, score half-life 256) runs the shadows and sets it.
 
 Switching. Both rankings read fields the core keeps current whatever the weighting, so a
 switch takes effect at the next step's ranking (the unit cache re-weights its heap at a switch,

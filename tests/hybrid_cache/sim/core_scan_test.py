@@ -257,15 +257,14 @@ def test_tuned_eviction_takes_the_weighting_of_its_best_shadow(monkeypatch):
   unit cache's decayed score); the live run equals the twin's protocol run (the reference
   backend) switched after the same requests."""
   from hybrid_cache.core.policies.tuned import WEIGHTINGS
-  from hybrid_cache.sim import eviction_weightings as ew
 
-  monkeypatch.setattr(ew, "RETUNE_EVERY", 8)
+  monkeypatch.setattr(core_scan, "RETUNE_EVERY", 8)
   tr = small_chat(48)  # at this capacity LRU-2 leads from request 16 to 40, then GreedyDual
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 40, "tuned", 4, retirement="superseded")
   tri, c = core_scan.run_scan(tr, cfg, chunk=8, tune_model=TINY)
   t = c["weighting_tuning"]
   fixed = {w: _reused(core_scan.run_scan(tr, cfg, chunk=8, weighting=w)[0]) for w in WEIGHTINGS}
-  decay = 0.5 ** (1.0 / ew.RETUNE_HALF_LIFE)
+  decay = 0.5 ** (1.0 / core_scan.RETUNE_HALF_LIFE)
   score, cur, want = [0.0, 0.0], 0, []
   for i in range(len(tr)):
     for k, w in enumerate(WEIGHTINGS):
