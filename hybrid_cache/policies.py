@@ -120,8 +120,17 @@ EVICTION: dict[str, Reads] = {
 }
 EVICTION_POLICIES = tuple(EVICTION)
 assert all(r.chain for r in EVICTION.values() if r.clock), "a clock implies the chain features"
-# a history state's width is `block_aux`'s widest (its chain and clock columns idle unless the
-# policy declares them too)
+# eviction `tuned`'s weightings, by index (`CacheState.eviction_weighting`, the twin's
+# `EvictionOrder.weighting`)
+TUNED_WEIGHTINGS = ("greedy_dual", "lru2")
+
+
+def tuned_weighting(name: str) -> int:
+  """The index of eviction `tuned`'s weighting `name`; ValueError naming the allowed ones."""
+  if name not in TUNED_WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {TUNED_WEIGHTINGS}, got {name!r}")
+  return TUNED_WEIGHTINGS.index(name)
+
 
 PLACEMENT_POLICIES = (
   "vllm",  # vLLM 0.33's retention mask (§2.4.7), built in

@@ -355,16 +355,14 @@ def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
   state until its first switch (no separate replay until then). Every scan runs chunks of
   `RETUNE_EVERY` requests (one compile serves the live state and the shadows: the weighting
   lives in the state). Returns (live state, outs, tuning summary)."""
-  from hybrid_cache.core.policies import tuned
-
   if model is None:
     raise ValueError("eviction 'tuned' needs tune_model (the sim cost model that scores shadows)")
   n = len(p.n_in)
   every = RETUNE_EVERY
   decay = 0.5 ** (1.0 / RETUNE_HALF_LIFE)
-  names = tuned.WEIGHTINGS
+  names = tuned_policy.WEIGHTINGS
   eligible = [w != "lru2" or config.retirement != "none" for w in names]
-  shadows = [tuned.set_weighting(init_state(config), w) for w in names]
+  shadows = [tuned_policy.set_weighting(init_state(config), w) for w in names]
   score = [0.0] * len(names)
   current, live, outs = 0, None, []  # live None: it is still shadow `current`'s state
   used = dict.fromkeys(names, 0)
@@ -386,7 +384,7 @@ def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
       if best != current:
         # the live state leaves the shadow it was: its own buffers (the scans donate theirs)
         src = jax.tree.map(jnp.copy, shadows[current]) if live is None else live
-        live = tuned.set_weighting(src, names[best])
+        live = tuned_policy.set_weighting(src, names[best])
         current = best
         switches.append((e, names[best]))
   state = shadows[current] if live is None else live
@@ -435,7 +433,8 @@ def run_scan(
   n = len(p.n_in)
   hashes = jnp.asarray(p.hashes)
   tuning = None
-  if config.eviction == "tuned" and weighting is None:
+  shadowed = config.eviction == "tuned" and weighting is None  # the shadow tuner sets it
+  if shadowed:
     state, outs, tuning = _replay_shadowed(config, p, hashes, tune_model, on_chunk)
   elif alpha == "tuned":
     state, outs, tuning = _replay_tuned(config, p, hashes, chunk, on_chunk, tune_model, tune_opts)
@@ -467,10 +466,8 @@ def run_scan(
     # keys a full index bucket dropped (later misses, never wrong hits; `block_index`)
     "index_overflows": int(jax.device_get(state.index_overflows)),
   }
-  if tuning is not None and config.eviction == "tuned" and weighting is None:
-    counters["weighting_tuning"] = tuning
-  elif tuning is not None:
-    counters["alpha_tuning"] = tuning
+  if tuning is not None:
+    counters["weighting_tuning" if shadowed else "alpha_tuning"] = tuning
   counters["states_admitted"] = int(_col(res, "rec_admitted").sum())
   counters["states_evicted"] = int(_col(res, "rec_evicted").sum())
   if config.retirement != "none":

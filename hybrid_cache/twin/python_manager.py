@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hybrid_cache import hashing
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.hashing import NO_EXTRAS
 from hybrid_cache.hashing import RequestExtras
@@ -38,7 +39,6 @@ from hybrid_cache.twin import block_pool
 from hybrid_cache.twin import coordinator
 from hybrid_cache.twin import release
 from hybrid_cache.twin import scheduler
-from hybrid_cache.twin.policies.tuned import WEIGHTINGS
 from hybrid_cache.twin.state import Request
 from hybrid_cache.twin.state import init_state
 from hybrid_cache.types import HitInfo
@@ -66,9 +66,7 @@ class PythonCacheManager:
     otherwise, or if the eviction is not `tuned`)."""
     if self.config.eviction != "tuned":
       raise ValueError(f"eviction must be 'tuned' to set a weighting, got {self.config.eviction!r}")
-    if name not in WEIGHTINGS:
-      raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {name!r}")
-    self._state.evict.weighting = WEIGHTINGS.index(name)
+    self._state.evict.weighting = policies.tuned_weighting(name)
 
   # ------------------------------------------------------------------------------------------
   # CacheManager protocol

@@ -35,6 +35,7 @@ from tests.hybrid_cache.policies_test import _ADAPTIVE
 from tests.hybrid_cache.policies_test import _COMMON
 from tests.hybrid_cache.policies_test import _GD_CONFIGS
 from tests.hybrid_cache.policies_test import _PHASES
+from tests.hybrid_cache.policies_test import full_attention_config
 from tests.hybrid_cache.policies_test import prompts
 from tests.hybrid_cache.retirement_policy_test import _ALL
 from tests.hybrid_cache.retirement_policy_test import _run
@@ -49,19 +50,6 @@ def test_lru2_reads_only_the_access_history():
   assert not layout(CacheConfig(**_ALL, eviction="greedy_dual")).access_history
 
 
-def _full_attention(**kw):
-  """Full attention only, block 4, blocks 1..5 (one step per request served alone)."""
-  return CacheConfig(
-    groups=(GroupSpec("full"),),
-    block_size=4,
-    num_blocks=6,
-    max_model_len=32,
-    max_requests=2,
-    max_num_batched_tokens=32,
-    **{"eviction": "lru2", **kw},
-  )
-
-
 def test_lru2_keeps_a_twice_used_block_that_lru_evicts():
   """Full attention, block 4, blocks 1..5; one step per request, so step k serves the k-th
   call. A (5 tokens, step 1) pops 1, 2: key on 1 (last 1, penult 0), 2 partial: queue
@@ -73,7 +61,7 @@ def test_lru2_keeps_a_twice_used_block_that_lru_evicts():
   for backend in ("jax", "reference"):
     got = {}
     for eviction in ("lru", "lru2"):
-      m = make_manager(_full_attention(eviction=eviction), backend)
+      m = make_manager(full_attention_config(eviction), backend)
       _serve(m, "A", list(range(5)))
       _serve(m, "A2", list(range(5)))
       _serve(m, "B", list(range(100, 105)))
@@ -100,7 +88,7 @@ def test_a_request_hands_the_previous_access_of_the_block_serving_its_hit_to_its
   other tokens, step 3) hits nothing: its key takes (3, 0). Recurrent groups: the turn-2 keys
   of `test_a_retirement_hands_...` inherit the hit state's 13."""
   for backend in ("jax", "reference"):
-    m = make_manager(_full_attention(), backend)
+    m = make_manager(full_attention_config("lru2"), backend)
     _serve(m, "A", list(range(5)))
     assert list(access_history(m).values()) == [(1, 0)], backend
     _serve(m, "A2", list(range(9)))
@@ -119,7 +107,7 @@ def test_a_key_registered_again_recalls_its_ghosts_last_access():
   but its key recalls the ghost: (last 4, penult 1), where a new key has (4, 0). Its entry
   holds (last 1, A's tag) in both backends' tables."""
   for backend in ("jax", "reference"):
-    m = make_manager(_full_attention(), backend)
+    m = make_manager(full_attention_config("lru2"), backend)
     _serve(m, "A", list(range(5)))
     _serve(m, "B", list(range(100, 113)))
     _serve(m, "C", list(range(200, 213)))
@@ -135,7 +123,7 @@ def test_a_ghost_entry_keeps_the_latest_access_of_the_keys_that_meet_in_it():
   (last, tag) stays, whatever the order of the drops; a key whose tag differs recalls 0."""
   key_a, key_b = (5 << 32 | 3 << TABLE_BITS | 7, 0), (9 << 32 | 1 << TABLE_BITS | 7, 0)
   for order in ((key_a, key_b), (key_b, key_a)):
-    s = twin_state.init_state(_full_attention())
+    s = twin_state.init_state(full_attention_config("lru2"))
     s.last[1], s.last[2] = 10, 20
     for b, key in zip((1, 2), order):
       s.key[b] = key
@@ -145,7 +133,7 @@ def test_a_ghost_entry_keeps_the_latest_access_of_the_keys_that_meet_in_it():
     assert twin_history.recall(s, newer) == 20
     assert twin_history.recall(s, order[0]) == 0
   # the core's batch write is the same rule
-  cfg = _full_attention()
+  cfg = full_attention_config("lru2")
   st0 = init_state(cfg)
   ids = jnp.asarray([1, 2], jnp.int32)
   lo = jnp.asarray([3 << TABLE_BITS | 7, 1 << TABLE_BITS | 7], jnp.uint32)

@@ -462,6 +462,20 @@ def test_chain_features_reach_only_the_policies_that_read_them(backend, monkeypa
 # `greedy_dual`: chain-aware GreedyDual with the eviction clock (`policies.Reads(clock=True)`)
 
 
+def full_attention_config(eviction: str) -> CacheConfig:
+  """Full attention only, block 4, blocks 1..5, under `eviction` (one step per request served
+  alone): the hand-derived eviction cases here and in `lru2_test`."""
+  return CacheConfig(
+    groups=(GroupSpec("full"),),
+    block_size=4,
+    num_blocks=6,
+    max_model_len=32,
+    max_requests=2,
+    max_num_batched_tokens=32,
+    eviction=eviction,
+  )
+
+
 @pytest.mark.parametrize("backend", ["jax", "reference"])
 def test_greedy_dual_keeps_a_hit_block_and_its_clock_rises(backend):
   """Full attention, block 4, blocks 1..5, max_model_len 32, default costs (1 FLOP per token,
@@ -478,16 +492,7 @@ def test_greedy_dual_keeps_a_hit_block_and_its_clock_rises(backend):
   of 1 is used up by the clock, ties go least recently freed first. D (5 tokens) pops 2, 1:
   evicts 1, the clock rises to 2^22; D's key on 2 is stamped 2^22 (priority 3 * 2^21) and
   ranks after C's: [1, 5, 4, 3, 2]."""
-  cfg = CacheConfig(
-    groups=(GroupSpec("full"),),
-    block_size=4,
-    num_blocks=6,
-    max_model_len=32,
-    max_requests=2,
-    max_num_batched_tokens=32,
-    eviction="greedy_dual",
-  )
-  m = make_manager(cfg, backend)
+  m = make_manager(full_attention_config("greedy_dual"), backend)
   unit = 1 << 21
   _serve(m, "A", list(range(5)))
   _serve(m, "A2", list(range(5)))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hybrid_cache import policies
 from hybrid_cache.core.eviction import FreeBlocks
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.policies import greedy_dual
@@ -35,16 +36,14 @@ from hybrid_cache.core.policies import lru2
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Counters
 
-GREEDY_DUAL, LRU2 = 0, 1
-WEIGHTINGS = ("greedy_dual", "lru2")  # index = the value of `eviction_weighting`
+WEIGHTINGS = policies.TUNED_WEIGHTINGS  # index = the value of `eviction_weighting`
+GREEDY_DUAL, LRU2 = (WEIGHTINGS.index(w) for w in ("greedy_dual", "lru2"))
 
 
 def set_weighting(state: CacheState, name: str) -> CacheState:
   """`state` ranking by weighting `name` (one of `WEIGHTINGS`) from its next step (host call;
   pure). ValueError naming the allowed ones otherwise."""
-  if name not in WEIGHTINGS:
-    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {name!r}")
-  w = WEIGHTINGS.index(name)
+  w = policies.tuned_weighting(name)
   return state.replace(counters=Counters(state.counters).set(eviction_weighting=w))
 
 

@@ -5,12 +5,13 @@ its source are documented there."""
 
 from __future__ import annotations
 
+from hybrid_cache import policies
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.twin.policies import greedy_dual
 from hybrid_cache.twin.policies import lru2
 
-GREEDY_DUAL, LRU2 = 0, 1
-WEIGHTINGS = ("greedy_dual", "lru2")  # index = `EvictionOrder.weighting`
+WEIGHTINGS = policies.TUNED_WEIGHTINGS  # index = `EvictionOrder.weighting`
+GREEDY_DUAL, LRU2 = (WEIGHTINGS.index(w) for w in ("greedy_dual", "lru2"))
 
 
 def priority(config: CacheConfig, blocks, order) -> list[int]:
