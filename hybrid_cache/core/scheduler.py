@@ -165,31 +165,9 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   new = state.replace(
     queue_key=QueueKeys.stack(free=k0, pinned=jnp.full((nb,), BIG, jnp.int32)),
     block_group=jnp.full_like(state.block_group, -1),
-    block_aux=BlockAux.stack(
-      key_step=jnp.full((nb,), -1, jnp.int32),
-      pinned=jnp.zeros((nb,), jnp.int32),
-      key_end=jnp.full((nb,), -1, jnp.int32),
-      # the chain features' no-key values (hits 0, chain start -1)
-      **(
-        {"key_hits": jnp.zeros((nb,), jnp.int32), "chain_start": jnp.full((nb,), -1, jnp.int32)}
-        if lay.chain_features
-        else {}
-      ),
-      # the eviction clock's no-key values (stamp and ranked 0; the clock itself stays)
-      **(
-        {"evict_stamp": jnp.zeros((nb,), jnp.int32), "evict_ranked": jnp.zeros((nb,), jnp.int32)}
-        if lay.eviction_clock
-        else {}
-      ),
-      # the access history's no-key values, after the idle chain and clock columns
-      **(
-        {
-          f: jnp.full((nb,), BlockAux.NO_KEY[BlockAux.FIELDS[f]], jnp.int32)
-          for f in list(BlockAux.FIELDS)[3:]
-        }
-        if lay.access_history
-        else {}
-      ),
+    # every column at its no-key value (`BlockAux.NO_KEY`; the eviction clock itself stays)
+    block_aux=jnp.broadcast_to(
+      jnp.asarray(BlockAux.NO_KEY[: state.block_aux.shape[-1]]), state.block_aux.shape
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),

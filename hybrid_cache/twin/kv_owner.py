@@ -42,19 +42,21 @@ def record(s: TwinState, r: Request) -> None:
 def owned_priority(config, blocks, own_of) -> list[int]:
   """Per candidate (`blocks.candidates` order): its own priority `own_of(b)` (any block id),
   full-attention blocks ranked by their owner (`blocks.owner`, core `owned_priority`):
-  max(own, the owner's) while the owner holds a key in a recurrent group, 0 once it has lost
-  it, its own without an owner."""
+  max(own, the owner's) while the owner holds a key in a recurrent group, else 0 (owner lost
+  its key, or none); everything as its own without a recurrent or a full-attention group."""
   kinds = [g.kind for g in config.resolved_groups]
+  if "mamba" not in kinds or "full" not in kinds:
+    return [own_of(b) for b in blocks.candidates]
 
-  def recurrent(b: int) -> bool:
-    return blocks.group[b] is not None and kinds[blocks.group[b]] == "mamba"
+  def kind(b: int) -> str | None:
+    return None if blocks.group[b] is None else kinds[blocks.group[b]]
 
   out = []
   for b in blocks.candidates:
     o = blocks.owner[b]
-    if o < 0 or recurrent(b):
+    if kind(b) != "full":
       out.append(own_of(b))
-    elif recurrent(o):
+    elif o >= 0 and kind(o) == "mamba":
       out.append(max(own_of(b), own_of(o)))
     else:
       out.append(0)

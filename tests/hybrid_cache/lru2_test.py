@@ -261,22 +261,29 @@ def test_a_finished_request_records_the_nearest_state_at_or_after_each_kv_block(
 
 
 def test_kv_ranks_by_its_owner_state_and_first_once_the_state_is_gone():
-  """`owned_priority` on both twins: blocks 1, 2, 5 full attention (owners 3, 4, none), 3 a
-  keyed state, 4 key-less; own priorities 10, 20, 50, -, 30. Block 1 takes its owner's 50;
-  block 2's owner lost its key: 0; block 5 and the state keep their own."""
+  """`owned_priority` on both twins. Groups: 0 full attention, 1 mamba, 2 sliding window.
+  Blocks 1, 2, 5 full attention (owners 3, 4, none), 3 a keyed state, 4 key-less, 6 a sliding
+  window block; own priorities 10, 20, 50, -, 30, 40. Block 1 takes its owner's 50; block 2's
+  owner lost its key: 0; block 5 has no owner (no state kept at or after it): 0; the state and
+  the window block keep their own. Without a recurrent group every block keeps its own."""
   from hybrid_cache.core import kv_owner as core_owner
   from hybrid_cache.twin import kv_owner as twin_owner
   from hybrid_cache.twin.eviction import FreeBlocks as TwinBlocks
 
-  cfg = CacheConfig(**_ALL, eviction="lru2")
-  lay = layout(cfg)
-  group = [-1, 0, 0, 1, -1, 0] + [-1] * (lay.num_blocks - 6)
-  owner = [-1, 3, 4, -1, -1, -1] + [-1] * (lay.num_blocks - 6)
-  own = [0, 10, 20, 50, 0, 30] + [0] * (lay.num_blocks - 6)
-  state = init_state(cfg).replace(block_group=jnp.asarray(group, jnp.int32))
-  got = core_owner.owned_priority(lay, state, jnp.asarray(own), jnp.asarray(owner))
-  assert [int(got[b]) for b in (1, 2, 3, 5)] == [50, 0, 50, 30]
-  blocks = TwinBlocks(
-    (1, 2, 3, 5), [None if g < 0 else g for g in group], [0] * len(group), owner=owner
-  )
-  assert twin_owner.owned_priority(cfg, blocks, lambda b: own[b]) == [50, 0, 50, 30]
+  groups = (GroupSpec("full"), GroupSpec("mamba", mode="all"), GroupSpec("swa", window=8))
+  hybrid = CacheConfig(**{**_ALL, "groups": groups}, eviction="lru2")
+  attention = CacheConfig(**{**_ALL, "groups": (groups[0], groups[2])}, eviction="lru2")
+  for cfg, want in ((hybrid, [50, 0, 50, 0, 40]), (attention, [10, 20, 50, 30, 40])):
+    lay = layout(cfg)
+    group = [-1, 0, 0, 1, -1, 0, 2] + [-1] * (lay.num_blocks - 7)
+    if cfg is attention:  # no mamba group: block 3 is a window block, 6 the other one
+      group = [min(g, 1) for g in group]
+    owner = [-1, 3, 4, -1, -1, -1, -1] + [-1] * (lay.num_blocks - 7)
+    own = [0, 10, 20, 50, 0, 30, 40] + [0] * (lay.num_blocks - 7)
+    state = init_state(cfg).replace(block_group=jnp.asarray(group, jnp.int32))
+    got = core_owner.owned_priority(lay, state, jnp.asarray(own), jnp.asarray(owner))
+    assert [int(got[b]) for b in (1, 2, 3, 5, 6)] == want, cfg.groups
+    blocks = TwinBlocks(
+      (1, 2, 3, 5, 6), [None if g < 0 else g for g in group], [0] * len(group), owner=owner
+    )
+    assert twin_owner.owned_priority(cfg, blocks, own.__getitem__) == want, cfg.groups

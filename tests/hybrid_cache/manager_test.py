@@ -127,6 +127,29 @@ def test_preempt_readmits_with_a_hit_and_reset_needs_an_empty_pool():
   assert_invariants(SMALL, m.state)
 
 
+@pytest.mark.parametrize("eviction", ["greedy_dual", "lru2", "tuned"])
+def test_reset_clears_every_key_column_of_the_layout(eviction):
+  """`reset_prefix_cache` with the eviction clock, the access history or both (`tuned`): every
+  block's `block_aux` row is the unkeyed row of its width, and nothing hits afterwards."""
+  import dataclasses
+
+  import numpy as np
+
+  from hybrid_cache.core.state import BlockAux
+
+  cfg = dataclasses.replace(SMALL, eviction=eviction)
+  m = make_manager(cfg, "jax")
+  m.add_request("A", list(range(18)))
+  _prefill(m, "A")
+  m.free("A")
+  assert m.pool_stats().cached_blocks_per_group != (0, 0)
+  assert m.reset_prefix_cache()
+  aux = np.asarray(m.state.block_aux)
+  assert (aux == BlockAux.NO_KEY[: aux.shape[-1]]).all()
+  assert m.lookup(list(range(18))).hit_tokens == 0
+  assert_invariants(cfg, m.state)
+
+
 def test_batch_sizes_compile_once_per_power_of_two():
   m = make_manager(SMALL, "jax")
   for name in "ABC":

@@ -36,7 +36,7 @@ when 0 < seen < cap, cap = (tokens - 1) // B (the deepest hit possible). It lies
 output when the prefix of `seen` units was first computed past its computing request's prompt:
 the policy keeps, for every block a request computes, a mark in a direct-mapped table of `TABLE`
 entries per recurrent group, indexed by the low `TABLE_BITS` bits of the block's key (its prefix
-hash, low lane) and tagged by the key's remaining 20 low-lane bits: value tag * 4 + flag (flag
+hash, low lane) and tagged by the key's remaining 16 low-lane bits: value tag * 4 + flag (flag
 1: the block ends within the computing request's prompt, 2: past it; 0 = empty). A mark is
 replaced only by a different tag (first computation wins, as the simulator's trie keeps its
 creator's flag); a mark whose tag does not match reads as "not in an output". In one call, per
@@ -74,7 +74,7 @@ MAX_ALIGN_LOG2 = 4  # A <= 2^4 units
 MIN_OBS = 16  # divergences (decayed) before A and the output flag are learned
 SCALE = 1 << 16  # fixed point of the decayed counts
 DECAY_DIV = 200  # one divergence decays the counts by x // 200 (0.995)
-TABLE_BITS = 12
+TABLE_BITS = 16
 TABLE = 1 << TABLE_BITS  # marks per recurrent group
 # columns of a recurrent group's row
 OBS, OUT, ALIGNED = 0, 1, 2  # ALIGNED + j - 1: divergences at a multiple of 2^j units

@@ -36,8 +36,9 @@ what the new state already has; it matters where a retired state had a later acc
 
 Chains (`core.kv_owner`): a full-attention block ranks by the state it was kept for, the
 nearest kept state at or after it of the last finished request through it: max(its penult,
-its owner's) while the owner holds a key, 0 (first) once the owner lost it. So a chain's KV
-goes with its state, as the unit cache evicts a checkpoint with its leaf KV. Without it LRU-2
+its owner's) while the owner holds a key, 0 (first) once the owner lost it or without one
+(KV past every kept state). So a chain's KV goes with its state, as the unit cache evicts a
+checkpoint with its leaf KV. Without it LRU-2
 per block kept KV no state could use and dropped KV kept states needed: real ShareGPT seed 0,
 2e9 bytes, 64-token pages, `adaptive` placement, `superseded` retirement: 3.56e15 FLOPs saved
 per block, 6.68e15 with owners (the unit cache's LRU-2 6.71e15, its `adaptive` 6.56e15).

@@ -43,7 +43,7 @@ off:
 
 - Points. Every state block a request keeps (placement's mask, `cache_keys.cache_blocks`'
   `offered`) is marked a point in a direct-mapped table of `TABLE` entries per recurrent group,
-  indexed by the low `TABLE_BITS` bits of its key's low lane and tagged by the remaining 20
+  indexed by the low `TABLE_BITS` bits of its key's low lane and tagged by the remaining 16
   bits (as `adaptive`'s marks): value tag * 16 + flags, flags `POINT` 1, `OPEN` 2
   (superseded, not used since), `KEEP` 4 (never retire), `CHILD` 8 (some request computed the
   block after this one); 0 = empty. Writing flags to an entry whose tag differs replaces it
@@ -99,7 +99,7 @@ SCALE = 1 << 10  # fixed point of the decayed counts
 SAT = 1 << 30  # SUP saturates here (10 * USED + 8 * SCALE and SUP + SCALE * MB stay in int32)
 DECAY_DIV = 200  # one admission decays the counts by x // 200 (0.995)
 MIN_OBS = 16  # supersessions (decayed) before retiring
-TABLE_BITS = 12
+TABLE_BITS = 16  # 65,536 marks per recurrent group: why, `policies/adaptive.py` TABLE_BITS
 TABLE = 1 << TABLE_BITS  # marks per recurrent group
 POINT, OPEN, KEEP, CHILD = 1, 2, 4, 8  # mark flags (value = tag * 16 + flags)
 SHIFT = 4

@@ -13,7 +13,7 @@ MAX_ALIGN_LOG2 = 4
 MIN_OBS = 16
 SCALE = 1 << 16
 DECAY_DIV = 200
-TABLE_BITS = 12
+TABLE_BITS = 16  # the core's (why: `core/policies/adaptive.py` TABLE_BITS)
 TABLE = 1 << TABLE_BITS
 
 
