@@ -5,9 +5,11 @@ against one point, measured side by side in one process.
       [--cap-min 5e10] [--cap-max 8e11] [--block-size 512] [--unit 64] [--rounds 1]
       [--processes N] [--cli]
 
-One point = what one `python -m hybrid_cache.sim` run does for one capacity: parse the trace and
-`run_checkpoint` (the capacity is the grid's point nearest 2e11). The sweep = parse the trace
-and `sweep_checkpoint` over all points. Prints each timing (wall and process CPU seconds: the
+--policy names a placement of the unit cache (`checkpoint_placement.PLACEMENTS`; `adaptive` is
+`--policy ckpt_adaptive` on the simulator's command line). One point = what one `python -m
+hybrid_cache.sim` run does for one capacity: parse the trace and `run_checkpoint` (the capacity
+is the grid's point nearest 2e11). The sweep = parse the trace and `sweep_checkpoint` over all
+points. Prints each timing (wall and process CPU seconds: the
 machine is shared, see the load), the ratio sweep / point (issue 15 asks <= 3, must be < 8),
 and whether the sweep's point equals the single run (triples and summary, wall_s aside).
 --processes N > 1 also times the sweep dealt to N spawned processes (reported separately: the
@@ -32,6 +34,7 @@ from hybrid_cache.sim import trace as trace_lib
 from hybrid_cache.sim.checkpoint_policies import run_checkpoint
 from hybrid_cache.sim.checkpoint_policies import sweep_checkpoint
 from hybrid_cache.sim.cost_model import get_model
+from hybrid_cache.sim.policies import UNIT_ADAPTIVE
 
 
 def _timed(fn):
@@ -46,7 +49,9 @@ def _time_processes(a, one: float) -> None:
     print("--cli: skipped with --limit (the gin config replays the whole trace)")
     return
   point = [sys.executable, "-m", "hybrid_cache.sim", "--trace", a.trace, "--format", "mooncake"]
-  point += ["--model", a.model, "--capacity-bytes", repr(one), "--policy", a.policy]
+  # the command line names the unit cache's `adaptive` `ckpt_adaptive` (`sim/policies.py`)
+  cli_policy = UNIT_ADAPTIVE if a.policy == "adaptive" else a.policy
+  point += ["--model", a.model, "--capacity-bytes", repr(one), "--policy", cli_policy]
   point += ["--block-size", str(a.block_size), "--checkpoint-unit", str(a.unit), "--no-oracle"]
   with tempfile.TemporaryDirectory() as wd:
     sweep = [sys.executable, "-m", "experiments.run", f"--workdir={wd}"]

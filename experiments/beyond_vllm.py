@@ -1,5 +1,10 @@
 """Beyond vLLM (issue 15): `adaptive` vs the best vLLM setting vs `offline_bound`, per capacity.
 
+`adaptive` here is either the cache core's profile (`adaptive`, on pages of the checkpoint unit)
+or the simulator's unit cache (`ckpt_adaptive`, the default: KV pages of `block_size`,
+checkpoints at multiples of the unit, fast on the full Mooncake trace); each present one gets
+its ratios (`<name>_over_vllm`, `<name>_of_bound`).
+
 For one trace (a file, or a synthetic generator over several seeds) and a list of capacities,
 replays every policy through `hybrid_cache.sim.simulate.simulate` in one process and reports per
 (seed, capacity): FLOPs saved and token hit rate of each policy, `vllm_default`'s share of the
@@ -35,9 +40,11 @@ from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.oracle import oracle_reused
 from hybrid_cache.sim.policies import CORE_POLICIES
+from hybrid_cache.sim.policies import UNIT_ADAPTIVE
 from hybrid_cache.sim.simulate import simulate
 
-DEFAULT_POLICIES = ("vllm_default", "vllm_partial", "adaptive", "offline_bound")
+DEFAULT_POLICIES = ("vllm_default", "vllm_partial", UNIT_ADAPTIVE, "offline_bound")
+ADAPTIVE = ("adaptive", UNIT_ADAPTIVE)  # the core's and the unit cache's: ratios reported
 
 
 def load(
@@ -69,7 +76,7 @@ def _row(trace, model, cap, policy, block, unit, hbs, iterations, backend) -> di
     name, core = "vllm_default", {"backend": backend, "hash_block_size": hbs}
   if policy == "core_fine_keys":  # beyond vLLM: the core's own states at multiples of U
     name, core = "vllm_default", {"backend": backend, "checkpoint_unit": unit}
-  if policy == "offline_bound":
+  if policy == "offline_bound" or policy == "adaptive":  # the core's `adaptive`: pages of U
     size = unit
   t0 = time.perf_counter()
   triples, extra = simulate(
@@ -93,8 +100,10 @@ def _row(trace, model, cap, policy, block, unit, hbs, iterations, backend) -> di
     row["flops_saved"] = extra["bound_flops_saved"]
     row["tokens_reused"] = extra["bound_tokens_reused"]
     row["clairvoyant_flops_saved"] = extra["clairvoyant_flops_saved"]
-  if policy == "adaptive":
+  if policy == UNIT_ADAPTIVE:
     row["alpha_requests"] = extra.get("alpha_requests")
+  if policy == "adaptive":
+    row["weighting_tuning"] = extra.get("weighting_tuning")
   return row
 
 
@@ -141,13 +150,14 @@ def compare(
         "vllm_best_flops": vbest,
         "rows": rows,
       }
-      if "adaptive" in rows and vbest:
-        rec["adaptive_over_vllm"] = rows["adaptive"]["flops_saved"] / vbest
-      if "offline_bound" in rows:
-        b = rows["offline_bound"]["flops_saved"]
+      b = rows["offline_bound"]["flops_saved"] if "offline_bound" in rows else None
+      if b is not None:
         rec["bound_over_vllm"] = b / vbest if vbest else None
-        if "adaptive" in rows and b:
-          rec["adaptive_of_bound"] = rows["adaptive"]["flops_saved"] / b
+      for a in (a for a in ADAPTIVE if a in rows):
+        if vbest:
+          rec[f"{a}_over_vllm"] = rows[a]["flops_saved"] / vbest
+        if b:
+          rec[f"{a}_of_bound"] = rows[a]["flops_saved"] / b
       out.append(rec)
   return out
 

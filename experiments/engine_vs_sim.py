@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from experiments import plotting
+from hybrid_cache import policies
 from hybrid_cache import profiles
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.engine import workload as engine_workload
@@ -204,7 +205,10 @@ def compare_policy(setup: Setup, policy: str, requests) -> dict[str, Any]:
   outs = serve_engine(engine, requests)
   wall = time.perf_counter() - t0
   trace = realized_trace(requests, outs)
-  triples, _ = core_sim.replay(trace, cfg, backend="jax")
+  # eviction `tuned` (`adaptive`): the engine has no shadow tuner and serves its first
+  # weighting throughout; the replay fixes the same one
+  weighting = policies.TUNED_WEIGHTINGS[0] if cfg.eviction == "tuned" else None
+  triples, _ = core_sim.replay(trace, cfg, backend="jax", weighting=weighting)
   engine_cached = [o.num_cached_tokens for o in outs]
   sim_cached = [int(t[2]) for t in triples]
   mismatch = [i for i, (a, b) in enumerate(zip(engine_cached, sim_cached)) if a != b]

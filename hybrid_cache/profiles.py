@@ -23,7 +23,7 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    FLOP-aware eviction (SPEC B2)
   <eviction>               align  on        0          <eviction>  vllm_default with any other
                                                                    registered eviction policy
-  adaptive                 align  on        dense      greedy_dual placement `adaptive`, retirement
+  adaptive                 align  on        dense      tuned       placement `adaptive`, retirement
                                                                    `superseded`, pages of U (issue
                                                                    28): a state at the branch point
                                                                    and at one continuation point on
@@ -31,17 +31,19 @@ the simulator's `--policy` (`sim.core_sim.CORE_POLICY_CONFIGS`) and the gin conf
                                                                    multiple of U; states superseded
                                                                    by a deeper one of the same
                                                                    request dropped while rarely
-                                                                   reused; chain-aware GreedyDual
-                                                                   eviction; not a vLLM setting
+                                                                   reused; GreedyDual or LRU-2 on
+                                                                   chains; not a vLLM setting
 
 `adaptive` runs every group on blocks of the checkpoint unit U (`Profile.unit_pages`: the
 workload sets `block_size` = U, `engine.workload.arm`), so every state it keeps is hittable, and
 align mode computes its states where the placement cuts the chunks (`core/policies/adaptive.py`
 `chunk_cuts`). vLLM pads a page to hold a state (500-2,000 tokens for real models); with state
-slots apart from the pages (the simulator's `--page-layout pools`) pages need not. In the
-simulator: `--policy greedy_dual --placement adaptive --retirement superseded --block-size 64
---page-layout pools` (`--policy adaptive` is still the simulator's unit cache).
-
+slots apart from the pages (the simulator's `--page-layout pools`) pages need not. Its eviction
+`tuned` (`core/policies/tuned.py`) ranks by GreedyDual or by LRU-2 with KV owners, one counter
+choosing: the simulator's scan re-tunes it online with shadow replays (`python -m
+hybrid_cache.sim --policy adaptive`, pools and pages of --block-size by default); the engine has
+no shadows and serves the weighting its manager is set to (`set_eviction_weighting`, GreedyDual
+until set).
 `vllm_default` is exactly what vLLM 0.33 serves a hybrid model with (`VLLM_DEFAULT` lists every
 `CacheConfig` field it fixes, and where vLLM sets it). `CacheConfig`'s own defaults are not that
 profile: its `retention_interval` defaults to None (dense).
@@ -157,15 +159,15 @@ PROFILES: dict[str, Profile] = {
   "all_dense_no_junction": Profile("all", False, None),
   # vllm_default with another registered eviction policy, named after it
   **{p: Profile("align", True, 0, p) for p in EVICTION_POLICIES if p != "lru"},
-  # the simulator's `adaptive` without its tuning (issue 28): its placement, GreedyDual
-  # eviction and retirement, on pages of U. The best arm of the cache core in the simulator:
-  # 1.27-1.57x vLLM best on agentic, 1.15-1.29x on real ShareGPT (BENCHMARKS.md section 3,
+  # the simulator's unit-cache `adaptive` on the core's seams (issue 28): its placement,
+  # retirement and eviction tuning, on pages of U: 1.27-1.57x vLLM best on agentic, 1.35-1.51x
+  # on real ShareGPT, at or above the unit cache on all 12 points (BENCHMARKS.md section 3,
   # 2026-11-29); mode all or 512-token pages with fine keys saved less (0.66-1.05x on ShareGPT)
   "adaptive": Profile(
     "align",
     True,
     None,
-    "greedy_dual",
+    "tuned",
     placement="adaptive",
     retirement="superseded",
     unit_pages=True,

@@ -66,6 +66,7 @@ import sys
 
 from hybrid_cache import cli_util
 from hybrid_cache import persistent_cache
+from hybrid_cache import profiles
 from hybrid_cache.sim.cli_args import _check_dump
 from hybrid_cache.sim.cli_args import _load_trace
 from hybrid_cache.sim.cli_args import _retention
@@ -89,6 +90,13 @@ def _atomic_write(path: str, text: str) -> None:
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def _default_layout(policy: str, model) -> str:
+  """The page layout a policy runs with when --page-layout is not given (`build_config`)."""
+  p = parse_policy(policy)
+  unit = p.kind == "core" and profiles.get(p.name).unit_pages
+  return "pools" if unit and model.n_attn and model.n_recurrent else "model"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,28 +124,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.hash_block_size is not None:
       core["hash_block_size"] = args.hash_block_size
+    # None: not given (placement, retirement, page layout: the profile's, `core_sim.build_config`)
     seams = (
-      ("placement", "vllm"),
+      ("placement", None),
       ("admission", "all"),
       ("retention_policy", "prefix"),
-      ("retirement", "none"),
+      ("retirement", None),
     )
     for seam, default in seams:
       if getattr(args, seam) != default:
         if parse_policy(args.policy).kind != "core":
           raise ValueError(f"{seam} applies to core policies only, got {args.policy!r}")
         core[seam] = getattr(args, seam)
-    if args.page_layout != "model":
+    if args.page_layout is not None:
       if parse_policy(args.policy).kind != "core":
         raise ValueError(
           f"page_layout {args.page_layout!r} applies to core policies only, got {args.policy!r}"
         )
       core["page_layout"] = args.page_layout
     if args.state_fraction is not None:
-      if args.page_layout != "pools":
-        raise ValueError(
-          f"state_fraction needs --page-layout pools, got --page-layout {args.page_layout}"
-        )
+      layout = args.page_layout or _default_layout(args.policy, model)
+      if layout != "pools":
+        raise ValueError(f"state_fraction needs --page-layout pools, got --page-layout {layout}")
       core["state_fraction"] = args.state_fraction
     if args.fine_keys:
       if parse_policy(args.policy).kind != "core":

@@ -166,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--page-layout",
     choices=LAYOUTS,
-    default="model",
+    default=None,
     help="core policies: model (one group per layer kind, page = the largest), vllm "
     "(vLLM's groups of equal layer counts, per-layer page equality) or pools (KV pages and "
-    "state slots under one byte budget; --state-fraction for a fixed split)",
+    "state slots under one byte budget; --state-fraction for a fixed split); default pools "
+    "for adaptive (pages of its unit), else model",
   )
   p.add_argument(
     "--state-fraction",
@@ -197,8 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--placement",
     choices=PLACEMENT_POLICIES,
-    default="vllm",
-    help="core policies: where recurrent states are kept (registered placement policy)",
+    default=None,
+    help="core policies: where recurrent states are kept (registered placement policy; default"
+    " the profile's: adaptive for adaptive, else vllm)",
   )
   p.add_argument(
     "--admission",
@@ -215,9 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument(
     "--retirement",
     choices=RETIREMENT_POLICIES,
-    default="none",
+    default=None,
     help="core policies: which superseded recurrent states a finished request drops"
-    " (registered retirement policy)",
+    " (registered retirement policy; default the profile's: superseded for adaptive, else none)",
   )
   p.add_argument(
     "--token-budget",

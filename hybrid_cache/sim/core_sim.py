@@ -82,11 +82,11 @@ def build_config(
   pinning: bool = False,
   token_budget: int | None = None,
   hash_block_size: int | None = None,
-  layout: str = "model",
-  placement: str = "vllm",
+  layout: str | None = None,
+  placement: str | None = None,
   admission: str = "all",
   retention_policy: str = "prefix",
-  retirement: str = "none",
+  retirement: str | None = None,
   state_fraction: float | None = None,
   checkpoint_unit: int | None = None,
 ) -> tuple[CacheConfig, dict]:
@@ -94,12 +94,15 @@ def build_config(
 
   `hash_block_size` (None = the block size): vLLM's hash block (`prefix_match_unit`); a divisor
   of `block_size` below it turns on vLLM's partial hits for `align` recurrent groups.
-  `layout`: "model" (one group per kind) or "vllm" (vLLM's groups of equal layer counts;
-  `core_groups.py`). `placement`, `admission`: registered policies of those seams
-  (`hybrid_cache.policies`), vLLM's own rules by default; `retention_policy`: the
-  registered retention policy (what a finished request pins with `pinning`); `retirement`:
-  the registered retirement policy (which superseded recurrent states a finished request
-  drops; "none" = vLLM).
+  `layout`: "model" (one group per kind), "vllm" (vLLM's groups of equal layer counts;
+  `core_groups.py`) or "pools" (below); None = "pools" for a profile on pages of its unit
+  (`Profile.unit_pages`: `adaptive`, whose pages are `block_size`) on a model with attention
+  and recurrent layers, else "model".
+  `placement`, `admission`: registered policies of those seams (`hybrid_cache.policies`);
+  placement None = the profile's (vLLM's own rule but for `adaptive`), admission vLLM's by
+  default; `retention_policy`: the registered retention policy (what a finished request pins
+  with `pinning`); `retirement`: the registered retirement policy (which superseded recurrent
+  states a finished request drops; None = the profile's, "none" = vLLM).
   `state_fraction` ("pools" layout only): None = pages and state slots share the whole byte
   budget (`CacheConfig.byte_budget`); a number in (0, 1) = that share of `capacity_bytes` is a
   fixed pool of state slots, the rest pages (`pools.split_byte_budget`).
@@ -129,6 +132,10 @@ def build_config(
       f"got {hash_block_size!r}"
     )
   p = CORE_POLICY_CONFIGS[policy]
+  if layout is None:  # pools for a profile on pages of its unit, where there are both kinds
+    layout = "pools" if p.unit_pages and model.n_attn and model.n_recurrent else "model"
+  placement = p.placement if placement is None else placement
+  retirement = p.retirement if retirement is None else retirement
   if checkpoint_unit is not None:
     u = checkpoint_unit
     if isinstance(u, bool) or not isinstance(u, int) or u < 1 or block_size % u or u == block_size:
@@ -307,14 +314,19 @@ def run_core(
   backend: str = "jax",
   on_request: Callable[[int, object], None] | None = None,
   alpha: float | None = None,
+  weighting: str | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` on a fresh manager; returns (triples, counters).
 
   `on_request(i, manager)` runs after every request is freed (e.g. the invariant checker).
+  `alpha`, `weighting`: set on the manager first (`set_eviction_alpha`,
+  `set_eviction_weighting`).
   """
   m = make_manager(config, backend)
   if alpha is not None:
     m.set_eviction_alpha(alpha)
+  if weighting is not None:
+    m.set_eviction_weighting(weighting)
   B = config.block_size
   mamba = [i for i, g in enumerate(config.groups) if g.kind == "mamba"]
   triples = []
@@ -372,22 +384,28 @@ def replay(
   backend: str = "jax",
   alpha: float | str | None = None,
   model: CostModel | None = None,
+  weighting: str | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
   JaxCacheManager through the protocol, "reference" = PythonCacheManager. `alpha`: FLOP-aware
   eviction's static alpha (jax backends), or "tuned" (scan only: Marconi's online tuner,
   scored with `model`'s FLOPs). Eviction `tuned` runs its shadow tuner, scored with `model`'s
-  FLOPs (scan only)."""
+  FLOPs (scan only), unless `weighting` (`policies.TUNED_WEIGHTINGS`) fixes its weighting for
+  the whole replay (any backend; what the engine serves, which has no shadows)."""
   if alpha == "tuned" and backend != "jax":
     raise ValueError(f"alpha 'tuned' needs backend 'jax', got {backend!r}")
-  if config.eviction == "tuned" and backend != "jax":
+  if weighting is not None:
+    if config.eviction != "tuned":
+      raise ValueError(f"weighting applies to eviction 'tuned', got {config.eviction!r}")
+    policies.tuned_weighting(weighting)  # ValueError naming the weightings
+  elif config.eviction == "tuned" and backend != "jax":
     raise ValueError(f"eviction 'tuned' (its shadow tuner) needs backend 'jax', got {backend!r}")
   if backend == "jax":
     from hybrid_cache.sim import core_scan
 
-    return core_scan.run_scan(trace, config, alpha=alpha, tune_model=model)
+    return core_scan.run_scan(trace, config, alpha=alpha, tune_model=model, weighting=weighting)
   if backend == "jax_protocol":
-    return run_core(trace, config, "jax", alpha=alpha)
+    return run_core(trace, config, "jax", alpha=alpha, weighting=weighting)
   if backend == "reference":
-    return run_core(trace, config, "reference", alpha=alpha)
+    return run_core(trace, config, "reference", alpha=alpha, weighting=weighting)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

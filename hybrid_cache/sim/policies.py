@@ -7,18 +7,23 @@ marconi_compat_vllm     Marconi's vLLM+ baseline (a state per 32-token block, LR
 oracle                  infinite cache (every block and boundary state kept), any block size.
 offline_bound           offline upper bound at the capacity (`offline_bound.py`): the block size
                         is the hit unit; the replayed hits are its clairvoyant schedule's.
-adaptive                checkpoints placed by value at multiples of the checkpoint unit U,
-                        chain-aware FLOP-aware eviction, alpha re-tuned online
-                        (`checkpoint_policies.py`): the simulator's own unit cache. The cache
-                        core's profile of that name (`hybrid_cache.profiles`, served by the
-                        engine) has its placement, retirement and a GreedyDual eviction
-                        (`greedy_dual`: alpha 1, a block's own bytes) on pages of U, not yet
-                        its tuning; in the simulator it replays as `--policy greedy_dual
-                        --placement adaptive --retirement superseded --block-size 64
-                        --page-layout pools` (BENCHMARKS.md section 3, issue 28).
+adaptive                the cache core's profile `adaptive` (`hybrid_cache.profiles`, the one the
+                        engine serves): placement `adaptive` (a state at the branch point and at a
+                        continuation point on a learned alignment), retirement `superseded`,
+                        eviction `tuned` (GreedyDual or LRU-2 on chains, chosen online by a shadow
+                        tuner: `core_scan._replay_shadowed`), on pages of --block-size (its unit
+                        U, default 64) with --page-layout pools by default (BENCHMARKS.md
+                        section 3). Scan backend only (the shadow tuner).
+ckpt_adaptive           the simulator's unit cache (`checkpoint_policies.py`, issue 15): the same
+                        ideas on a trie of U-token units, chain-aware GreedyDual re-tuned online
+                        among weightings; a fast model for sweeps (the full Mooncake conversation
+                        trace in seconds), checked against the core by
+                        `tests/hybrid_cache/sim/unit_cache_vs_core_test.py`. Named `adaptive`
+                        until 2026-11-29.
 ckpt_dense, ckpt_sparse:K, ckpt_branch
-                        checkpoints every U, every K U, or at branch points and leaves (Marconi at U
-                        granularity), LRU eviction (`checkpoint_policies.py`).
+                        the unit cache with checkpoints every U, every K U, or at branch points
+                        and leaves (Marconi at U granularity), LRU eviction
+                        (`checkpoint_policies.py`).
 vllm_default, vllm_align_dense, vllm_none, align_dense_no_junction, all_dense_no_junction,
 flop_aware, deepest_first, ...
                         the named profiles of the cache core (`hybrid_cache.profiles`, the
@@ -39,13 +44,13 @@ import importlib.util
 
 from hybrid_cache import profiles
 
-# the core profiles the simulator replays (`--policy adaptive` is still the unit cache; the core
-# profile `adaptive` replays as `greedy_dual --placement adaptive --retirement superseded`
-# on pages of U, issue 28)
-CORE_POLICIES = tuple(p for p in profiles.PROFILES if p != "adaptive")
+# the core profiles the simulator replays (`adaptive` among them)
+CORE_POLICIES = tuple(profiles.PROFILES)
 COMPAT_POLICIES = ("marconi_compat", "marconi_compat_sglang", "marconi_compat_vllm")
 STATIC_PREFIX = "marconi_compat_static:"
-CKPT_POLICIES = ("adaptive", "ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch")
+CKPT_POLICIES = ("ckpt_adaptive", "ckpt_dense", "ckpt_sparse:<K>", "ckpt_branch")
+# the unit cache's `adaptive` (its placement rule `checkpoint_placement.PLACEMENTS` "adaptive")
+UNIT_ADAPTIVE = "ckpt_adaptive"
 ALL_POLICIES = (
   COMPAT_POLICIES
   + (STATIC_PREFIX + "<alpha>", "oracle", "offline_bound")
@@ -57,13 +62,14 @@ ALL_POLICIES = (
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """A parsed policy name: `kind` in {"marconi", "vllm_plus", "oracle", "bound", "core",
-  "ckpt"}."""
+  "ckpt"}; `placement`: a "ckpt" policy's placement rule (`checkpoint_placement.PLACEMENTS`)."""
 
   name: str
   kind: str
   version: int = 0
   alpha: float = 0.0
   required_block_size: int | None = None
+  placement: str | None = None
 
 
 def parse_policy(name: str) -> Policy:
@@ -91,11 +97,13 @@ def parse_policy(name: str) -> Policy:
     return Policy(name, "core")
   if name in profiles.ALIASES:
     return Policy(profiles.resolve(name), "core")
-  if name in ("adaptive", "ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
+  if name == UNIT_ADAPTIVE:
+    return Policy(name, "ckpt", placement="adaptive")
+  if name in ("ckpt_dense", "ckpt_branch") or name.startswith("ckpt_sparse:"):
     from hybrid_cache.sim.checkpoint_placement import parse_placement
 
     parse_placement(name)
-    return Policy(name, "ckpt")
+    return Policy(name, "ckpt", placement=name)
   raise ValueError(f"policy must be one of {ALL_POLICIES}, got {name!r}")
 
 

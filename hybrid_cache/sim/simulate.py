@@ -18,11 +18,12 @@ from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import concurrent
 from hybrid_cache.sim import core_sim
 from hybrid_cache.sim import trace as trace_lib
-from hybrid_cache.sim.checkpoint_placement import PLACEMENTS
 from hybrid_cache.sim.cost_model import CostModel
 from hybrid_cache.sim.marconi_compat import run_marconi
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.policies import CKPT_POLICIES
+from hybrid_cache.sim.policies import UNIT_ADAPTIVE
 from hybrid_cache.sim.policies import parse_policy
 from hybrid_cache.sim.vllm_plus import run_vllm_plus
 
@@ -107,7 +108,7 @@ def simulate(
   if replay == "concurrent" and policy.kind != "ckpt":
     raise ValueError(
       "replay 'concurrent' supports the checkpoint policies "
-      f"{PLACEMENTS} only, got policy {policy.name!r}"
+      f"{CKPT_POLICIES} only, got policy {policy.name!r}"
     )
   if replay == "sequential" and (step_tokens, max_running, arrival_scale) != (None,) * 3:
     raise ValueError("step_tokens, max_running and arrival_scale apply to replay 'concurrent' only")
@@ -135,14 +136,14 @@ def simulate(
     return _simulate_bound(trace, model, capacity_bytes, block_size, extra, bound_iterations)
   if policy.kind == "ckpt":
     alpha = _alpha((core or {}).get("alpha"))
-    if alpha is not None and alpha != "tuned" and policy.name != "adaptive":
-      raise ValueError(f"alpha applies to adaptive only, got --alpha for {policy.name}")
+    if alpha is not None and alpha != "tuned" and policy.placement != "adaptive":
+      raise ValueError(f"alpha applies to {UNIT_ADAPTIVE} only, got --alpha for {policy.name}")
     check_capacity(trace, model, capacity_bytes)
     triples, ck = checkpoint_policies.run_checkpoint(
       trace,
       model,
       capacity_bytes,
-      policy.name,
+      policy.placement,
       unit=checkpoint_unit,
       block_size=block_size,
       alpha=None if alpha == "tuned" else alpha,
@@ -213,12 +214,12 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   budget = core.pop("token_budget", None)
   alpha = _alpha(core.pop("alpha", None))
   hbs = core.pop("hash_block_size", None)
-  layout = core.pop("page_layout", "model")
+  layout = core.pop("page_layout", None)  # None: the profile's (`core_sim.build_config`)
   state_fraction = core.pop("state_fraction", None)
-  placement = core.pop("placement", "vllm")
+  placement = core.pop("placement", None)  # None: the profile's
   admission = core.pop("admission", "all")
   retention_policy = core.pop("retention_policy", "prefix")
-  retirement = core.pop("retirement", "none")
+  retirement = core.pop("retirement", None)  # None: the profile's
   unit = core.pop("checkpoint_unit", None)
   if core:
     raise ValueError(

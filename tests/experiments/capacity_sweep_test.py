@@ -34,7 +34,9 @@ def test_points_match_single_capacity_replays(tmp_path):
   assert (tmp_path / "sweep.png").exists()
   trace = capacity_sweep.load_trace("agentic", "synthetic", params=PARAMS)
   for p in res["points"]:
-    triples, extra = simulate(trace, get_model("marconi_7b"), p["capacity_bytes"], "adaptive", 64)
+    triples, extra = simulate(
+      trace, get_model("marconi_7b"), p["capacity_bytes"], "ckpt_adaptive", 64
+    )
     assert p["tokens_reused"] == sum(t[2] for t in triples)
     assert p["states_evicted"] == extra["states_evicted"]
 

@@ -320,8 +320,8 @@ def test_the_simulator_cli_takes_a_registered_retirement_for_core_policies(capsy
 
   args = ["--trace", "chat", "--format", "synthetic", "--model", "marconi_7b"]
   args += ["--capacity-bytes", "4e9"]
-  assert cli.main([*args, "--policy", "adaptive", "--retirement", "superseded"]) == 2
-  assert "retirement applies to core policies only, got 'adaptive'" in capsys.readouterr().err
+  assert cli.main([*args, "--policy", "ckpt_adaptive", "--retirement", "superseded"]) == 2
+  assert "retirement applies to core policies only, got 'ckpt_adaptive'" in capsys.readouterr().err
   assert cli.main([*args, "--policy", "vllm_default", "--retirement", "nope"]) == 2
   assert "choose from 'none', 'superseded'" in capsys.readouterr().err
 

@@ -17,6 +17,7 @@ from hybrid_cache.sim.cost_model import get_model
 from hybrid_cache.sim.metrics import flops_saved
 from hybrid_cache.sim.offline_bound import offline_bound
 from hybrid_cache.sim.oracle import oracle_reused
+from hybrid_cache.sim.policies import UNIT_ADAPTIVE
 from hybrid_cache.sim.seen_trie import SeenTrie
 from hybrid_cache.sim.simulate import simulate
 from hybrid_cache.sim.synthetic import agentic
@@ -141,7 +142,7 @@ def test_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
       "--capacity-bytes",
       "3e9",
       "--policy",
-      policy,
+      UNIT_ADAPTIVE if policy == "adaptive" else policy,  # the unit cache's name on the CLI
       "--checkpoint-unit",
       "64",
       "--block-size",
@@ -157,7 +158,7 @@ def test_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
   full = dumps[0]
   assert any(t[2] for t in full)
   if policy == "adaptive":
-    _, extra = simulate(trace, get_model("marconi_7b"), 3e9, "adaptive", 128, checkpoint_unit=64)
+    _, extra = simulate(trace, get_model("marconi_7b"), 3e9, UNIT_ADAPTIVE, 128, checkpoint_unit=64)
     assert len(extra["alpha_requests"]) > 1  # the weighting did change during the replay
   assert dumps[1] == full[:37]
   assert dumps[2] == full[:11]
@@ -212,7 +213,7 @@ def test_cli_contract_and_errors(tmp_path, capsys):
   path = tmp_path / "t.jsonl"
   write_marconi(trace, path)
   base = ["--trace", str(path), "--format", "marconi", "--model", "marconi_7b"]
-  assert main(base + ["--capacity-bytes", "2e9", "--policy", "adaptive"]) == 0
+  assert main(base + ["--capacity-bytes", "2e9", "--policy", UNIT_ADAPTIVE]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["checkpoint_unit"] == 64 and out["block_size"] == 64
   assert {"token_hit_rate", "flops_saved", "states_admitted"} <= set(out)
@@ -221,7 +222,7 @@ def test_cli_contract_and_errors(tmp_path, capsys):
   assert "ckpt_sparse's K must be an integer >= 1" in capsys.readouterr().err
   argv = base + ["--capacity-bytes", "2e9", "--policy", "ckpt_branch", "--alpha", "1"]
   assert main(argv) == 2
-  assert "alpha applies to adaptive only" in capsys.readouterr().err
+  assert "alpha applies to ckpt_adaptive only" in capsys.readouterr().err
   with pytest.raises(ValueError, match="unit must be an integer >= 1"):
     CacheSizes.of(TINY, 100.0, 0, 4)
 

@@ -118,7 +118,7 @@ def test_decode_only_jump_matches_step_by_step():
   assert calls == [0, 1]
 
 
-@pytest.mark.parametrize("policy", ("adaptive", "ckpt_dense", "ckpt_sparse:3", "ckpt_branch"))
+@pytest.mark.parametrize("policy", ("ckpt_adaptive", "ckpt_dense", "ckpt_sparse:3", "ckpt_branch"))
 def test_concurrent_online_prefix_of_a_cut_trace(policy, tmp_path, monkeypatch):
   monkeypatch.setattr(weightings, "RETUNE_EVERY", 4)
   trace = agentic(seed=3, num_sessions=6, sys_prompt_len=300, min_turns=3, max_turns=6)
@@ -147,7 +147,7 @@ def test_cli_concurrent_fields_and_refusals(tmp_path, capsys):
   write_marconi(trace, path)
   base = ["--trace", str(path), "--format", "marconi", "--model", "marconi_7b"]
   base += ["--capacity-bytes", "3e9"]
-  assert main(base + ["--policy", "adaptive", "--replay", "concurrent"]) == 0
+  assert main(base + ["--policy", "ckpt_adaptive", "--replay", "concurrent"]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["replay"] == "concurrent" and out["step_tokens"] == 8192
   assert out["max_running"] == 1024
@@ -158,11 +158,17 @@ def test_cli_concurrent_fields_and_refusals(tmp_path, capsys):
       ["--policy", "vllm_default", "--replay", "concurrent"],
       "replay 'concurrent' supports the checkpoint",
     ),
-    (["--policy", "adaptive", "--step-tokens", "64"], "apply to replay 'concurrent' only"),
-    (["--policy", "adaptive", "--arrival-scale", "2"], "apply to replay 'concurrent' only"),
-    (["--policy", "adaptive", "--replay", "concurrent", "--arrival-scale", "0"], "--arrival-scale"),
-    (["--policy", "adaptive", "--replay", "parallel"], "--replay"),
-    (["--policy", "adaptive", "--replay", "concurrent", "--step-tokens", "0"], "--step-tokens"),
+    (["--policy", "ckpt_adaptive", "--step-tokens", "64"], "apply to replay 'concurrent' only"),
+    (["--policy", "ckpt_adaptive", "--arrival-scale", "2"], "apply to replay 'concurrent' only"),
+    (
+      ["--policy", "ckpt_adaptive", "--replay", "concurrent", "--arrival-scale", "0"],
+      "--arrival-scale",
+    ),
+    (["--policy", "ckpt_adaptive", "--replay", "parallel"], "--replay"),
+    (
+      ["--policy", "ckpt_adaptive", "--replay", "concurrent", "--step-tokens", "0"],
+      "--step-tokens",
+    ),
   ):
     assert main(base + argv) == 2
     err = capsys.readouterr().err

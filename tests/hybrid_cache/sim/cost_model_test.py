@@ -107,12 +107,12 @@ def test_cli_block_size_vllm(tmp_path, capsys):
   write_marconi(small_chat(12), path)
   base = ["--trace", str(path), "--format", "marconi", "--capacity-bytes", "1e9"]
   for model, block in (("qwen3_5_like", 576), ("nemotron_h_like", 1040)):
-    argv = base + ["--model", model, "--policy", "adaptive", "--block-size", "vllm"]
+    argv = base + ["--model", model, "--policy", "ckpt_adaptive", "--block-size", "vllm"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["block_size"] == block and out["block_size_rule"] == "vllm"
     assert out["model"] == model
-  argv = base + ["--model", "qwen3_5_like", "--policy", "adaptive", "--block-size", "vlm"]
+  argv = base + ["--model", "qwen3_5_like", "--policy", "ckpt_adaptive", "--block-size", "vlm"]
   assert main(argv) == 2
   err = capsys.readouterr().err
   assert "block size must be an integer >= 1 or 'vllm', got 'vlm'" in err

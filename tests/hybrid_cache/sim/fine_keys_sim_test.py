@@ -60,5 +60,5 @@ def test_cli_fine_keys(tmp_path, capsys):
   out = json.loads(capsys.readouterr().out)
   assert out["fine_keys"] and out["checkpoint_unit"] == 64 and out["hit_granularity"] == 64
   assert out["partial_hits"] and out["hash_block_size"] == 64
-  assert main(base + ["--policy", "adaptive", "--fine-keys"]) == 2
+  assert main(base + ["--policy", "ckpt_adaptive", "--fine-keys"]) == 2
   assert "fine_keys applies to core policies only" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from hybrid_cache import profiles
 from hybrid_cache.sim import offline_bound as ob
 from hybrid_cache.sim.cli import main
 from hybrid_cache.sim.cost_model import MODELS
@@ -189,10 +190,12 @@ def test_bound_above_every_core_policy(model, n, cap):
   res = offline_bound(tr, model, cap, 4)
   assert res.bound_tokens < res.oracle_tokens or n == 40  # the capacity binds
   for policy in CORE_POLICIES:
-    # `tuned` runs its shadow tuner on the scan only: checked at the first point
-    if policy == "tuned" and (n, cap) != (120, 34 * 50):
+    # eviction `tuned` (`tuned`, `adaptive`) runs its shadow tuner on the scan only: checked
+    # at the first point
+    shadowed = profiles.get(policy).eviction == "tuned"
+    if shadowed and (n, cap) != (120, 34 * 50):
       continue
-    backend = "jax" if policy == "tuned" else "reference"
+    backend = "jax" if shadowed else "reference"
     tri, _ = simulate(tr, model, cap, policy, 4, core={"backend": backend})
     reused = np.asarray([t[2] for t in tri])
     assert res.bound_tokens >= reused.sum(), policy

@@ -57,7 +57,7 @@ def test_cli_page_layout(tmp_path, capsys):
   out = json.loads(capsys.readouterr().out)
   assert out["page_layout"] == "vllm" and out["page_bytes"] == 18_874_368
   assert out["groups"] == ["full", "mamba", "mamba", "mamba"]
-  assert main(base + ["--policy", "adaptive", "--page-layout", "vllm"]) == 2
+  assert main(base + ["--policy", "ckpt_adaptive", "--page-layout", "vllm"]) == 2
   assert "page_layout 'vllm' applies to core policies only" in capsys.readouterr().err
 
 
