@@ -228,6 +228,10 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
       "checkpoint_unit, "
       f"got {core}"
     )
+  if alpha is not None and name != "flop_aware":  # (it used to fix the unit cache's, `adaptive`)
+    raise ValueError(
+      f"alpha applies to flop_aware and {UNIT_ADAPTIVE} only, got --alpha for {name}"
+    )
   if name == "flop_aware" and alpha is None:
     alpha = DEFAULT_FLOP_ALPHA
   check_capacity(trace, model, capacity_bytes)

@@ -223,6 +223,9 @@ def test_cli_contract_and_errors(tmp_path, capsys):
   argv = base + ["--capacity-bytes", "2e9", "--policy", "ckpt_branch", "--alpha", "1"]
   assert main(argv) == 2
   assert "alpha applies to ckpt_adaptive only" in capsys.readouterr().err
+  argv = base + ["--capacity-bytes", "2e9", "--policy", "adaptive", "--alpha", "1"]
+  assert main(argv) == 2  # the core's adaptive re-tunes by itself: no silent --alpha
+  assert "alpha applies to flop_aware and ckpt_adaptive only" in capsys.readouterr().err
   with pytest.raises(ValueError, match="unit must be an integer >= 1"):
     CacheSizes.of(TINY, 100.0, 0, 4)
 
