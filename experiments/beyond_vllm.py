@@ -76,7 +76,7 @@ def _row(trace, model, cap, policy, block, unit, hbs, iterations, backend) -> di
     name, core = "vllm_default", {"backend": backend, "hash_block_size": hbs}
   if policy == "core_fine_keys":  # beyond vLLM: the core's own states at multiples of U
     name, core = "vllm_default", {"backend": backend, "checkpoint_unit": unit}
-  if policy == "offline_bound" or policy == "adaptive":  # the core's `adaptive`: pages of U
+  if policy in ("offline_bound", "adaptive"):  # (the core's `adaptive`: pages of U)
     size = unit
   t0 = time.perf_counter()
   triples, extra = simulate(

@@ -165,9 +165,10 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   new = state.replace(
     queue_key=QueueKeys.stack(free=k0, pinned=jnp.full((nb,), BIG, jnp.int32)),
     block_group=jnp.full_like(state.block_group, -1),
-    # every column at its no-key value (`BlockAux.NO_KEY`; the eviction clock itself stays)
+    # every column of the layout at its no-key value, as `init_state` (the clock itself stays)
     block_aux=jnp.broadcast_to(
-      jnp.asarray(BlockAux.NO_KEY[: state.block_aux.shape[-1]]), state.block_aux.shape
+      jnp.asarray(BlockAux.no_key(lay.chain_features, lay.eviction_clock, lay.access_history)),
+      state.block_aux.shape,
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
     counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),

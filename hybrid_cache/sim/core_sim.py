@@ -394,11 +394,8 @@ def replay(
   the whole replay (any backend; what the engine serves, which has no shadows)."""
   if alpha == "tuned" and backend != "jax":
     raise ValueError(f"alpha 'tuned' needs backend 'jax', got {backend!r}")
-  if weighting is not None:
-    if config.eviction != "tuned":
-      raise ValueError(f"weighting applies to eviction 'tuned', got {config.eviction!r}")
-    policies.tuned_weighting(weighting)  # ValueError naming the weightings
-  elif config.eviction == "tuned" and backend != "jax":
+  # (a weighting itself is checked where it is set: `run_scan`, `set_eviction_weighting`)
+  if config.eviction == "tuned" and weighting is None and backend != "jax":
     raise ValueError(f"eviction 'tuned' (its shadow tuner) needs backend 'jax', got {backend!r}")
   if backend == "jax":
     from hybrid_cache.sim import core_scan
