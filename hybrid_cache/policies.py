@@ -99,12 +99,18 @@ class Reads(NamedTuple):
   # the retired states' penultimate accesses to the state that superseded them (`block_aux`
   # fields key_last / key_penult; `Layout.access_history`)
   history: bool = False
+  # the candidates' recency rank (`FreeBlocks.recency`): the frame then orders the whole free
+  # queue at every step (two sorts of the pool); without it, only each pool's first
+  # `eviction.order_window` blocks, the rest when a step reaches them (`eviction` module
+  # docstring, "Lazy order")
+  recency: bool = False
 
 
 # name -> what the policy reads (`Reads`)
 EVICTION: dict[str, Reads] = {
   "lru": Reads(),  # vLLM 0.33's free queue (built in: no re-ordering)
-  "flop_aware": Reads(costs=True),  # Marconi's FLOPs-per-byte utility with recency (SPEC B2)
+  # Marconi's FLOPs-per-byte utility with recency (SPEC B2)
+  "flop_aware": Reads(costs=True, recency=True),
   "deepest_first": Reads(),  # the README's worked example: deepest prefix position first
   # Marconi-style: the KV span back to the previous kept state x (1 + hits)
   "chain_value": Reads(chain=True),
@@ -187,6 +193,18 @@ def reads_history(eviction: str) -> bool:
   """Whether `eviction` reads the access history (`FreeBlocks.penult`; only then does the core
   carry the last / penultimate access columns, `Layout.access_history`)."""
   return EVICTION[eviction].history
+
+
+def reads_recency(eviction: str) -> bool:
+  """Whether `eviction` reads the candidates' recency rank (`FreeBlocks.recency`; only then
+  does the frame order the whole free queue at every step, `Layout.ranks_all`)."""
+  return EVICTION[eviction].recency
+
+
+def rekeys(eviction: str) -> bool:
+  """Whether `eviction` re-orders vLLM's free queue (every policy but `lru`; the state then
+  carries `queue_order`, `Layout.rekeys`)."""
+  return eviction != "lru"
 
 
 def core_eviction(name: str) -> ModuleType | None:

@@ -19,6 +19,7 @@ from hybrid_cache.core import access_history
 from hybrid_cache.core import block_index
 from hybrid_cache.core import block_pool
 from hybrid_cache.core import byte_budget
+from hybrid_cache.core import eviction
 from hybrid_cache.core import groups
 from hybrid_cache.core import xla_cpu
 from hybrid_cache.core.cache_keys import cache_blocks
@@ -214,6 +215,7 @@ def allocate_slots(
       offsets.append(offsets[-1] + counts[g - 1])
     kmax = lay.num_groups * lay.max_blocks
     total = jnp.where(ok, sum(counts[1:], counts[0]), 0)
+    state = eviction.order_for_pop(lay, state, total)
     state, ids = block_pool.pop_many(
       state, total, kmax, lay.recurrent_groups, n_norm=n_norm, scan_all=lay.extra_keys
     )
@@ -270,6 +272,7 @@ def _pop_two_pools(lay: Layout, state: CacheState, ok, counts, n_norm, n_pin):
     kmax = max(1, len(members)) * lay.max_blocks
     total = jnp.where(ok, sum((counts[g] for g in members), jnp.int32(0)), 0)
     rec = tuple(g for g in lay.recurrent_groups if g in members)
+    state = eviction.order_for_pop(lay, state, total, pool=p)
     state, ids = block_pool.pop_many(
       state, total, kmax, rec, n_norm=n_norm[p], scan_all=lay.extra_keys, pool=p
     )

@@ -27,6 +27,7 @@ from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 
 
 def num_free(state: CacheState) -> jax.Array:
@@ -85,7 +86,15 @@ def free_ordered(state: CacheState, ids: jax.Array, batch: jax.Array) -> CacheSt
   c = Counters(c).add(head_key=-jnp.sum(head).astype(jnp.int32))
   c = Counters(c).add(tail_key=jnp.sum(hashed).astype(jnp.int32))
   c = Counters(c).add(pin_key=jnp.sum(pinned).astype(jnp.int32))
-  return state.replace(ref_cnt=ref, queue_key=qk, counters=c)
+  return state.replace(ref_cnt=ref, queue_key=qk, counters=c, queue_order=_recency(state, fidx, k0))
+
+
+def _recency(state: CacheState, idx: jax.Array, keys: jax.Array) -> jax.Array:
+  """`queue_order` with the recency of blocks `idx` (out of bounds: skipped) set to their new
+  free-queue keys (a re-keying policy's state only; else the empty leaf as it is)."""
+  if state.queue_order.shape[0] == 0:
+    return state.queue_order
+  return QueueOrder(state.queue_order)[idx].set(recency=keys, mode="drop")
 
 
 def to_head(state: CacheState, ids: jax.Array) -> CacheState:
@@ -97,8 +106,13 @@ def to_head(state: CacheState, ids: jax.Array) -> CacheState:
   valid = ids > 0
   n = jnp.sum(valid).astype(jnp.int32)
   keys = state.head_key - n + jnp.cumsum(valid).astype(jnp.int32) - 1
-  qk = QueueKeys(state.queue_key)[_drop_idx(ids, nb)].set(free=keys, pinned=BIG, mode="drop")
-  return state.replace(queue_key=qk, counters=Counters(state.counters).add(head_key=-n))
+  idx = _drop_idx(ids, nb)
+  qk = QueueKeys(state.queue_key)[idx].set(free=keys, pinned=BIG, mode="drop")
+  return state.replace(
+    queue_key=qk,
+    counters=Counters(state.counters).add(head_key=-n),
+    queue_order=_recency(state, idx, keys),
+  )
 
 
 def pop_into(state: CacheState, row: jax.Array, start: jax.Array, count: jax.Array):
@@ -307,7 +321,12 @@ def maybe_renormalise(state: CacheState) -> CacheState:
     c = Counters(state.counters).set(head_key=1)
     c = Counters(c).set(tail_key=n0 + 1)
     c = Counters(c).set(pin_key=n1 + 1)
-    return state.replace(queue_key=jnp.stack(out), counters=c)
+    order = state.queue_order
+    if order.shape[0]:  # the recency of the queued blocks, as ranks in the same range
+      rec = jnp.where(QueueKeys(qk).free < BIG, state.free_recency, BIG)
+      rank = jnp.zeros((nb,), jnp.int32).at[jnp.argsort(rec)].set(jnp.arange(nb, dtype=jnp.int32))
+      order = QueueOrder(order).set(recency=jnp.where(rec < BIG, rank + 1, BIG))
+    return state.replace(queue_key=jnp.stack(out), counters=c, queue_order=order)
 
   return jax.lax.cond(due, renorm, lambda s: s, state)
 

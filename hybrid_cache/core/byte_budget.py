@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_cache.core import block_index
+from hybrid_cache.core import eviction
 from hybrid_cache.core.layout import Layout
 from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import CacheState
@@ -96,6 +97,10 @@ def enforce(lay: Layout, state: CacheState) -> CacheState:
   def evict(state):
     cost = costs(state)
     cached_free = (state.ref_cnt == 0) & (state.block_group >= 0)
+    if eviction.lazy(lay):  # the walk must not reach the lazy part of the queue unordered
+      ahead = cached_free & (state.free_key < state.order_exact)
+      short = jnp.sum(jnp.where(ahead, cost, 0)) < over
+      state = eviction.complete_order(lay, state, short)
     qk = QueueKeys(state.queue_key)
     first = _first_covering(qk.free, cached_free & (qk.free < BIG), cost, over)
     left = over - jnp.sum(jnp.where(first, cost, 0))

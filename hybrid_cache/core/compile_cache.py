@@ -20,7 +20,8 @@ Two remedies, both here:
   bucketed: the id space `num_blocks + state_slots` to the next power of two, `state_slots` to
   a 0/1 flag (a second pool, `CacheConfig.state_slots`; the padding blocks are never free, never
   allocated and excluded from every count, see `fresh_state.init_state`; the index bucket
-  count and the FLOP-aware re-keying window only depend on that power of two),
+  count and the eviction order window (`eviction.order_window`) only depend on that power of
+  two),
   `max_model_len` so that the block-table width is a power of two (kept exact for eviction
   policies that read costs, `policies.reads_costs`: flop_aware's efficiency table is
   normalised over the real width), and the cost fields are dropped for the others (never

@@ -9,20 +9,37 @@ normal free queue in `prepare`, at the start of every scheduler step, so that th
 (smallest key first) follows it: free blocks without a key first, in their current order
 (scratch first); then dead recurrent states (`dead_states`: their KV prefix is gone, they can
 never be hit), least recently freed first; then the other keyed free blocks ("candidates") by
-increasing `policy.priority(lay, state, FreeBlocks)`, ties least recently freed first.
+increasing `policy.priority(lay, state, FreeBlocks)`, ties least recently freed first: the
+primary key (dead -1, candidates their priority) then the recency.
 A policy may define `active(state)`: when it is false the queue is left as it is (flop_aware:
 alpha = 0 is exactly LRU). The twin (`hybrid_cache.twin.eviction`) orders the
 Python free list by the same rule, so both cores agree exactly.
 
-Recency survives re-keying: candidates get keys `W0 + slot * K + l` in a fixed window
-[W0, W_END) above every key-less block (W0 = num_blocks), where slot is the new queue position
-and l the block's LRU rank (`r >> SHIFT`: exact while num_blocks <= 2^14; beyond, K levels,
-equal levels tie in block-id order, which the twin does not model);
-blocks freed to the tail later get keys >= W_END (`prepare` lifts the tail counter there), so
-the next `prepare` recovers the LRU order as (window blocks by l, then later frees by key).
-The window ends below 2^28 + num_blocks, under the renormalisation limit (2^29); a rare
-renormalisation (2^28 tail frees later) turns the current utility order into the recency order
-once.
+Recency survives re-keying in its own row: `CacheState.free_recency` holds each queued block's
+key as vLLM's free queue (`lru`) would give it (written with the queue key at every free), so
+"least recently freed first" is "smallest recency first", exact at any pool size. Key-less
+free blocks keep their keys (so they stay first, in their current order); the keyed ones are
+keyed from W0 = the tail counter up (above every key in use), and the tail counter is lifted
+past them, so blocks freed later go after them. Each step thus uses ~2 pool sizes of keys;
+`block_pool.maybe_renormalise` re-packs the keys every ~2^29 / (2 NB) steps (one argsort).
+
+Lazy order (`lazy`: policies that do not read the recency rank, `Layout.ranks_all` false: all
+but flop_aware, on pools of more than `LAZY_FROM` blocks). Sorting the whole pool every step
+cost ~6 of ~10 ms per step at 2^16 blocks (Mooncake, 64-token pages), yet a step pops a few
+hundred blocks at most. So `prepare` only
+selects each pool's first M = `order_window` keyed blocks (radix selection on the primary key
+and then the recency, `_kth_smallest`; about 0.3 ms), sorts those (M log M) and keys them
+[W0, R0) in the merged order; the pool's other keyed blocks get keys R0 + block id (the lazy
+region [R0, W_END), `lazy_region`), their primary key kept in `CacheState.free_rank`. The
+queue below `CacheState.order_exact` is then the exact order (with one pool all of [W0, R0);
+with two, up to the last selected block of a pool that has a lazy part). Whatever would read
+the order further first completes it (`complete_order`: the old two sorts, on the lazy part
+only): a pop of more blocks of a pool than lie below R0 (`order_for_pop`), a byte-budget
+eviction that would walk past `order_exact` (`byte_budget.enforce`), `reset_prefix_cache`, and
+tests that read the whole queue (`scheduler.free_queue_keys`). Nothing else can reorder the
+lazy part within a step: a hit takes a block out, frees go to the head or the tail, and a free
+block loses its key in place only by the byte budget. So every pop equals the full order's, and
+the twin (which sorts its whole list) agrees exactly. Measured in BENCHMARKS.md section 5.
 
 Eviction clock (a policy registered with `Reads(clock=True)`, `Layout.eviction_clock`; the
 GreedyDual family, `policies/greedy_dual.py`): the state keeps `CacheState.evict_clock` (L) and
@@ -59,27 +76,45 @@ from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 
 NORM_BITS = 14
 NORM = 1 << NORM_BITS
-WINDOW_LIMIT = 1 << 28
+# blocks per pool that `prepare` orders exactly at every step (lazy order: the rest only when a
+# step reaches them). A step pops at most a few hundred pages on real traces, so the rest is
+# rarely ordered; the selection costs about the same for any window (radix passes over the
+# pool), the sort of the window grows with it. Measured (Mooncake, 2^16 blocks): see
+# BENCHMARKS.md section 5, "Lazy order".
+ORDER_WINDOW = 512
+# radix passes (shift, bits) of `_kth_smallest` over 32-bit keys
+_PASSES = ((21, 11), (10, 11), (0, 10))
 
 
-def window(num_blocks: int) -> tuple[int, int, int, int]:
-  """(W0, K, SHIFT, W_END) of the re-keying window for a pool of `num_blocks` blocks."""
-  p = 1 << max(0, (num_blocks - 1).bit_length())  # next power of two >= num_blocks
-  k = min(p, max(1, WINDOW_LIMIT // p))
-  shift = (p // k).bit_length() - 1
-  w0 = num_blocks
-  return w0, k, shift, w0 + num_blocks * k
+# pools of at most this many (padded) blocks are ordered whole at every step: there the two
+# sorts are cheap, and the lazy order's selection and completions only add program size (the
+# test suite's small pools compiled and ran ~2x slower with it); tests of the lazy order
+# lower this (`tests/hybrid_cache/lazy_order_test.py`)
+LAZY_FROM = 4096
 
 
-def state_window(lay, state):
-  """`window` of the real pool (`CacheState.num_real_blocks`, traced): K and SHIFT only
-  depend on its next power of two, the (padded) pool arrays' length `lay.num_blocks`."""
-  _, k, shift, _ = window(lay.num_blocks)
-  w0 = state.num_real_blocks
-  return w0, k, shift, w0 + w0 * k
+def lazy(lay) -> bool:
+  """Whether `prepare` orders lazily (static): a re-keying policy that does not read the
+  recency rank (`Layout.rekeys`, not `Layout.ranks_all`) on a pool of more than `LAZY_FROM`
+  blocks."""
+  return lay.rekeys and not lay.ranks_all and lay.num_blocks > LAZY_FROM
+
+
+def order_window(lay) -> int:
+  """M, the blocks per pool `prepare` orders exactly under the lazy order (static):
+  `ORDER_WINDOW`, at most an eighth of the padded pool (at least 8)."""
+  return int(min(ORDER_WINDOW, max(8, lay.num_blocks // 8)))
+
+
+def lazy_region(lay, state) -> tuple[jax.Array, jax.Array]:
+  """[R0, W_END): the lazy region the last `prepare` left (traced; W_END = R0 + the padded
+  pool); tail insertions since then are at or above W_END."""
+  r0 = state.order_lazy
+  return r0, r0 + lay.num_blocks
 
 
 def scaled_ratio(a: jax.Array, d: jax.Array) -> jax.Array:
@@ -129,7 +164,9 @@ class FreeBlocks:
     group: i32[NB], the group of the block's key (-1: no key).
     token_end: i32[NB], the token position where the block's key ends (its prefix length).
     recency: i32[NB], among the candidates, the rank by the time each was freed
-      (0 = least recently freed); meaningless elsewhere.
+      (0 = least recently freed); meaningless elsewhere. None unless the policy declares it
+      reads it (`Reads(recency=True)`, `Layout.ranks_all`: it costs two sorts of the pool
+      per step and rules out the lazy order).
     num_candidates: i32[], the number of candidates.
     hits: i32[NB], prefix-cache hits on the block since its key was registered
       (`CacheState.key_hits`: admitted allocations that touched it as a hit).
@@ -158,7 +195,7 @@ class FreeBlocks:
   candidate: jax.Array
   group: jax.Array
   token_end: jax.Array
-  recency: jax.Array
+  recency: jax.Array | None
   num_candidates: jax.Array
   hits: jax.Array | None = None
   chain_start: jax.Array | None = None
@@ -180,86 +217,205 @@ def rebase_clock(state):
   return state.replace(block_aux=aux, counters=counters)
 
 
-def _rekey_queue(lay, state, priority, ranked: bool = False):
-  """The re-keyed normal free-queue row (i32[NB]); see the module docstring. With `ranked`
-  (static), the pair (row, the candidates' priorities i32[NB], 0 for the other blocks).
-
-  `priority(blocks: FreeBlocks) -> i32[NB]`: the policy's priority of each candidate, in
-  [0, 2^30] (lower first; ties keep recency order)."""
-  w0, k, shift, w_end = state_window(lay, state)
-  qk0 = state.free_key
+def _primary(lay, state, policy):
+  """(rank, keyed, ranked, perm): each queued keyed block's primary key (dead states -1,
+  candidates `policy.priority`; BIG elsewhere), the queued keyed blocks (the ones the frame
+  orders), the candidates' priorities (0 elsewhere), and with `Layout.ranks_all` the keyed
+  blocks' permutation by recency (else None)."""
   grp = state.block_group
-  free = qk0 < BIG
-  keyed = free & (grp >= 0)
+  keyed = (state.free_key < BIG) & (grp >= 0)
   dead = keyed & dead_states(lay, state)
   alive = keyed & ~dead
-  stray = free & ~keyed & (qk0 >= w0)  # key-less blocks inside the window / tail range
-  n = jnp.sum(alive).astype(jnp.int32)
-  # recency: window blocks by their stored LRU rank, then later tail frees by key (unique
-  # among keyed blocks while num_blocks <= 2^14; beyond, equal ranks tie in block-id order)
-  t = jnp.where(qk0 >= w_end, qk0, jnp.where(qk0 >= w0, (qk0 - w0) & (k - 1), qk0 - w0 - k))
-  # one order: keyed blocks by recency, strays by key (classes are separated by the final one)
-  rec_key = jnp.where(keyed, t, jnp.where(stray, qk0, BIG))
-  perm = xla_cpu.stable_argsort(rec_key)
-  r_all = _rank(perm, xla_cpu.prefix_count(keyed[perm]) - 1)
-  r = _rank(perm, xla_cpu.prefix_count(alive[perm]) - 1)
+  perm = recency = None
+  if lay.ranks_all:  # the candidates' recency rank, for a policy that reads it
+    perm = xla_cpu.stable_argsort(jnp.where(keyed, state.free_recency, BIG))
+    recency = _rank(perm, xla_cpu.prefix_count(alive[perm]) - 1)
   blocks = FreeBlocks(
     candidate=alive,
     group=grp,
     token_end=state.key_end,
-    recency=r,
-    num_candidates=n,
+    recency=recency,
+    num_candidates=jnp.sum(alive).astype(jnp.int32),
     hits=state.key_hits if lay.chain_features else None,
     chain_start=state.chain_start if lay.chain_features else None,
     stamp=state.evict_stamp if lay.eviction_clock else None,
     penult=state.key_penult if lay.access_history else None,
     owner=state.kv_owner if lay.access_history else None,
   )
-  util = priority(blocks)
-  primary = jnp.where(stray, -2, jnp.where(dead, -1, jnp.where(alive, util, BIG)))
-  # stable order of the recency-ordered list by primary: ties keep recency order
-  slot = _rank(perm[xla_cpu.stable_argsort(primary[perm])])
-  moved = stray | keyed
-  l_digit = jnp.clip(r_all, 0, w0) >> shift
-  new_key = w0 + slot * k + jnp.where(keyed, l_digit, 0)
-  qk = jnp.where(moved, new_key, qk0)
-  return (qk, jnp.where(alive, util, 0)) if ranked else qk
+  util = policy.priority(lay, state, blocks)
+  rank = jnp.where(dead, -1, jnp.where(alive, util, BIG))
+  return rank, keyed, jnp.where(alive, util, 0), perm
+
+
+def _order_all(state, rank, moved, base, perm=None) -> jax.Array:
+  """i32[NB]: the `moved` blocks keyed `base` + their position by (rank, recency), the other
+  blocks' free-queue keys unchanged (two stable sorts of the pool; `perm`, the moved blocks
+  by recency, if the caller has it)."""
+  if perm is None:
+    perm = xla_cpu.stable_argsort(jnp.where(moved, state.free_recency, BIG))
+  slot = _rank(perm[xla_cpu.stable_argsort(jnp.where(moved, rank, BIG)[perm])])
+  return jnp.where(moved, base + slot, state.free_key)
+
+
+def _kth_smallest(u: jax.Array, pool: jax.Array, k: jax.Array, pools: int):
+  """Per pool p: (the k[p]-th smallest (1-based) of `u` (u32[N]) among the entries with
+  pool == p (i32[N], -1 = none), the number of them strictly smaller): (u32[P], i32[P]).
+  Radix selection, one histogram over the pools per pass (`_PASSES`); meaningless for a
+  pool with fewer than k[p] entries."""
+  match = pool >= 0
+  g = jnp.clip(pool, 0, pools - 1)
+  need = k
+  val = jnp.zeros((pools,), jnp.uint32)
+  below = jnp.zeros((pools,), jnp.int32)
+  for shift, bits in _PASSES:
+    n = 1 << bits
+    d = ((u >> jnp.uint32(shift)) & jnp.uint32(n - 1)).astype(jnp.int32)
+    hist = jnp.zeros((pools * n + 1,), jnp.int32).at[jnp.where(match, g * n + d, pools * n)]
+    hist = hist.add(1)[: pools * n].reshape(pools, n)
+    cum = jnp.cumsum(hist, axis=1)
+    digit = jnp.sum(cum < need[:, None], axis=1).astype(jnp.int32)  # per pool
+    prev = jnp.take_along_axis(cum, jnp.clip(digit - 1, 0, n - 1)[:, None], axis=1)[:, 0]
+    prev = jnp.where(digit > 0, prev, 0)
+    below = below + prev
+    need = need - prev
+    match = match & (d == digit[g])
+    val = val | (jnp.clip(digit, 0, n - 1).astype(jnp.uint32) << jnp.uint32(shift))
+  return val, below
+
+
+def _u32(x: jax.Array) -> jax.Array:
+  """Order-preserving int32 -> uint32."""
+  return x.astype(jnp.uint32) ^ jnp.uint32(1 << 31)
+
+
+def _order_window(lay, state, rank, moved, w0):
+  """(free row i32[NB], exact bound i32): each pool's first `order_window` moved blocks by
+  (rank, recency) keyed `w0` + their position in the merged order, the other moved blocks
+  R0 + block id (the lazy region, R0 = w0 + M * pools); the bound below which the keys are
+  the whole queue's exact order (BIG when no pool has more than the window). Module
+  docstring, "Lazy order"."""
+  m, pools, nb = order_window(lay), lay.num_pools, lay.num_blocks
+  r0 = w0 + m * pools
+  ids = jnp.arange(nb, dtype=jnp.int32)
+  pool = (ids >= state.first_slot).astype(jnp.int32) if pools > 1 else jnp.zeros_like(ids)
+  gid = jnp.where(moved, pool, -1)
+  count = jnp.stack([jnp.sum(gid == p) for p in range(pools)]).astype(jnp.int32)
+  u, ur = _u32(rank), _u32(state.free_recency)
+  v, below = _kth_smallest(u, gid, jnp.full((pools,), m, jnp.int32), pools)
+  tie = moved & (u == v[pool])
+  vr, _ = _kth_smallest(ur, jnp.where(tie, pool, -1), m - below, pools)
+  sel = moved & ((u < v[pool]) | (tie & (ur <= vr[pool])))
+  sel = jnp.where(count[pool] <= m, moved, sel)
+  # the selected blocks (at most m per pool) in (rank, recency) order
+  ms = m * pools
+  n_sel = jnp.sum(sel).astype(jnp.int32)
+  pos = jnp.arange(ms, dtype=jnp.int32)
+  picked = xla_cpu.compact(sel, ms)
+  valid = pos < n_sel
+  _, _, order = jax.lax.sort(
+    (
+      jnp.where(valid, rank[picked], BIG),
+      jnp.where(valid, state.free_recency[picked], BIG),
+      picked,
+    ),
+    num_keys=2,
+  )
+  keys = jnp.where(moved & ~sel, r0 + ids, state.free_key)
+  keys = keys.at[jnp.where(valid, order, nb)].set(w0 + pos, mode="drop")
+  # exact prefix: up to the last selected block of each pool with a lazy part
+  over = count > m
+  last = jnp.stack([jnp.max(jnp.where(valid & (pool[order] == p), pos, -1)) for p in range(pools)])
+  n_exact = jnp.min(jnp.where(over, last + 1, n_sel))
+  return keys, jnp.where(jnp.any(over), w0 + n_exact, BIG)
+
+
+def _completed(lay, state):
+  """(free row, counters): the lazy part of the normal queue (keys in [`order_exact`, W_END))
+  keyed `order_exact` + its position by (rank, recency): the whole queue in exact order."""
+  _, w_end = lazy_region(lay, state)
+  lo = state.order_exact
+  qk = state.free_key
+  lazy_part = (qk >= lo) & (qk < w_end)
+  keys = _order_all(state, state.free_rank, lazy_part, lo)
+  return keys, Counters(state.counters).set(order_exact=BIG)
+
+
+def complete_order(lay, state, when=True):
+  """`state` with its whole normal queue in exact order (`when`, a traced bool: only then; the
+  state unchanged without a lazy part). Run before anything reads the queue past the ordered
+  window (`order_for_pop`, `byte_budget.enforce`, `reset_prefix_cache`) and by tests that
+  read the whole queue. No-op without the lazy order (`lazy`)."""
+  if not lazy(lay):
+    return state
+  due = when & (state.order_exact < BIG)
+  keys, counters = jax.lax.cond(
+    due, lambda: _completed(lay, state), lambda: (state.free_key, state.counters)
+  )
+  return state.replace(queue_key=QueueKeys(state.queue_key).set(free=keys), counters=counters)
+
+
+def order_for_pop(lay, state, count, pool: int | None = None):
+  """`state` with the first `count` blocks (i32) of the normal queue (of pool `pool`, static,
+  with two pools) in exact order: the queue is completed only when fewer than `count` of its
+  blocks lie below the lazy region."""
+  if not lazy(lay):
+    return state
+  r0, _ = lazy_region(lay, state)
+  qk = state.free_key
+  ahead = qk < r0
+  if pool is not None:
+    ahead &= (jnp.arange(qk.shape[0], dtype=jnp.int32) >= state.first_slot) == bool(pool)
+  return complete_order(lay, state, jnp.sum(ahead) < count)
 
 
 def prepare(lay, state):
   """Hook run at the start of every scheduler step, before any allocation.
 
-  `lru`: the state unchanged. Any other policy (`policies.core_eviction`): lifts the tail
-  counter above the re-keying window and, when the policy is `active` (flop_aware: alpha > 0;
-  default: always), re-keys the normal free queue by the policy's `priority` (module
-  docstring). With an eviction clock (`Layout.eviction_clock`): first `rebase_clock`, then each
-  block's `evict_ranked` is set to the priority it was ranked with (0: not a candidate), or to
-  the policy's `clock_priority(state, ranked)` if it defines one.
-  Pinned tier untouched.
+  `lru`: the state unchanged. Any other policy (`policies.core_eviction`): when the policy is
+  `active` (flop_aware: alpha > 0; default: always), keys the normal free queue's keyed
+  blocks above every key in use (W0 = the tail counter) in the order of the policy's
+  `priority` (module docstring): each pool's first `order_window` blocks under the lazy order
+  (`lazy`), else the whole queue; then lifts the tail counter above them. With an
+  eviction clock (`Layout.eviction_clock`): first `rebase_clock`, then each block's
+  `evict_ranked` is set to the priority it was ranked with (0: not a candidate), or to the
+  policy's `clock_priority(state, ranked)` if it defines one. Pinned tier untouched.
   """
   policy = policies.core_eviction(lay.config.eviction)
   if policy is None:
     return state
-  _, _, _, w_end = state_window(lay, state)
-  c = state.counters
-  state = state.replace(counters=Counters(c).set(tail_key=jnp.maximum(state.tail_key, w_end)))
   if lay.eviction_clock:
     state = rebase_clock(state)
+  w0 = state.tail_key  # above every key in use
+  r0 = w0 + (order_window(lay) * lay.num_pools if lazy(lay) else 0)
+  nb = lay.num_blocks
 
-  def rekey(ranked=False):
-    return _rekey_queue(lay, state, lambda blocks: policy.priority(lay, state, blocks), ranked)
+  def order():
+    rank, keyed, ranked, perm = _primary(lay, state, policy)
+    if lazy(lay):
+      keys, exact = _order_window(lay, state, rank, keyed, w0)
+    else:
+      keys, exact = _order_all(state, rank, keyed, w0, perm), BIG
+    return keys, jnp.int32(exact), rank, ranked
+
+  def unchanged():
+    big = jnp.full((nb,), BIG, jnp.int32)
+    return state.free_key, state.order_exact, big, jnp.zeros((nb,), jnp.int32)
 
   active = getattr(policy, "active", None)
-  if lay.eviction_clock:  # a clock policy is always active
-    qk0, ranked = rekey(ranked=True)
+  if active is None or lay.eviction_clock:  # a clock policy is always active
+    keys, exact, rank, ranked = order()
+  else:  # the cond returns only rows (a cond over the whole state copies its leaves)
+    keys, exact, rank, ranked = jax.lax.cond(active(state), order, unchanged)
+  if lay.eviction_clock:
     on_clock = getattr(policy, "clock_priority", None)  # what the clock may rise to (`tuned`)
     ranked = ranked if on_clock is None else on_clock(state, ranked)
     state = state.replace(block_aux=BlockAux(state.block_aux).set(evict_ranked=ranked))
-  elif active is None:
-    qk0 = rekey()
-  else:  # the cond returns only the queue row (a cond over the whole state copies its leaves)
-    qk0 = jax.lax.cond(active(state), rekey, lambda: state.free_key)
-  return state.replace(queue_key=QueueKeys(state.queue_key).set(free=qk0))
+  counters = Counters(state.counters).set(order_exact=exact, order_lazy=r0, tail_key=r0 + nb)
+  return state.replace(
+    queue_key=QueueKeys(state.queue_key).set(free=keys),
+    queue_order=QueueOrder(state.queue_order).set(rank=rank),
+    counters=counters,
+  )
 
 
 def select_victim(queue_key: jax.Array) -> jax.Array:

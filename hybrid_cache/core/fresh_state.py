@@ -25,6 +25,7 @@ from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import HashLanes
 from hybrid_cache.core.state import IndexEntry
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 from hybrid_cache.core.state import ReqGroup
 from hybrid_cache.core.state import ReqInfo
 
@@ -43,10 +44,15 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
   real = config.pool_size  # pages, then state slots (`CacheConfig.state_slots`)
   qk = np.full((QueueKeys.width(), nb), BIG, np.int32)
   qk = QueueKeys(qk)[1:real].set(free=np.arange(1, real, dtype=np.int32))
+  # a re-keying policy's recency row starts as the free-queue keys (`eviction`: lazy order)
+  order = np.full((QueueOrder.width(lay.rekeys), nb), BIG, np.int32)
+  if lay.rekeys:
+    order = QueueOrder(order).set(recency=QueueKeys(qk).free)
   counters = Counters(np.zeros(Counters.width(), np.int32)).set(
     head_key=1,  # smallest key in use; head insertions go below it
     tail_key=real,  # next tail key
     pin_key=0,
+    order_exact=BIG,  # no lazy region (`eviction`: lazy order)
   )
   # the chain-feature columns only for a policy that reads them (`Layout.chain_features`)
   aux = np.tile(
@@ -71,6 +77,7 @@ def init_state(config: CacheConfig, bucketed: bool = True) -> CacheState:
     req_partial=np.zeros((r, g if lay.partial else 0), np.int32),
     params=runtime_params(config),
     policy_state=np.zeros(policy_state_shape(config, lay), np.int32),
+    queue_order=order,
   )
   return jax.device_put(state)
 

@@ -8,11 +8,12 @@ index entry points at a block carrying that key (lanes, group and bucket); every
 indexed exactly once (unless the index overflowed; a block of a prompt-tail group,
 `Layout.tail_groups`, may also carry one extra, partial key, and with fine keys a block of
 `Layout.fine_key_groups` one per hash-block boundary inside it); the null block is never free,
-keyed or indexed; queue keys are unique; pinned-tier blocks carry the pinned flag; the padding
-blocks past the real pool (`fresh_state.init_state`) are never free, held, keyed or in a
-table; with two pools (`Layout.state_pool`) each group's table names only blocks of its own pool
-(and with a shared byte budget the held and cached blocks fit it);
-and the runtime parameters (`CacheState.params`) are the config's.
+keyed or indexed; queue keys are unique (with a re-keying eviction policy, `Layout.rekeys`,
+so are the queued blocks' recencies, `CacheState.free_recency`); pinned-tier blocks carry the
+pinned flag; the padding blocks past the real pool (`fresh_state.init_state`) are never free,
+held, keyed or in a table; with two pools (`Layout.state_pool`) each group's table names only
+blocks of its own pool (and with a shared byte budget the held and cached blocks fit it); and
+the runtime parameters (`CacheState.params`) are the config's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hybrid_cache.core.state import STATUS_EMPTY
 from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 
 
 def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
@@ -67,6 +69,12 @@ def check_invariants(config: CacheConfig, state: CacheState) -> list[str]:
   for row_name, keys in (("free", queues.free[in_free]), ("pinned", queues.pinned[in_pin])):
     if len(np.unique(keys)) != len(keys):
       errs.append(f"duplicate {row_name}-queue keys")
+  if lay.rekeys:  # a re-keying policy's recency row (`eviction`: lazy order)
+    rec = QueueOrder(np.asarray(s.queue_order)[:, :nb]).recency[in_free]
+    if (rec >= BIG).any():
+      errs.append("a block in the free queue has no recency")
+    elif len(np.unique(rec)) != len(rec):
+      errs.append("duplicate free-queue recencies")
   aux = np.asarray(s.block_aux)[:nb]
   if (BlockAux(aux)[in_pin].pinned == 0).any():
     errs.append("a pinned-tier block lacks the pinned flag")

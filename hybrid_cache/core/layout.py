@@ -89,6 +89,12 @@ class Layout:
   # idle unless declared too: `tuned`) and the core maintains them at registration, hit,
   # retirement and finish; else no trace of them
   access_history: bool = False
+  # the eviction policy re-orders the free queue (`policies.rekeys`: all but `lru`): the state
+  # carries `queue_order` (recency, rank) and `eviction.prepare` orders the queue at every
+  # step; `ranks_all` (`policies.reads_recency`): the whole queue, else each pool's first
+  # `eviction.order_window` blocks, the rest when a step reaches them (lazy order)
+  rekeys: bool = False
+  ranks_all: bool = False
   # a second pool of state slots (`CacheConfig.state_slots`): ids [first_slot, num_real) where
   # `CacheState.first_slot` is a runtime parameter; `group_pool`: per group, the pool its blocks
   # come from (0 = pages, 1 = state slots: the recurrent groups when `state_pool`)
@@ -192,6 +198,8 @@ def derive_layout(config: CacheConfig) -> Layout:
     chain_features=policies.reads_chain(config.eviction),
     eviction_clock=policies.reads_clock(config.eviction),
     access_history=policies.reads_history(config.eviction),
+    rekeys=policies.rekeys(config.eviction),
+    ranks_all=policies.reads_recency(config.eviction),
     state_pool=config.state_slots > 0,
     byte_budget=config.byte_budget is not None,
     group_pool=tuple(

@@ -42,6 +42,7 @@ from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import CacheState
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.core.step import StepCarry
 from hybrid_cache.core.step import StepInput
@@ -157,6 +158,8 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
   """Drops every key if no block is held; pinned-tier blocks return to the normal tail."""
   lay = layout(config)
   nb = lay.num_blocks
+  # the key-less blocks keep their queue order: the lazy part ordered first (`eviction`)
+  state = eviction.complete_order(lay, state)
   ok = block_pool.num_free(state) == state.num_real_blocks - 1  # the real pool
   pinned = state.pinned_key < BIG
   order = jnp.argsort(jnp.where(pinned, state.pinned_key, BIG))
@@ -171,10 +174,22 @@ def reset_prefix_cache(config: CacheConfig, state: CacheState):
       state.block_aux.shape,
     ),
     index_entry=jnp.full_like(state.index_entry, -1),
+    queue_order=(
+      QueueOrder(state.queue_order).set(recency=jnp.where(pinned, k0, state.free_recency))
+      if lay.rekeys
+      else state.queue_order
+    ),
     counters=Counters(state.counters).add(tail_key=jnp.sum(pinned).astype(jnp.int32)),
   )
   state = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
   return state, ok, pack_stats(lay, stats(lay, state))
+
+
+@compile_cache.entry_point()
+def free_queue_keys(config: CacheConfig, state: CacheState):
+  """i32[NB]: the normal free queue's keys in its exact order (`free_key` with a re-keyed
+  queue's lazy part ordered, `eviction.complete_order`; BIG = not queued). Read-only."""
+  return eviction.complete_order(layout(config), state).free_key
 
 
 @compile_cache.entry_point()

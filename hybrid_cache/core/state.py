@@ -2,7 +2,7 @@
 named rows and columns (static sizes: `layout.Layout`; a fresh state: `fresh_state.init_state`;
 the `params` leaf: `params`).
 
-Fields (15 leaves, each its own buffer so the state can be donated). Several are stacked
+Fields (16 leaves, each its own buffer so the state can be donated). Several are stacked
 arrays whose rows or columns are addressed by position constants (`Q_*`, `AUX_*`, ...) that
 no module but this one uses: every other module reads and writes them by name, through the
 leaf's view class (`QueueKeys`, `BlockAux`, `IndexEntry`, `ReqInfo`, `ReqGroup`, `Counters`,
@@ -109,6 +109,10 @@ Scalars:
     ranked priority evicted so far), 0 and untouched unless `Layout.eviction_clock`.
   - `eviction_weighting` (`C_WEIGHTING`): eviction `tuned`'s weighting (0 = GreedyDual, 1 =
     LRU-2, `policies/tuned.py`), 0 and unread otherwise.
+  - `order_exact` (`C_ORDER_EXACT`), `order_lazy` (`C_ORDER_LAZY`): with a re-keying
+    eviction policy, the free-queue key below which the normal queue is in its exact order
+    (BIG: all of it) and the first key of the lazy region that `eviction.prepare` left
+    unordered (`eviction` module docstring, "Lazy order"); unread otherwise.
 * `params` i32[NUM_PARAMS], entries `P_*` (packed and named in `params`, the one module that
   uses them): the config's runtime parameters (`params.runtime_params`),
   read inside jit instead of the config so that configs differing only in them share compiled
@@ -131,6 +135,13 @@ Scalars:
   `vllm` and `none`). Zero at `init_state`; only the policies' `admit` / `keep` / `observe` /
   `pick` write their own columns; `reset_prefix_cache` keeps it (statistics of the requests
   seen, not cache content).
+* `queue_order` i32[NUM_ORDER, NB] (i32[0, NB] unless the eviction policy re-keys the free
+  queue, `Layout.rekeys`), rows `O_*` (`QueueOrder`: `recency`, `rank`), meaningful only
+  for blocks in the normal free queue (`eviction` module docstring):
+  - `free_recency` i32[NB] (`O_RECENCY`): the block's key in vLLM's free queue as `lru` would
+    keep it (written with its free-queue key at every free; unique among queued blocks).
+  - `free_rank` i32[NB] (`O_RANK`): the primary key the last `eviction.prepare` ordered the
+    block by (its class or priority; BIG for blocks it did not order).
 
 Why packed: a stacked leaf is one buffer, donated and updated in place as one, so a block's
 key columns are cleared in one row write when it is popped (`block_index.evict_ids`) and a
@@ -196,7 +207,9 @@ NUM_RG_CHAIN = 4
   C_REC_RETIRED,
   C_EVICT_CLOCK,
   C_WEIGHTING,
-) = range(12)
+  C_ORDER_EXACT,
+  C_ORDER_LAZY,
+) = range(14)
 NUM_COUNTERS = 16
 # block_aux columns: registration step, pinned flag, key's token end; with the chain features
 # (`Layout.chain_features`) also hits and chain start; with the eviction clock
@@ -222,6 +235,9 @@ NUM_AUX_HISTORY = 10
 # queue_key rows: vLLM's free queue, the pinned tier
 Q_FREE, Q_PINNED = range(2)
 NUM_QUEUES = 2
+# queue_order rows (a re-keying eviction policy only): free-queue recency, ranked primary key
+O_RECENCY, O_RANK = range(2)
+NUM_ORDER = 2
 # index_entry columns: block id, insertion sequence number
 IDX_BLOCK, IDX_SEQ = range(2)
 NUM_IDX = 2
@@ -321,6 +337,15 @@ class QueueKeys(Packed):
   WIDTHS = (NUM_QUEUES,)
 
 
+class QueueOrder(Packed):
+  """`queue_order` rows (`O_*`): `recency`, `rank` (module docstring); none without a
+  re-keying eviction policy (`Layout.rekeys`)."""
+
+  FIELDS = {"recency": O_RECENCY, "rank": O_RANK}
+  AXIS = 0
+  WIDTHS = (0, NUM_ORDER)
+
+
 class QueueCounts(Packed):
   """Free blocks per queue, last axis in `queue_key`'s row order: `free`, `pinned`
   (`block_pool.free_counts`: i32[NUM_QUEUES], or i32[2, NUM_QUEUES] per pool)."""
@@ -412,6 +437,8 @@ class Counters(Packed):
     "states_retired": C_REC_RETIRED,
     "evict_clock": C_EVICT_CLOCK,
     "eviction_weighting": C_WEIGHTING,
+    "order_exact": C_ORDER_EXACT,
+    "order_lazy": C_ORDER_LAZY,
   }
   AXIS = 0
   WIDTHS = (NUM_COUNTERS,)
@@ -431,7 +458,7 @@ def _view(view: type[Packed], leaf: str, field: str, doc: str) -> property:
 
 @flax.struct.dataclass
 class CacheState(ParamViews):
-  """The whole cache core state: 15 leaves, and named read-only views of their rows and
+  """The whole cache core state: 16 leaves, and named read-only views of their rows and
   columns (module docstring: every field with its shape and meaning).
 
   The views are plain slices of the leaves (no copies inside jit; on a host copy from
@@ -453,10 +480,15 @@ class CacheState(ParamViews):
   req_partial: jax.Array
   params: jax.Array
   policy_state: jax.Array
+  queue_order: jax.Array
 
   # ---- queue_key rows, i32[NB] (BIG = not in that queue)
   free_key = _view(QueueKeys, "queue_key", "free", "i32[NB]: key in vLLM's free queue.")
   pinned_key = _view(QueueKeys, "queue_key", "pinned", "i32[NB]: key in the pinned tier.")
+
+  # ---- queue_order rows, i32[NB] (a re-keying eviction policy only)
+  free_recency = _view(QueueOrder, "queue_order", "recency", "i32[NB]: free-queue recency.")
+  free_rank = _view(QueueOrder, "queue_order", "rank", "i32[NB]: primary key at last ranking.")
 
   # ---- block_aux columns, i32[NB]
   key_step = _view(BlockAux, "block_aux", "key_step", "i32[NB]: step the key was registered.")
@@ -522,6 +554,10 @@ class CacheState(ParamViews):
   eviction_weighting = _view(
     Counters, "counters", "eviction_weighting", "Eviction `tuned`'s weighting (0 GD, 1 LRU-2)."
   )
+  order_exact = _view(
+    Counters, "counters", "order_exact", "Free-queue keys below it are in exact order."
+  )
+  order_lazy = _view(Counters, "counters", "order_lazy", "First key of the lazy region.")
 
 
 def cdiv(a, b):

@@ -32,6 +32,7 @@ from hybrid_cache.core.state import BIG
 from hybrid_cache.core.state import BlockAux
 from hybrid_cache.core.state import Counters
 from hybrid_cache.core.state import QueueKeys
+from hybrid_cache.core.state import QueueOrder
 from hybrid_cache.factory import make_manager
 from hybrid_cache.manager import JaxCacheManager
 from hybrid_cache.replay import replay as replay_lib
@@ -81,7 +82,7 @@ def _tiny_state():
   s = block_index.insert(
     s, jax.numpy.asarray(ids), jax.numpy.asarray(hashes), jax.numpy.asarray(grps)
   )
-  _, _, _, w_end = eviction.window(TINY.num_blocks)
+  w_end = 100  # any base above the head keys
   free = np.full(8, BIG, np.int32)
   keys = {1: 1, 2: w_end + 10, 3: w_end + 11, 7: w_end + 12, 4: w_end + 13, 5: w_end + 14}
   keys[6] = w_end + 15
@@ -90,8 +91,13 @@ def _tiny_state():
   qk = QueueKeys.stack(free=jax.numpy.asarray(free), pinned=jax.numpy.full(8, BIG, np.int32))
   ends = np.array([blocks[b][1] for b in blocks], np.int32)
   aux = BlockAux(s.block_aux)[jax.numpy.asarray(ids)].set(key_end=jax.numpy.asarray(ends))
+  # as frees would leave them: each block's recency is its free-queue key
+  order = QueueOrder(s.queue_order).set(recency=QueueKeys(qk).free)
   return s.replace(
-    queue_key=qk, block_aux=aux, counters=Counters(s.counters).set(tail_key=w_end + 16)
+    queue_key=qk,
+    block_aux=aux,
+    counters=Counters(s.counters).set(tail_key=w_end + 16),
+    queue_order=order,
   )
 
 

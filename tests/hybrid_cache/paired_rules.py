@@ -78,9 +78,28 @@ def free_queue(m) -> list[int]:
   """The normal free queue of either backend, head (next victim) first."""
   if hasattr(m, "free_queue"):
     return list(m.free_queue())
-  qk = np.asarray(jax.device_get(m.state.free_key))
+  qk = exact_free_keys(m.state)
   ids = np.nonzero(qk < BIG)[0]
   return [int(b) for b in ids[np.argsort(qk[ids], kind="stable")]]
+
+
+def exact_free_keys(state) -> np.ndarray:
+  """i32[NB]: a state's free-queue keys with the lazy part of a re-keyed queue ordered
+  (NumPy, what the jitted `scheduler.free_queue_keys` returns, without a compile per config):
+  the blocks keyed in [`order_exact`, `order_lazy` + NB) by (rank, recency)."""
+  if state.queue_order.shape[0] == 0:  # `lru`: the keys are the order
+    return np.array(jax.device_get(state.free_key))
+  qk, order, counters = (
+    np.array(a) for a in jax.device_get((state.free_key, state.queue_order, state.counters))
+  )
+  host = state.replace(queue_order=order, counters=counters)  # the rows read below, on the host
+  if int(host.order_exact) >= BIG:
+    return qk
+  lo, hi = int(host.order_exact), int(host.order_lazy) + qk.shape[0]
+  ids = np.nonzero((qk >= lo) & (qk < hi))[0]
+  rank, rec = np.asarray(host.free_rank)[ids], np.asarray(host.free_recency)[ids]
+  qk[ids[np.lexsort((rec, rank))]] = lo + np.arange(len(ids))
+  return qk
 
 
 def chain_features(m) -> dict[int, tuple[int, ...]]:

@@ -41,11 +41,15 @@ CLOCK_VIEWS = {"evict_stamp", "evict_ranked"}
 # clock ones idle), the `req_group` of a state without the chain features
 HISTORY_CFG = dataclasses.replace(CFG, eviction="lru2")
 HISTORY_VIEWS = {"key_last", "key_penult", "kv_owner"}
+# views of the `queue_order` rows: only with a re-keying eviction policy (`Layout.rekeys`)
+ORDER_VIEWS = {"free_recency", "free_rank"}
 
 # property -> (leaf, index of the row or column it names)
 VIEWS = {
   "free_key": ("queue_key", (st.Q_FREE,)),
   "pinned_key": ("queue_key", (st.Q_PINNED,)),
+  "free_recency": ("queue_order", (st.O_RECENCY,)),
+  "free_rank": ("queue_order", (st.O_RANK,)),
   "key_step": ("block_aux", (slice(None), st.AUX_STEP)),
   "pinned": ("block_aux", (slice(None), st.AUX_PINNED)),
   "key_end": ("block_aux", (slice(None), st.AUX_END)),
@@ -79,6 +83,8 @@ VIEWS = {
   "states_retired": ("counters", (st.C_REC_RETIRED,)),
   "evict_clock": ("counters", (st.C_EVICT_CLOCK,)),
   "eviction_weighting": ("counters", (st.C_WEIGHTING,)),
+  "order_exact": ("counters", (st.C_ORDER_EXACT,)),
+  "order_lazy": ("counters", (st.C_ORDER_LAZY,)),
   "num_real_blocks": ("params", (params.P_NUM_BLOCKS,)),
   "max_batched_tokens": ("params", (params.P_MAX_BATCHED,)),
   "max_model_len": ("params", (params.P_MAX_MODEL_LEN,)),
@@ -121,6 +127,7 @@ def _views(cfg):
     if (lay.chain_features or n not in CHAIN_VIEWS or (hist and n != "group_chain"))
     and (lay.eviction_clock or hist or n not in CLOCK_VIEWS)
     and (hist or n not in HISTORY_VIEWS)
+    and (lay.rekeys or n not in ORDER_VIEWS)
   }
 
 

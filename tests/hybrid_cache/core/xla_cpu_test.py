@@ -37,7 +37,7 @@ def test_prefix_count_of_a_pool_sized_mask_matches_numpy():
   assert np.array_equal(np.asarray(_prefix(jnp.asarray(mask), 32)), np.cumsum(mask))
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (8, 64), (2, 300)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (8, 64), (2, 300), (5, 1895)])
 def test_row_counts_match_numpy(shape):
   mask = np.random.default_rng(shape[1]).random(shape) < 0.4
   np.testing.assert_array_equal(np.asarray(xla_cpu.row_count(jnp.asarray(mask))), mask.sum(1))
