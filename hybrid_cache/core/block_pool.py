@@ -307,15 +307,14 @@ def maybe_renormalise(state: CacheState) -> CacheState:
     | (state.pin_key > RENORM_LIMIT)
   )
 
+  def as_ranks(keys):  # 1 + each key's rank among the keys < BIG (BIG stays BIG)
+    nb = keys.shape[0]
+    rank = jnp.zeros((nb,), jnp.int32).at[jnp.argsort(keys)].set(jnp.arange(nb, dtype=jnp.int32))
+    return jnp.where(keys < BIG, rank + 1, BIG)
+
   def renorm(state):
     qk = state.queue_key
-    nb = qk.shape[1]
-    out = []
-    for row in range(QueueKeys.width()):  # every queue's keys, as ranks
-      keys = qk[row]
-      order = jnp.argsort(keys)
-      rank = jnp.zeros((nb,), jnp.int32).at[order].set(jnp.arange(nb, dtype=jnp.int32))
-      out.append(jnp.where(keys < BIG, rank + 1, BIG))
+    out = [as_ranks(qk[row]) for row in range(QueueKeys.width())]  # every queue's keys
     n0 = jnp.sum(QueueKeys(qk).free < BIG).astype(jnp.int32)
     n1 = jnp.sum(QueueKeys(qk).pinned < BIG).astype(jnp.int32)
     c = Counters(state.counters).set(head_key=1)
@@ -324,8 +323,7 @@ def maybe_renormalise(state: CacheState) -> CacheState:
     order = state.queue_order
     if order.shape[0]:  # the recency of the queued blocks, as ranks in the same range
       rec = jnp.where(QueueKeys(qk).free < BIG, state.free_recency, BIG)
-      rank = jnp.zeros((nb,), jnp.int32).at[jnp.argsort(rec)].set(jnp.arange(nb, dtype=jnp.int32))
-      order = QueueOrder(order).set(recency=jnp.where(rec < BIG, rank + 1, BIG))
+      order = QueueOrder(order).set(recency=as_ranks(rec))
     return state.replace(queue_key=jnp.stack(out), counters=c, queue_order=order)
 
   return jax.lax.cond(due, renorm, lambda s: s, state)

@@ -20,8 +20,9 @@ key as vLLM's free queue (`lru`) would give it (written with the queue key at ev
 "least recently freed first" is "smallest recency first", exact at any pool size. Key-less
 free blocks keep their keys (so they stay first, in their current order); the keyed ones are
 keyed from W0 = the tail counter up (above every key in use), and the tail counter is lifted
-past them, so blocks freed later go after them. Each step thus uses ~2 pool sizes of keys;
-`block_pool.maybe_renormalise` re-packs the keys every ~2^29 / (2 NB) steps (one argsort).
+past them, so blocks freed later go after them. Each step thus uses about one pool size of
+keys (NB, plus the ordered window); `block_pool.maybe_renormalise` re-packs the keys every
+~2^29 / NB steps (one argsort per row).
 
 Lazy order (`lazy`: policies that do not read the recency rank, `Layout.ranks_all` false: all
 but flop_aware, on pools of more than `LAZY_FROM` blocks). Sorting the whole pool every step

@@ -97,34 +97,22 @@ def _prefix_sum(x: jax.Array, width: int) -> jax.Array:
 
 def row_prefix_counts(rows: jax.Array) -> jax.Array:
   """i32[R, N]: inclusive prefix count along each row of `rows` (bool[R, N], N < 2^24); plain
-  twin `jnp.cumsum(rows, axis=1)`. One [R, N] x [N, N] triangular matmul (see `prefix_count`);
-  for the short rows of block tables (N = max blocks per request)."""
+  twin `jnp.cumsum(rows, axis=1)`. One [R, N] x [N, N] triangular matmul (see `prefix_count`)
+  for the short rows of block tables (N = max blocks per request); rows longer than
+  `_ROW_BLOCK_FROM` take `prefix_count`'s blocked sum, row by row."""
   if not enabled("prefix_count"):
     return jnp.cumsum(rows.astype(jnp.int32), axis=1).astype(jnp.int32)
-  r, n = rows.shape
-  if n > _ROW_BLOCK_FROM:  # long rows: blocks of `width` by one matmul, then the blocks' offsets
-    return _row_prefix_blocked(rows.astype(jnp.float32), 32).astype(jnp.int32)
+  n = rows.shape[1]
+  if n > _ROW_BLOCK_FROM:  # long rows: `prefix_count`'s blocked sum, row by row
+    return jax.vmap(lambda row: _prefix_sum(row, 32))(rows.astype(jnp.float32)).astype(jnp.int32)
   tri = jnp.asarray((np.arange(n)[:, None] <= np.arange(n)[None, :]).astype(np.float32))
   return jnp.matmul(rows.astype(jnp.float32), tri, precision=_HI).astype(jnp.int32)
 
 
-# rows longer than this take `_row_prefix_blocked`: the [N, N] matmul's cost grows as N^2 (at
-# 64-token pages and Mooncake's max_model_len, N = 1,895: ~0.5 ms per lookup, 8% of a step)
+# rows longer than this take `_prefix_sum` (blocks of 32): the [N, N] matmul's cost grows as
+# N^2 (at 64-token pages and Mooncake's max_model_len, N = 1,895: ~0.5 ms per lookup, 8% of a
+# step)
 _ROW_BLOCK_FROM = 256
-
-
-def _row_prefix_blocked(x: jax.Array, width: int) -> jax.Array:
-  """f32[R, N]: inclusive prefix sums along the rows of `x` (f32[R, N] integers < 2^24): each
-  row in blocks of `width` by one [w, w] triangular matmul, the blocks' offsets by one
-  [N/w, N/w] matmul (as `_prefix_sum` does for one long row)."""
-  r, n = x.shape
-  nblk = -(-n // width)
-  x = jnp.zeros((r, nblk * width), jnp.float32).at[:, :n].set(x).reshape(r, nblk, width)
-  up = jnp.asarray(np.arange(width)[:, None] <= np.arange(width)[None, :], jnp.float32)
-  within = jnp.matmul(x, up, precision=_HI)  # [R, nblk, w]
-  low = jnp.asarray(np.arange(nblk)[None, :] < np.arange(nblk)[:, None], jnp.float32)
-  off = jnp.matmul(within[:, :, -1], low.T, precision=_HI)  # [R, nblk]: sums of earlier blocks
-  return (within + off[:, :, None]).reshape(r, -1)[:, :n]
 
 
 def row_count(mask: jax.Array) -> jax.Array:

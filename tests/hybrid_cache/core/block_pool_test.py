@@ -115,3 +115,22 @@ def test_renormalising_keys_keeps_the_queue_order():
   # untouched when the counters are far from the limit
   same = block_pool.maybe_renormalise(state)
   assert np.array_equal(np.asarray(same.queue_key), np.asarray(state.queue_key))
+
+
+def test_renormalising_keeps_a_re_keying_policys_recency_order_below_the_new_tail():
+  """With a re-keying eviction policy the recency row (written with the queue keys at every
+  free) is re-packed with them: the same LRU order, as ranks 1..n below the new tail key."""
+  from hybrid_cache.core.state import Counters
+
+  state = init_state(CFG.replace(eviction="deepest_first"))
+  state, _ = _pop(state, 6)
+  state = block_pool.free_ordered(state, jnp.asarray([6, 5, 4, 3, 2]), jnp.zeros((5,), jnp.int32))
+  queued = np.asarray(state.free_key) < BIG
+  rec_before = np.asarray(state.free_recency)
+  far = state.replace(counters=Counters(state.counters).set(tail_key=block_pool.RENORM_LIMIT + 5))
+  after = block_pool.maybe_renormalise(far)
+  rec = np.asarray(after.free_recency)
+  ids = np.nonzero(queued)[0]
+  assert list(ids[np.argsort(rec[ids])]) == list(ids[np.argsort(rec_before[ids])])
+  assert sorted(rec[ids].tolist()) == list(range(1, len(ids) + 1))
+  assert int(after.tail_key) == len(ids) + 1 and (rec[~queued] == BIG).all()
