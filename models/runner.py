@@ -259,19 +259,19 @@ def build_step_inputs(
     mbs = list(max_blocks)
     if len(mbs) != len(groups):
       raise ValueError(f"max_blocks must have one width per cache group ({len(groups)}), got {mbs}")
+  # every token's sequence, and which sequences write KV (real ones: not padding)
+  owner = np.repeat(np.arange(len(seqs)), lens)
+  writes = np.asarray([i < n_user and not s.padding for i, s in enumerate(seqs)])[owner]
   tables, slots = [], []
   for g, kind in enumerate(groups):
     mb = mbs[g]
     tab = np.zeros((len(seqs), mb), np.int32)
-    slot = np.full((len(tokens),), -1, np.int32)
     for i, s in enumerate(seqs):
-      row = list(s.block_tables[g])
+      row = s.block_tables[g]
       if len(row) > mb:
         raise ValueError(f"seqs[{i}].block_tables[{g}] has {len(row)} > max_blocks={mb} entries")
       tab[i, : len(row)] = row
-      if kind == "mamba":
-        continue
-      if i >= n_user or s.padding:
+      if kind == "mamba" or i >= n_user or s.padding:
         continue
       need = -(-int(seq_lens[i]) // block_size)
       if len(row) < need:
@@ -279,17 +279,24 @@ def build_step_inputs(
           f"seqs[{i}].block_tables[{g}] ({kind}) has {len(row)} entries, needs >= {need} for "
           f"{int(seq_lens[i])} tokens at block_size={block_size}"
         )
-      for t in range(qsl[i], qsl[i + 1]):
+    if kind == "mamba" or not writes.any():
+      slots.append(np.full((len(tokens),), -1, np.int32))
+    else:
+      # the new tokens' slots in one numpy expression over the step (a per-token Python loop
+      # took ~0.75 ms of a 4,096-token step's 1.3 ms here); a writing token's column is in
+      # its table (checked above), a padding token's is clipped and not written
+      col = np.minimum(positions // block_size, mb - 1)
+      blk = tab[owner, col]
+      null = np.flatnonzero(writes & (blk <= 0))
+      if len(null):
+        t = null[0]
         p = int(positions[t])
-        blk = row[p // block_size]
-        if blk <= 0:
-          raise ValueError(
-            f"seqs[{i}].block_tables[{g}][{p // block_size}] is {blk}: a new token at "
-            f"position {p} needs a real block (>= 1)"
-          )
-        slot[t] = blk * block_size + p % block_size
+        raise ValueError(
+          f"seqs[{owner[t]}].block_tables[{g}][{p // block_size}] is {int(blk[t])}: a new "
+          f"token at position {p} needs a real block (>= 1)"
+        )
+      slots.append(np.where(writes, blk * block_size + positions % block_size, -1).astype(np.int32))
     tables.append(tab)
-    slots.append(slot)
   rows = cfg.num_recurrent_rows
   ids = [s.recurrent_ids(rows) for s in seqs]
   m = num_ckpt_cols

@@ -30,6 +30,33 @@ def test_build_step_inputs_packs_and_maps_slots():
   assert not inp.decode
 
 
+def test_slots_match_the_per_token_rule_on_a_padded_step():
+  # slot = block * B + offset for every new token of a real sequence, -1 for padding
+  cfg = config_lib.hybrid3_tiny()  # groups: mamba, swa, full
+  bs, rng = 4, np.random.default_rng(0)
+  seqs = []
+  for _ in range(5):
+    nc, n = int(rng.integers(0, 9)), int(rng.integers(1, 11))
+    width = -(-(nc + n) // bs)
+    tables = [list(rng.integers(1, 50, width)) for _ in range(3)]
+    seqs.append(SeqStep(list(range(n)), nc, tables, state_write=1))
+  inp = runner.build_step_inputs(cfg, seqs, bs, max_blocks=8, pad_tokens=64, pad_seqs=8)
+  for g in (1, 2):
+    want = [
+      b * bs + p % bs
+      for s in seqs
+      for p in range(s.num_computed, s.num_computed + len(s.token_ids))
+      for b in [s.block_tables[g][p // bs]]
+    ]
+    want += [-1] * (64 - len(want))
+    np.testing.assert_array_equal(inp.slot_mapping[g], want)
+  seqs[3] = SeqStep([1, 2], 4, [[1], [1, 0], [1, 2]])
+  with pytest.raises(
+    ValueError, match=r"seqs\[3\].block_tables\[1\]\[1\] is 0: a new token at position 4"
+  ):
+    runner.build_step_inputs(cfg, seqs, bs, max_blocks=8)
+
+
 def test_two_recurrent_groups_get_one_id_row_each():
   cfg = config_lib.ModelConfig(
     layer_pattern="GMA", num_layers=3, recurrent_grouping="per_kind"
