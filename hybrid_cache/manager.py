@@ -92,7 +92,9 @@ class JaxCacheManager:
     self.config = config
     self._lay = layout(config)
     self._columns = outputs.entry_columns(self._lay)
-    self.state: CacheState = jax.device_put(init_state(config), jax.devices("cpu")[0])
+    # request rows written since the last device call, by slot (`_write`, `_flush`)
+    self._pending: dict[int, _Req] = {}
+    self._state: CacheState = jax.device_put(init_state(config), jax.devices("cpu")[0])
     self._reqs: dict[str, _Req] = {}
     self._free_slots = list(range(config.max_requests - 1, -1, -1))
     self._stats = self._to_stats(scheduler.pool_stats(config, self.state))
@@ -149,17 +151,52 @@ class JaxCacheManager:
       raise ValueError(f"req {req!r} is not an active request; active: {sorted(self._reqs)}")
     return self._reqs[req]
 
+  @property
+  def state(self) -> CacheState:
+    """The cache core's state, every request row written so far included (`_flush`)."""
+    self._flush()
+    return self._state
+
+  @state.setter
+  def state(self, value: CacheState) -> None:
+    self._state = value
+
   def _write(self, r: _Req) -> None:
-    # registering a request changes no pool counter: `self._stats` stays valid, so no device
-    # read (and no wait for the device) here
-    self.state = scheduler.write_request_only(
-      self.config,
-      self.state,
-      np.int32(r.slot),
-      self._hash_row(r.hashes),
-      np.int32(len(r.tokens)),
-      np.int32(r.num_prompt),
-    )
+    """Queues r's row (tokens, prompt, hashes) for the core. Registering a request changes no
+    pool counter (`self._stats` stays valid) and nothing reads the row before the next device
+    call, which writes every queued row in one call first (`state`, `_flush`): the engine
+    appends a token to each running request every step, and one jitted call per request was
+    most of its commit time (8 requests: ~2 ms a step on the CPU)."""
+    self._pending[r.slot] = r
+
+  def _flush(self) -> None:
+    """Writes the queued rows (`_write`) in one jitted call: `scheduler.write_request_only`
+    for one, else `scheduler.write_requests_only` padded to a power of two (<= max_requests;
+    one compilation per size)."""
+    pending = list(self._pending.values())
+    self._pending.clear()
+    if len(pending) == 1:
+      r = pending[0]
+      self._state = scheduler.write_request_only(
+        self.config,
+        self._state,
+        np.int32(r.slot),
+        self._hash_row(r.hashes),
+        np.int32(len(r.tokens)),
+        np.int32(r.num_prompt),
+      )
+    elif pending:
+      k = min(1 << (len(pending) - 1).bit_length(), self.config.max_requests)
+      slots = np.full((k,), -1, np.int32)
+      hashes = np.zeros((k, self._lay.max_hashes, 2), np.uint32)
+      tokens = np.zeros((k,), np.int32)
+      prompts = np.zeros((k,), np.int32)
+      for i, r in enumerate(pending):
+        slots[i], tokens[i], prompts[i] = r.slot, len(r.tokens), r.num_prompt
+        hashes[i, : len(r.hashes)] = r.hashes
+      self._state = scheduler.write_requests_only(
+        self.config, self._state, slots, hashes, tokens, prompts
+      )
 
   # ---- protocol ----
   def add_request(self, req, tokens, extras=None) -> None:

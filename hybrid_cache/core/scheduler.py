@@ -118,6 +118,32 @@ def write_request_only(
   return register_request(state, slot, hashes, num_tokens, num_prompt)
 
 
+@compile_cache.entry_point(donate_argnums=(0,))
+def write_requests_only(
+  config: CacheConfig, state: CacheState, slots, hashes, num_tokens, num_prompt
+) -> CacheState:
+  """Jitted `register_requests`: several requests' rows in one call (the host manager's
+  batched write, `JaxCacheManager._flush`); no pool counter changes."""
+  del config  # only the compile key: one jitted function per state layout
+  return register_requests(state, slots, hashes, num_tokens, num_prompt)
+
+
+def register_requests(state: CacheState, slots, hashes, num_tokens, num_prompt) -> CacheState:
+  """`register_request` for K distinct slots at once; pure.
+
+  slots i32[K] (-1 = an unused entry: nothing written), hashes u32[K, MH, 2], num_tokens and
+  num_prompt i32[K]. Equal to K calls of `register_request` in any order (the slots differ)."""
+  r = state.req_info.shape[0]
+  idx = jnp.where(slots >= 0, slots, r)  # out of range: the write is dropped
+  info = ReqInfo(state.req_info[jnp.clip(slots, 0, r - 1)])
+  status = jnp.where(info.status == STATUS_EMPTY, STATUS_WAITING, info.status)
+  rows = info.set(status=status, tokens=num_tokens, prompt=num_prompt)
+  return state.replace(
+    req_info=state.req_info.at[idx].set(rows, mode="drop"),
+    req_hashes=state.req_hashes.at[idx].set(hashes, mode="drop"),
+  )
+
+
 def register_request(state: CacheState, slot, hashes, num_tokens, num_prompt) -> CacheState:
   """Registers a waiting request in `slot` (or updates tokens of an existing one); pure."""
   info = ReqInfo(state.req_info[slot])

@@ -12,6 +12,7 @@ from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
 from hybrid_cache.core import scheduler
 from hybrid_cache.core.invariants import assert_invariants
+from hybrid_cache.core.state import ReqInfo
 from hybrid_cache.factory import make_manager
 from hybrid_cache.types import ScheduleEntry as E
 
@@ -108,6 +109,30 @@ def test_state_copy_plan_for_align_hits():
   row = m.request_view("B").block_ids[1]
   # prefix-hit column (16-1)//4 = 3 is copied to the running column cdiv(19,4)-1 = 4
   assert [(c.group, c.src_block, c.dst_block) for c in res.state_copies] == [(1, row[3], row[4])]
+
+
+def test_queued_request_rows_reach_the_core_in_one_batched_write():
+  # appends are queued and written together before the next device call; the rows equal
+  # one `register_request` per request, in any order
+  m = make_manager(SMALL, "jax")
+  for i, name in enumerate("ABC"):
+    m.add_request(name, list(range(10 * i, 10 * i + 9)))
+  assert len(m._pending) == 3
+  m.schedule([E("A"), E("B"), E("C")])
+  assert not m._pending
+  for name in "ABC":
+    m.append_tokens(name, [7, 8])
+  state = m._state  # before the flush
+  want = state
+  for name in "CAB":
+    r = m._reqs[name]
+    want = scheduler.register_request(
+      want, r.slot, m._hash_row(r.hashes), len(r.tokens), r.num_prompt
+    )
+  got = m.state  # flushes
+  assert (got.req_info == want.req_info).all()
+  assert (got.req_hashes == want.req_hashes).all()
+  assert [int(ReqInfo(got.req_info)[m._reqs[n].slot].tokens) for n in "ABC"] == [11, 11, 11]
 
 
 def test_preempt_readmits_with_a_hit_and_reset_needs_an_empty_pool():
