@@ -6,10 +6,12 @@ accelerator and the cache core beside it on the CPU, as vLLM's manager runs in h
 without small scatter/gather programs and a device-to-host read per step on the accelerator.
 
 Host work only: validate requests, compute chained hashes (`hashing.py`, extended on append), map
-request names to state slots, pad schedule batches to powers of 8 (`compile_cache.step_entries`),
-pull each call's results once with `np.asarray`, and build the `types` records: the recurrent state
-slots of each scheduled chunk (computed by the core, `recurrent_slots.state_slots`) and the
-recurrent state-copy plan (vLLM §5.2) derived from the returned block tables.
+request names to state slots, queue the request rows that `add_request` / `append_tokens` write
+and apply them in one jitted call before the next device call (`_flush`), pad schedule batches
+to powers of 8 (`compile_cache.step_entries`), pull each call's results once with `np.asarray`,
+and build the `types` records: the recurrent state slots of each scheduled chunk (computed by
+the core, `recurrent_slots.state_slots`) and the recurrent state-copy plan (vLLM §5.2) derived
+from the returned block tables.
 
 Example::
 
