@@ -172,33 +172,23 @@ class JaxCacheManager:
     self._pending[r.slot] = r
 
   def _flush(self) -> None:
-    """Writes the queued rows (`_write`) in one jitted call: `scheduler.write_request_only`
-    for one, else `scheduler.write_requests_only` padded to a power of two (<= max_requests;
-    one compilation per size)."""
+    """Writes the queued rows (`_write`) in one jitted call (`scheduler.write_requests_only`,
+    padded to a power of two <= max_requests: one compilation per size)."""
+    if not self._pending:
+      return
     pending = list(self._pending.values())
     self._pending.clear()
-    if len(pending) == 1:
-      r = pending[0]
-      self._state = scheduler.write_request_only(
-        self.config,
-        self._state,
-        np.int32(r.slot),
-        self._hash_row(r.hashes),
-        np.int32(len(r.tokens)),
-        np.int32(r.num_prompt),
-      )
-    elif pending:
-      k = min(1 << (len(pending) - 1).bit_length(), self.config.max_requests)
-      slots = np.full((k,), -1, np.int32)
-      hashes = np.zeros((k, self._lay.max_hashes, 2), np.uint32)
-      tokens = np.zeros((k,), np.int32)
-      prompts = np.zeros((k,), np.int32)
-      for i, r in enumerate(pending):
-        slots[i], tokens[i], prompts[i] = r.slot, len(r.tokens), r.num_prompt
-        hashes[i, : len(r.hashes)] = r.hashes
-      self._state = scheduler.write_requests_only(
-        self.config, self._state, slots, hashes, tokens, prompts
-      )
+    k = min(1 << (len(pending) - 1).bit_length(), self.config.max_requests)
+    slots = np.full((k,), -1, np.int32)
+    hashes = np.zeros((k, self._lay.max_hashes, 2), np.uint32)
+    tokens = np.zeros((k,), np.int32)
+    prompts = np.zeros((k,), np.int32)
+    for i, r in enumerate(pending):
+      slots[i], tokens[i], prompts[i] = r.slot, len(r.tokens), r.num_prompt
+      hashes[i, : len(r.hashes)] = r.hashes
+    self._state = scheduler.write_requests_only(
+      self.config, self._state, slots, hashes, tokens, prompts
+    )
 
   # ---- protocol ----
   def add_request(self, req, tokens, extras=None) -> None:

@@ -109,21 +109,12 @@ def write_request(config: CacheConfig, state: CacheState, slot, hashes, num_toke
 
 
 @compile_cache.entry_point(donate_argnums=(0,))
-def write_request_only(
-  config: CacheConfig, state: CacheState, slot, hashes, num_tokens, num_prompt
-) -> CacheState:
-  """Jitted `register_request` alone: it changes no pool counter (only `req_info` and
-  `req_hashes`), so the host keeps its counters and needs no device read."""
-  del config  # only the compile key: one jitted function per state layout
-  return register_request(state, slot, hashes, num_tokens, num_prompt)
-
-
-@compile_cache.entry_point(donate_argnums=(0,))
 def write_requests_only(
   config: CacheConfig, state: CacheState, slots, hashes, num_tokens, num_prompt
 ) -> CacheState:
-  """Jitted `register_requests`: several requests' rows in one call (the host manager's
-  batched write, `JaxCacheManager._flush`); no pool counter changes."""
+  """Jitted `register_requests` alone: the rows of several requests in one call (the host
+  manager's write, `JaxCacheManager._flush`). It changes no pool counter (only `req_info` and
+  `req_hashes`), so the host keeps its counters and needs no device read."""
   del config  # only the compile key: one jitted function per state layout
   return register_requests(state, slots, hashes, num_tokens, num_prompt)
 
