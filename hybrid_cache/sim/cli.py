@@ -47,6 +47,10 @@ of equal layer counts, one layer's KV page >= one layer's state), instead of one
 slots (`CacheConfig.state_slots`): both draw on the whole budget (`CacheConfig.byte_budget`),
 or with --state-fraction F that share of the bytes is a fixed pool of slots.
 
+--progress draws a bar over the replayed requests on stderr (a core policy's replay of a real trace
+takes minutes; it advances after each chunk of requests, or each re-tuning interval under
+`adaptive`).
+
 --replay concurrent (checkpoint policies only; default sequential): arrivals at the trace's
 timestamps, --step-tokens tokens per engine step (default 8192), at most --max-running requests
 at once (default 1024), chunked prefill, FCFS; a request's lookup happens at its admission and
@@ -97,6 +101,15 @@ def _default_layout(policy: str, model) -> str:
   p = parse_policy(policy)
   unit = p.kind == "core" and profiles.get(p.name).unit_pages
   return "pools" if unit and model.n_attn and model.n_recurrent else "model"
+
+
+def _progress_bar(args, total: int):
+  """A tqdm bar over `total` requests on stderr with --progress, else None."""
+  if not args.progress:
+    return None
+  from tqdm import tqdm
+
+  return tqdm(total=total, desc=f"replay {args.policy}", unit="req", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump:
       _check_dump(args.dump)
     trace = _load_trace(args)
+    bar = _progress_bar(args, len(trace.requests))
     try:
       triples, extra = simulate(
         trace,
@@ -168,12 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         step_tokens=args.step_tokens,
         max_running=args.max_running,
         arrival_scale=args.arrival_scale,
+        progress=None if bar is None else lambda k: bar.update(k - bar.n),
       )
+      if bar is not None:
+        bar.update(len(trace.requests) - bar.n)
     except (OverflowError, MemoryError) as e:  # a pool no machine can hold
       raise ValueError(
         f"--capacity-bytes {args.capacity_bytes:g} is too large to simulate "
         f"({type(e).__name__}: {e})"
       ) from None
+    finally:
+      if bar is not None:
+        bar.leave = bar.n == bar.total  # a replay that failed leaves no bar behind its error
+        bar.close()
     oracle = own = None
     if not args.no_oracle:
       matched = oracle_matched(trace)

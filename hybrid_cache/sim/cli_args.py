@@ -181,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p.add_argument("--no-oracle", action="store_true", help="skip the oracle bound in the summary")
   p.add_argument(
+    "--progress",
+    action="store_true",
+    help="a progress bar over the replayed requests on stderr (core policies: minutes on a "
+    "real trace; the JSON summary on stdout is unchanged)",
+  )
+  p.add_argument(
     "--no-compile-cache",
     action="store_true",
     help="do not use JAX's persistent compilation cache (hybrid_cache/persistent_cache.py)",

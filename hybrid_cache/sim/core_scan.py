@@ -238,8 +238,11 @@ def replay_chunk(config: CacheConfig, state: CacheState, hashes, n_in, n_total, 
   )
 
 
-def _replay_range(config, p: Prepared, hashes, state, start: int, end: int, chunk, on_chunk):
-  """Scans requests [start, end) from `state`; returns (state, [i32[k, 6] per chunk])."""
+def _replay_range(
+  config, p: Prepared, hashes, state, start: int, end: int, chunk, on_chunk, progress=None
+):
+  """Scans requests [start, end) from `state`; returns (state, [i32[k, 6] per chunk]).
+  `progress(e)` (optional) runs after each chunk with e = the requests replayed so far."""
   outs = []
   for s in range(start, end, chunk):
     e = min(s + chunk, end)
@@ -262,13 +265,15 @@ def _replay_range(config, p: Prepared, hashes, state, start: int, end: int, chun
       )
     if on_chunk is not None:
       on_chunk(e - 1, state)
+    if progress is not None:
+      progress(e)
   return state, outs
 
 
 LAST_SCORED = 500  # Marconi's tuner scores FLOPs saved over the last 500 replayed requests
 
 
-def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
+def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts, progress=None):
   """Marconi's V2 alpha schedule on the scan (`hybrid_cache.core.alpha_tuning.OnlineAlphaTuner`).
 
   alpha = 0 until the first request that evicts a recurrent state (request e; the core's
@@ -301,7 +306,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   # alpha 0, chunk by chunk, until the first recurrent eviction
   state, outs, s, e = init_state(config), [], 0, None
   while s < n and e is None:
-    state, o = _replay_range(config, p, hashes, state, s, min(s + chunk, n), chunk, None)
+    state, o = _replay_range(config, p, hashes, state, s, min(s + chunk, n), chunk, None, progress)
     outs += o
     ev = np.nonzero(_col(o[0], "rec_evicted") > 0)[0]
     e = s + int(ev[0]) if len(ev) else None
@@ -314,7 +319,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
   info["window"] = w
   if got is None:
     if w > n:  # the window never closes: alpha stays 0 (as Marconi)
-      state, rest = _replay_range(config, p, hashes, state, s, n, chunk, None)
+      state, rest = _replay_range(config, p, hashes, state, s, n, chunk, None, progress)
       return state, outs + rest, info
     got = tuner.observe(requests_seen=w, evicted=True)
   info["alpha"] = float(got)
@@ -324,7 +329,7 @@ def _replay_tuned(config, p: Prepared, hashes, chunk, on_chunk, model, opts):
     replay(0.0, w)
   st0, o0 = runs[0.0]
   st = flop_aware.set_alpha(st0, got)
-  st, rest = _replay_range(config, p, hashes, st, w, n, chunk, None)
+  st, rest = _replay_range(config, p, hashes, st, w, n, chunk, None, progress)
   if on_chunk is not None:
     on_chunk(n - 1, st)
   return st, list(o0) + rest, info
@@ -342,7 +347,7 @@ RETUNE_EVERY = 64
 RETUNE_HALF_LIFE = 256.0
 
 
-def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
+def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk, progress=None):
   """Eviction `tuned`'s online re-tuning (`core/policies/tuned.py`), the unit cache's rule
   (`sim/eviction_weightings.py`, `checkpoint_sweep`) with its own constants (`RETUNE_EVERY`,
   `RETUNE_HALF_LIFE` above): one shadow state per weighting (`tuned.WEIGHTINGS`, fixed)
@@ -379,6 +384,8 @@ def _replay_shadowed(config, p: Prepared, hashes, model, on_chunk):
       live, o = _replay_range(config, p, hashes, live, s, e, every, None)
       outs += o
     used[names[current]] += e - s
+    if progress is not None:
+      progress(e)
     if e - s == every:
       best = max((i for i in range(len(names)) if eligible[i]), key=lambda i: (score[i], -i))
       if best != current:
@@ -406,6 +413,7 @@ def run_scan(
   tune_model=None,
   tune_opts: dict | None = None,
   weighting: str | None = None,
+  progress: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` from a fresh state; returns (triples, counters) like `run_core`.
 
@@ -419,7 +427,9 @@ def run_scan(
   Eviction `tuned` runs its shadow tuner (`_replay_shadowed`; needs `tune_model`) unless
   `weighting` ("greedy_dual" or "lru2") fixes its weighting.
   `details`, if given, receives the per-request output columns ("per_request") and the final
-  state ("final_state").
+  state ("final_state"). `progress(k)`, if given, runs as the live replay advances, with k =
+  the requests replayed so far (after each chunk; under the shadow tuner after each re-tuning
+  interval; Marconi's tuner's grid replays do not advance it), e.g. a tqdm bar's position.
   """
   chunk = DEFAULT_CHUNK if chunk is None else chunk
   if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -435,9 +445,11 @@ def run_scan(
   tuning = None
   shadowed = config.eviction == "tuned" and weighting is None  # the shadow tuner sets it
   if shadowed:
-    state, outs, tuning = _replay_shadowed(config, p, hashes, tune_model, on_chunk)
+    state, outs, tuning = _replay_shadowed(config, p, hashes, tune_model, on_chunk, progress)
   elif alpha == "tuned":
-    state, outs, tuning = _replay_tuned(config, p, hashes, chunk, on_chunk, tune_model, tune_opts)
+    state, outs, tuning = _replay_tuned(
+      config, p, hashes, chunk, on_chunk, tune_model, tune_opts, progress
+    )
     alpha = tuning["alpha"]
   else:
     state = init_state(config)
@@ -447,7 +459,7 @@ def run_scan(
       if config.eviction != "tuned":
         raise ValueError(f"a weighting needs eviction 'tuned', got {config.eviction!r}")
       state = tuned_policy.set_weighting(state, weighting)
-    state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk)
+    state, outs = _replay_range(config, p, hashes, state, 0, n, chunk, on_chunk, progress)
   res = np.concatenate(outs) if outs else np.zeros((0, len(_OUT_COLS)), np.int32)
   wall = time.perf_counter() - t0
   reused = _col(res, "reused").tolist()

@@ -315,10 +315,12 @@ def run_core(
   on_request: Callable[[int, object], None] | None = None,
   alpha: float | None = None,
   weighting: str | None = None,
+  progress: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace` on a fresh manager; returns (triples, counters).
 
-  `on_request(i, manager)` runs after every request is freed (e.g. the invariant checker).
+  `on_request(i, manager)` runs after every request is freed (e.g. the invariant checker);
+  `progress(i + 1)` right after it (the requests replayed so far, e.g. a tqdm bar's position).
   `alpha`, `weighting`: set on the manager first (`set_eviction_alpha`,
   `set_eviction_weighting`).
   """
@@ -355,6 +357,8 @@ def run_core(
     m.free(name)
     if on_request is not None:
       on_request(i, m)
+    if progress is not None:
+      progress(i + 1)
   wall = time.perf_counter() - t0
   st = m.pool_stats()
   counters = {
@@ -385,13 +389,16 @@ def replay(
   alpha: float | str | None = None,
   model: CostModel | None = None,
   weighting: str | None = None,
+  progress: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`: backend "jax" = the scan (`core_scan.run_scan`), "jax_protocol" =
   JaxCacheManager through the protocol, "reference" = PythonCacheManager. `alpha`: FLOP-aware
   eviction's static alpha (jax backends), or "tuned" (scan only: Marconi's online tuner,
   scored with `model`'s FLOPs). Eviction `tuned` runs its shadow tuner, scored with `model`'s
   FLOPs (scan only), unless `weighting` (`policies.TUNED_WEIGHTINGS`) fixes its weighting for
-  the whole replay (any backend; what the engine serves, which has no shadows)."""
+  the whole replay (any backend; what the engine serves, which has no shadows).
+  `progress(k)`: called as the replay advances with k = the requests replayed so far (each
+  backend's granularity: `run_scan`, `run_core`)."""
   if alpha == "tuned" and backend != "jax":
     raise ValueError(f"alpha 'tuned' needs backend 'jax', got {backend!r}")
   # (a weighting itself is checked where it is set: `run_scan`, `set_eviction_weighting`)
@@ -400,9 +407,11 @@ def replay(
   if backend == "jax":
     from hybrid_cache.sim import core_scan
 
-    return core_scan.run_scan(trace, config, alpha=alpha, tune_model=model, weighting=weighting)
+    return core_scan.run_scan(
+      trace, config, alpha=alpha, tune_model=model, weighting=weighting, progress=progress
+    )
   if backend == "jax_protocol":
-    return run_core(trace, config, "jax", alpha=alpha, weighting=weighting)
+    return run_core(trace, config, "jax", alpha=alpha, weighting=weighting, progress=progress)
   if backend == "reference":
-    return run_core(trace, config, "reference", alpha=alpha, weighting=weighting)
+    return run_core(trace, config, "reference", alpha=alpha, weighting=weighting, progress=progress)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

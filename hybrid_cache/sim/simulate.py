@@ -13,6 +13,7 @@ exceeds (`check_capacity`); `hit_granularity` names the policy's own hit unit, f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from hybrid_cache.sim import checkpoint_policies
 from hybrid_cache.sim import concurrent
@@ -89,6 +90,7 @@ def simulate(
   step_tokens: int | None = None,
   max_running: int | None = None,
   arrival_scale: float | None = None,
+  progress: Callable[[int], None] | None = None,
 ) -> tuple[list[tuple[int, int, int]], dict]:
   """Replays `trace`; returns (triples, extra summary fields incl. wall_s).
 
@@ -101,6 +103,8 @@ def simulate(
   `replay`: "sequential" or "concurrent" (checkpoint policies only; `step_tokens`,
   `max_running` (default `concurrent.DEFAULT_*`) and `arrival_scale` (default 1) apply to it
   alone).
+  `progress(k)` (core policies; the others take seconds), if given, is told the requests
+  replayed so far as the replay advances (`core_sim.replay`).
   """
   policy = parse_policy(policy_name)
   if replay not in checkpoint_policies.REPLAYS:
@@ -131,7 +135,9 @@ def simulate(
   extra: dict = {"policy": policy.name, "model": model.name, "block_size": block_size}
   extra |= hit_granularity(policy.kind, block_size, core, checkpoint_unit)
   if policy.kind == "core":
-    return _simulate_core(trace, model, capacity_bytes, policy.name, block_size, extra, core)
+    return _simulate_core(
+      trace, model, capacity_bytes, policy.name, block_size, extra, core, progress
+    )
   if policy.kind == "bound":
     return _simulate_bound(trace, model, capacity_bytes, block_size, extra, bound_iterations)
   if policy.kind == "ckpt":
@@ -206,7 +212,7 @@ def _simulate_bound(trace, model, capacity_bytes, block_size, extra, iterations)
   return triples, extra
 
 
-def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
+def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core, progress=None):
   core = dict(core or {})
   backend = core.pop("backend", "jax")
   retention = core.pop("retention", "policy")
@@ -256,7 +262,12 @@ def _simulate_core(trace, model, capacity_bytes, name, block_size, extra, core):
   )
   t0 = time.perf_counter()
   triples, counters = core_sim.replay(
-    trace, cfg, backend, alpha=alpha if name == "flop_aware" else None, model=model
+    trace,
+    cfg,
+    backend,
+    alpha=alpha if name == "flop_aware" else None,
+    model=model,
+    progress=progress,
   )
   extra |= sizing | counters
   extra["wall_s"] = time.perf_counter() - t0

@@ -22,6 +22,15 @@ def test_core_policy_through_the_scan(tmp_path, capsys):
   assert json.loads(dump.read_text()) == [[0, 37, 0]] + [[1, 37, 32]] * 3
   assert s["fraction_of_oracle"] == 1.0
   assert s.get("states_admitted", 1) > 0
+  # --progress: a bar on stderr, the same summary on stdout
+  assert cli.main(argv + ["--progress"]) == 0
+  out = capsys.readouterr()
+  timing = ("replay_s", "replay_cpu_s", "prepare_s", "wall_s", "requests_per_s")
+  with_bar = json.loads(out.out)
+  assert {k: v for k, v in with_bar.items() if k not in timing} == {
+    k: v for k, v in s.items() if k not in timing
+  }
+  assert "replay all_dense_no_junction" in out.err and "4/4" in out.err
 
 
 def test_bad_alpha_is_a_clean_error(tmp_path, capsys):

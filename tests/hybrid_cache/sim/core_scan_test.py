@@ -114,10 +114,14 @@ def test_scan_matches_both_protocol_backends_on_a_mooncake_excerpt():
   tr = _mooncake(24)
   # 64-token blocks divide Mooncake's 512-token hash blocks; capacity forces evictions
   cfg, _ = core_sim.build_config(tr, TINY, 256 * 100, "vllm_default", 64)
-  a, _ = core_sim.run_core(tr, cfg, "reference")
+  told = {"reference": [], "scan": []}
+  a, _ = core_sim.run_core(tr, cfg, "reference", progress=told["reference"].append)
   j, cj = core_sim.run_core(tr, cfg, "jax")
-  b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK)
+  b, cb = core_scan.run_scan(tr, cfg, chunk=CHUNK, progress=told["scan"].append)
   assert _reused(a) == _reused(j) == _reused(b)
+  # progress: the requests replayed so far, after each request (protocol) or chunk (scan)
+  assert told["reference"] == list(range(1, len(tr) + 1))
+  assert told["scan"] == [min(e, len(tr)) for e in range(CHUNK, len(tr) + CHUNK, CHUNK)]
   assert cj["final_cached_blocks_per_group"] == cb["final_cached_blocks_per_group"]
   assert sum(_reused(b)) > 0
 
@@ -261,7 +265,9 @@ def test_tuned_eviction_takes_the_weighting_of_its_best_shadow(monkeypatch):
   monkeypatch.setattr(core_scan, "RETUNE_EVERY", 8)
   tr = small_chat(48)  # at this capacity LRU-2 leads from request 16 to 40, then GreedyDual
   cfg, _ = core_sim.build_config(tr, TINY, 34 * 40, "tuned", 4, retirement="superseded")
-  tri, c = core_scan.run_scan(tr, cfg, chunk=8, tune_model=TINY)
+  told = []
+  tri, c = core_scan.run_scan(tr, cfg, chunk=8, tune_model=TINY, progress=told.append)
+  assert told == list(range(8, len(tr) + 1, 8))  # after each re-tuning interval (48 = 6 x 8)
   t = c["weighting_tuning"]
   fixed = {w: _reused(core_scan.run_scan(tr, cfg, chunk=8, weighting=w)[0]) for w in WEIGHTINGS}
   decay = 0.5 ** (1.0 / core_scan.RETUNE_HALF_LIFE)
