@@ -152,6 +152,13 @@ def recurrent_state_ids(
   return read, write, ckpts
 
 
+def query_start_loc(seqs: Sequence[SeqStep]) -> np.ndarray:
+  """i32[len(seqs) + 1]: where each sequence's new tokens start in the step's flat token array
+  (`StepInputs.query_start_loc`), then the total; padding sequences appended after `seqs` do
+  not move the entries of `seqs`."""
+  return np.concatenate([[0], np.cumsum([len(s.token_ids) for s in seqs])]).astype(np.int32)
+
+
 def build_step_inputs(
   cfg: ModelConfig,
   seqs: Sequence[SeqStep],
@@ -243,7 +250,7 @@ def build_step_inputs(
     pad = [0] * (n_pad_seq - 1) + [n_pad_tok]
     seqs = list(seqs) + [SeqStep([0] * p, 0, empty) for p in pad]
   lens = [len(s.token_ids) for s in seqs]
-  qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+  qsl = query_start_loc(seqs)
   tokens = np.concatenate([np.asarray(s.token_ids, np.int32) for s in seqs])
   positions = np.concatenate(
     [np.arange(s.num_computed, s.num_computed + n, dtype=np.int32) for s, n in zip(seqs, lens)]

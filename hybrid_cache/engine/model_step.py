@@ -268,9 +268,9 @@ def run_model(
     decode=decode,
     num_decodes=num_decodes,
   )
-  # the chunks' offsets from the host's own lengths (reading `inputs.query_start_loc` back
-  # would wait for the device copy just made)
-  qsl = np.cumsum([0] + [len(s.token_ids) for s in seqs])
+  # the chunks' offsets on the host (reading `inputs.query_start_loc` back would wait for the
+  # device copy just made)
+  qsl = runner.query_start_loc(seqs)
   sample_idx = np.zeros((pad_n,), np.int32)
   sample_idx[: len(position)] = qsl[np.asarray(position) + 1] - 1  # in `sched` order
   args = (jnp.asarray(src), jnp.asarray(dst), inputs, jnp.asarray(sample_idx))
