@@ -6,10 +6,9 @@ Skipped unless `HYBRID_CACHE_VLLM_ORACLE` names the directory `setup_oracle.sh` 
     tests/hybrid_cache/vllm_geometry_live_test.py
 
 (about 40 s: one oracle process per target). It also checks that the recorded answers
-(`vllm_geometry/recorded.json`, which the default run compares against) are what vLLM says.
+(`vllm_geometry/recorded.json.gz`, which the default run compares against) are what vLLM says.
 """
 
-import json
 import os
 
 import pytest
@@ -30,6 +29,4 @@ def test_vllm_now_agrees_with_derive_and_the_recording():
   rows = record.run_oracle(ORACLE_DIR, cases.cases())
   mismatches = [d for row in rows for d in differences(row, derive)]
   assert not mismatches, f"{len(mismatches)} mismatches:\n" + "\n".join(mismatches[:40])
-  with open(record.RECORDED) as f:
-    recorded = json.load(f)["cases"]
-  assert rows == recorded, "vLLM's answers differ from recorded.json: re-record it"
+  assert rows == record.load_recorded(), "vLLM's answers differ from the recording: re-record"

@@ -1,6 +1,6 @@
 """`hybrid_cache.geometry.derive` against vLLM 0.33's own geometry, recorded on real configs.
 
-`vllm_geometry/recorded.json` holds what vLLM 0.33 derives (its own `EngineArgs`, platform,
+`vllm_geometry/recorded.json.gz` holds what vLLM 0.33 derives (its own `EngineArgs`, platform,
 backend selection, `_align_hybrid_block_size`, KV cache grouping and hashing functions, run by
 `vllm_geometry/oracle_geometry.py` under the vLLM oracle) for every config under `configs/hf/`
 (12 published configs: Qwen3.5 dense and MoE, Qwen3-Next, Nemotron-H dense and MoE, Gemma 3) on
@@ -11,7 +11,6 @@ Re-record with `python -m tests.hybrid_cache.vllm_geometry.record --oracle_dir=D
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -19,13 +18,7 @@ import pytest
 from hybrid_cache.geometry import derive
 from tests.hybrid_cache.vllm_geometry import cases as cases_module
 from tests.hybrid_cache.vllm_geometry.compare import differences
-
-RECORDED = os.path.join(os.path.dirname(__file__), "vllm_geometry", "recorded.json")
-
-
-def _recorded() -> list[dict]:
-  with open(RECORDED) as f:
-    return json.load(f)["cases"]
+from tests.hybrid_cache.vllm_geometry.record import load_recorded as _recorded
 
 
 def test_recorded_cases_are_the_current_cases():

@@ -1,4 +1,4 @@
-"""Records vLLM 0.33's geometry for every case of `cases.py` into `recorded.json`.
+"""Records vLLM 0.33's geometry for every case of `cases.py` into `recorded.json.gz`.
 
   python -m tests.hybrid_cache.vllm_geometry.record --oracle_dir=/tmp/vllm-oracle
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import subprocess
@@ -21,8 +22,14 @@ from hybrid_cache.geometry import get_target
 from tests.hybrid_cache.vllm_geometry import cases as cases_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RECORDED = os.path.join(HERE, "recorded.json")
+RECORDED = os.path.join(HERE, "recorded.json.gz")
 ORACLE = os.path.join(HERE, "oracle_geometry.py")
+
+
+def load_recorded() -> list[dict]:
+  """The recorded cases (`main` writes them)."""
+  with gzip.open(RECORDED, "rt", encoding="utf-8") as f:
+    return json.load(f)["cases"]
 
 
 def run_oracle(oracle_dir: str, cases: list[dict]) -> list[dict]:
@@ -89,8 +96,8 @@ def main(argv=None) -> int:
     print("error: --oracle_dir (or HYBRID_CACHE_VLLM_ORACLE) is required", file=sys.stderr)
     return 2
   rows = run_oracle(args.oracle_dir, cases_module.cases())
-  with open(RECORDED, "w") as f:
-    json.dump({"vllm_version": "0.33.0", "cases": rows}, f, indent=0, sort_keys=True)
+  with gzip.open(RECORDED, "wt", encoding="utf-8") as f:
+    json.dump({"vllm_version": "0.33.0", "cases": rows}, f, separators=(",", ":"), sort_keys=True)
     f.write("\n")
   errors = sum("error" in r for r in rows)
   print(f"recorded {len(rows)} cases ({errors} rejected by vLLM) into {RECORDED}")
