@@ -8,10 +8,14 @@ message, and the checks of the trace and of --dump done before any replay.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 
 from hybrid_cache import cli_util
+from hybrid_cache.geometry import DEFAULT_TARGET
+from hybrid_cache.geometry import TARGETS
+from hybrid_cache.geometry import VllmFlags
 from hybrid_cache.policies import ADMISSION_POLICIES
 from hybrid_cache.policies import PLACEMENT_POLICIES
 from hybrid_cache.policies import RETENTION_POLICIES
@@ -54,6 +58,20 @@ def _block_size_arg(text: str):
     raise argparse.ArgumentTypeError(
       f"block size must be an integer >= 1 or 'vllm', got {text!r}"
     ) from None
+
+
+def _vllm_flags_arg(text: str) -> VllmFlags:
+  """--vllm-flags: a JSON object of vLLM flags (`VllmFlags`)."""
+  try:
+    raw = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise argparse.ArgumentTypeError(f"vllm flags must be a JSON object: {e.msg}") from None
+  if not isinstance(raw, dict):
+    raise argparse.ArgumentTypeError(f"vllm flags must be a JSON object, got {text!r}")
+  try:
+    return VllmFlags.from_mapping(raw)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _state_fraction(text: str) -> float:
@@ -99,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     type=_block_size_arg,
     default=None,
     help=">= 1, or 'vllm': the block vLLM 0.33 picks for the model by page equality",
+  )
+  p.add_argument(
+    "--target",
+    default=DEFAULT_TARGET,
+    choices=sorted(TARGETS),
+    help="--model-config: the GPU vLLM's geometry is derived for (default %(default)s)",
+  )
+  p.add_argument(
+    "--vllm-flags",
+    type=_vllm_flags_arg,
+    default=None,
+    help="--model-config: vLLM serving flags as a JSON object of vLLM option names, e.g. "
+    '\'{"mamba_ssm_cache_dtype": "bfloat16", "tensor_parallel_size": 2}\' (`hybrid_cache.'
+    "geometry.VllmFlags`)",
   )
   p.add_argument("--dump", default=None, help="write per-request triples (JSON) here")
   p.add_argument(

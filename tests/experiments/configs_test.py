@@ -120,6 +120,14 @@ TINY = {
     "num_blocks = 24",
     *_SMALL,
   ],
+  "vllm_pr37898": [
+    "configs = ('qwen3_5_0p8b',)",
+    "targets = ('sm80',)",
+    "arms = ('vllm_default',)",
+    "system_repeats = 2",
+    "num_letters = 2",
+    "max_tokens = 2",
+  ],
 }
 
 
