@@ -22,6 +22,17 @@ layers (`rope_factor`), the MLP's activation and gate (`mlp_activation`, `mlp_ga
 embeddings (`embed_scale`), tied LM head (`tie_word_embeddings`), final-logit soft-capping
 (`final_logit_softcap`) and Mamba2's lower bound on the time step (`mamba_dt_min`).
 
+Sparse mixture-of-experts feed-forward layers (`models.moe`; all off in the presets): the layers
+listed in `moe_layers` replace their MLP by a router over `moe_num_experts` experts of width
+`moe_hidden`, each token using its `moe_top_k` best, plus an optional shared expert of width
+`moe_shared_hidden` (Qwen3.5-MoE / Qwen3-Next: every (or every `decoder_sparse_step`-th) layer's
+MLP; Nemotron-H: its "E" layers, which are MLP-only "-" layers of the "single" block style). The
+experts and the shared expert use the MLP's activation and gate (`mlp_activation`,
+`mlp_gated`). Example::
+
+  moe = qwen35_tiny(moe_num_experts=4, moe_top_k=2, moe_hidden=32, moe_layers=(0, 1, 2, 3))
+  moe.layer_ffn                 # ('moe', 'moe', 'moe', 'moe')
+
 Cache groups follow vLLM's grouping by spec: all full-attention layers form the group
 "full", all sliding-window layers the group "swa", and the recurrent layers one "mamba"
 group (`recurrent_grouping="shared"`, default) or one "mamba" group per recurrent kind, G
@@ -52,6 +63,7 @@ DTYPES = ("float32", "bfloat16")
 RECURRENT_GROUPINGS = ("shared", "per_kind")
 BLOCK_STYLES = ("pre_norm", "sandwich", "single")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh", "relu2")
+MOE_ROUTERS = ("softmax", "sigmoid")
 
 
 def _check_int(field: str, value: Any, *, minimum: int) -> None:
@@ -108,6 +120,22 @@ class ModelConfig:
     final_logit_softcap: logits = c * tanh(logits / c) when set.
     mamba_dt_min: Mamba2's time step is max(softplus(dt + dt_bias), mamba_dt_min)
       (Nemotron-H's `time_step_limit`); 0 = no bound.
+    moe_layers: sorted indices of the layers whose feed-forward is the sparse MoE block
+      (`models.moe.MoE`) instead of the MLP; () = none. With block_style="single" each must be
+      an MLP-only ("-") layer.
+    moe_num_experts: routed experts E (>= 1 iff `moe_layers` is non-empty, else 0).
+    moe_top_k: experts per token k, in [1, E].
+    moe_hidden: width I of each routed expert.
+    moe_shared_hidden: width of the shared expert every token also runs (0 = none).
+    moe_shared_gate: the shared expert's output is scaled by sigmoid(x . w), w [d_model]
+      (Qwen's `shared_expert_gate`); needs a shared expert.
+    moe_router: "softmax" (Qwen: top-k of softmax(logits)) or "sigmoid" (Nemotron-H: top-k of
+      sigmoid(logits) + a per-expert selection bias, within the best `moe_topk_group` of
+      `moe_n_group` expert groups); `models.moe.route` states both rules.
+    moe_norm_topk: the k weights are divided by their sum.
+    moe_n_group / moe_topk_group: expert groups G (divides E, >= 2 experts each) and groups a
+      token may choose from, in [1, G]; G > 1 only with the sigmoid router.
+    moe_scaling: the routed experts' weights are multiplied by this (`routed_scaling_factor`).
   """
 
   layer_pattern: str
@@ -146,6 +174,17 @@ class ModelConfig:
   tie_word_embeddings: bool = False
   final_logit_softcap: float | None = None
   mamba_dt_min: float = 0.0
+  moe_layers: tuple[int, ...] = ()
+  moe_num_experts: int = 0
+  moe_top_k: int = 0
+  moe_hidden: int = 0
+  moe_shared_hidden: int = 0
+  moe_shared_gate: bool = False
+  moe_router: str = "softmax"
+  moe_norm_topk: bool = True
+  moe_n_group: int = 1
+  moe_topk_group: int = 1
+  moe_scaling: float = 1.0
 
   def __post_init__(self):
     pattern = self.layer_pattern
@@ -210,6 +249,7 @@ class ModelConfig:
         f"recurrent_grouping must be one of {RECURRENT_GROUPINGS}, got {self.recurrent_grouping!r}"
       )
     self._check_architecture()
+    self._check_moe()
 
   def _check_architecture(self) -> None:
     """The architecture switches (see the class docstring)."""
@@ -241,7 +281,71 @@ class ModelConfig:
     if isinstance(dt_min, bool) or not isinstance(dt_min, (int, float)) or dt_min < 0:
       raise ValueError(f"mamba_dt_min must be a number >= 0, got {dt_min!r}")
 
+  def _check_moe(self) -> None:
+    """The sparse MoE fields (see the class docstring)."""
+    layers = self.moe_layers
+    if not isinstance(layers, tuple) or any(
+      isinstance(i, bool) or not isinstance(i, int) for i in layers
+    ):
+      raise ValueError(f"moe_layers must be a tuple of layer indices, got {layers!r}")
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < self.num_layers for i in layers):
+      raise ValueError(
+        f"moe_layers must be increasing indices in [0, num_layers={self.num_layers}), "
+        f"got {layers!r}"
+      )
+    if not layers:
+      if self.moe_num_experts != 0:
+        raise ValueError(
+          f"moe_num_experts must be 0 without moe_layers, got {self.moe_num_experts!r}"
+        )
+      return
+    _check_int("moe_num_experts", self.moe_num_experts, minimum=1)
+    e = self.moe_num_experts
+    _check_int("moe_top_k", self.moe_top_k, minimum=1)
+    if self.moe_top_k > e:
+      raise ValueError(f"moe_top_k must be in [1, moe_num_experts={e}], got {self.moe_top_k}")
+    _check_int("moe_hidden", self.moe_hidden, minimum=1)
+    _check_int("moe_shared_hidden", self.moe_shared_hidden, minimum=0)
+    if self.moe_shared_gate and not self.moe_shared_hidden:
+      raise ValueError("moe_shared_gate needs a shared expert (moe_shared_hidden >= 1), got 0")
+    if self.moe_router not in MOE_ROUTERS:
+      raise ValueError(f"moe_router must be one of {MOE_ROUTERS}, got {self.moe_router!r}")
+    _check_int("moe_n_group", self.moe_n_group, minimum=1)
+    g = self.moe_n_group
+    if g > 1 and self.moe_router != "sigmoid":
+      raise ValueError(f"moe_n_group must be 1 with moe_router={self.moe_router!r}, got {g}")
+    if e % g or (g > 1 and e // g < 2):
+      raise ValueError(
+        f"moe_n_group must divide moe_num_experts={e} into groups of >= 2 experts, got {g}"
+      )
+    _check_int("moe_topk_group", self.moe_topk_group, minimum=1)
+    if self.moe_topk_group > g:
+      raise ValueError(f"moe_topk_group must be in [1, moe_n_group={g}], got {self.moe_topk_group}")
+    if self.moe_top_k > self.moe_topk_group * (e // g):
+      raise ValueError(
+        f"moe_top_k must be <= the experts of moe_topk_group={self.moe_topk_group} groups "
+        f"({self.moe_topk_group * (e // g)}), got {self.moe_top_k}"
+      )
+    _check_pos_float("moe_scaling", self.moe_scaling)
+    if self.block_style == "single":
+      bad = [i for i in layers if self.layer_kinds[i] != MLP_ONLY]
+      if bad:
+        raise ValueError(
+          f"moe_layers with block_style='single' must be MLP-only ({MLP_ONLY!r}) layers, got "
+          f"layer {bad[0]} of kind {self.layer_kinds[bad[0]]!r}"
+        )
+
   # ---- derived, static ----
+  @property
+  def layer_ffn(self) -> tuple[str | None, ...]:
+    """The feed-forward of each layer: "mlp", "moe" (`moe_layers`) or None (a "single"-style
+    mixer layer, which has none)."""
+    single = self.block_style == "single"
+    return tuple(
+      "moe" if i in self.moe_layers else (None if single and kind != MLP_ONLY else "mlp")
+      for i, kind in enumerate(self.layer_kinds)
+    )
+
   @property
   def layer_kinds(self) -> tuple[str, ...]:
     """Mixer letter of each layer; F is normalised to A ("-" = MLP only, no mixer)."""

@@ -19,6 +19,7 @@ from models.config import MLP_ONLY
 from models.config import ModelConfig
 from models.gated_deltanet import GatedDeltaNet
 from models.mamba2 import Mamba2
+from models.moe import MoE
 from models.step_inputs import StepInputs
 
 
@@ -29,10 +30,11 @@ class Block(nnx.Module):
   "sandwich": x + post_mixer_norm(mixer(mixer_norm(x))); then
               x + post_mlp_norm(mlp(mlp_norm(x))).
   "single":   x + mixer(mixer_norm(x)), or x + mlp(mixer_norm(x)) for an MLP-only layer ("-").
+  `mlp` is the sparse MoE block (`models.moe.MoE`) when `ffn` is "moe" (`ModelConfig.layer_ffn`).
   Absent sublayers and norms are None.
   """
 
-  def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, kind: str, *, ffn: str | None, rngs: nnx.Rngs):
     dt = cfg.dtype
     self.kind = kind
 
@@ -40,6 +42,8 @@ class Block(nnx.Module):
       return layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt, cfg.norm_offset)
 
     def mlp():
+      if ffn == "moe":
+        return MoE(cfg, rngs=rngs)
       return layers.MLP(
         cfg.d_model,
         cfg.mlp_hidden,
@@ -62,7 +66,7 @@ class Block(nnx.Module):
     sandwich = cfg.block_style == "sandwich"
     self.post_mixer_norm = norm() if sandwich else None
     self.mlp_norm = None if single else norm()
-    self.mlp = mlp() if not single or kind == MLP_ONLY else None
+    self.mlp = None if ffn is None else mlp()
     self.post_mlp_norm = norm() if sandwich else None
 
   def feed_forward(self, x: jax.Array) -> jax.Array:
@@ -114,7 +118,9 @@ class HybridLM(nnx.Module):
       embedding_init=nnx.initializers.normal(stddev=1.0),
       rngs=rngs,
     )
-    self.blocks = nnx.List([Block(cfg, k, rngs=rngs) for k in cfg.layer_kinds])
+    self.blocks = nnx.List(
+      [Block(cfg, k, ffn=f, rngs=rngs) for k, f in zip(cfg.layer_kinds, cfg.layer_ffn, strict=True)]
+    )
     self.final_norm = layers.RMSNorm(cfg.d_model, cfg.norm_eps, dt, cfg.norm_offset)
     tied = cfg.tie_word_embeddings  # the LM head is then `embed.attend`
     self.lm_head = None if tied else layers.linear(cfg.d_model, cfg.vocab_size, dt, rngs)

@@ -73,7 +73,7 @@ class GatedRMSNorm(nnx.Module):
     return (xf * jax.nn.silu(z.astype(jnp.float32))).astype(x.dtype)
 
 
-_ACTIVATIONS = {
+ACTIVATIONS = {  # name -> elementwise function (`ModelConfig.mlp_activation`)
   "silu": jax.nn.silu,
   "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # HF's gelu_pytorch_tanh
   "relu2": lambda x: jnp.square(jax.nn.relu(x)),  # Nemotron-H's squared ReLU
@@ -100,7 +100,7 @@ class MLP(nnx.Module):
     self.activation = activation
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    act = _ACTIVATIONS[self.activation]
+    act = ACTIVATIONS[self.activation]
     if self.gate is None:
       return self.down(act(self.up(x)))
     return self.down(act(self.gate(x)) * self.up(x))

@@ -105,3 +105,56 @@ def test_unknown_letter_message_names_value_and_allowed():
 def test_unknown_preset():
   with pytest.raises(ValueError, match="preset"):
     config_lib.get_preset("llama_huge")
+
+
+# ---- sparse MoE fields ----
+
+MOE = dict(moe_num_experts=8, moe_top_k=2, moe_hidden=32)
+
+
+def test_moe_layers_choose_each_layers_feed_forward():
+  assert all(config_lib.get_preset(n).layer_ffn.count("moe") == 0 for n in config_lib.PRESETS)
+  qwen = config_lib.qwen35_tiny(**MOE, moe_layers=(0, 2))
+  assert qwen.layer_ffn == ("moe", "mlp", "moe", "mlp")
+  nemotron = ModelConfig(layer_pattern="M-A-", num_layers=4, block_style="single")
+  assert nemotron.layer_ffn == (None, "mlp", None, "mlp")
+  sparse = nemotron.replace(**MOE, moe_layers=(3,))
+  assert sparse.layer_ffn == (None, "mlp", None, "moe")
+  assert sparse.layer_group == nemotron.layer_group  # MoE layers cache nothing
+
+
+def _moe(**changes):
+  return config_lib.qwen35_tiny(**{**MOE, "moe_layers": (1,), **changes})
+
+
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (dict(moe_layers=[1]), "moe_layers must be a tuple"),
+    (dict(moe_layers=(2, 1)), "moe_layers must be increasing"),
+    (dict(moe_layers=(4,)), r"moe_layers must be increasing indices in \[0, num_layers=4\)"),
+    (dict(moe_layers=()), "moe_num_experts must be 0 without moe_layers"),
+    (dict(moe_num_experts=0), "moe_num_experts must be >= 1"),
+    (dict(moe_top_k=9), r"moe_top_k must be in \[1, moe_num_experts=8\]"),
+    (dict(moe_top_k=0), "moe_top_k must be >= 1"),
+    (dict(moe_hidden=0), "moe_hidden must be >= 1"),
+    (dict(moe_shared_hidden=-1), "moe_shared_hidden must be >= 0"),
+    (dict(moe_shared_gate=True), "moe_shared_gate needs a shared expert"),
+    (dict(moe_router="relu"), "moe_router must be one of"),
+    (dict(moe_n_group=2), "moe_n_group must be 1 with moe_router='softmax'"),
+    (dict(moe_router="sigmoid", moe_n_group=3), "moe_n_group must divide moe_num_experts=8"),
+    (dict(moe_router="sigmoid", moe_n_group=8), "groups of >= 2 experts"),
+    (dict(moe_router="sigmoid", moe_n_group=2, moe_topk_group=3), "moe_topk_group must be in"),
+    (dict(moe_router="sigmoid", moe_n_group=4, moe_top_k=3), "moe_top_k must be <= the experts"),
+    (dict(moe_scaling=0.0), "moe_scaling must be a number > 0"),
+  ],
+)
+def test_bad_moe_field_is_one_line_naming_it(changes, message):
+  with pytest.raises(ValueError, match=message) as err:
+    _moe(**changes)
+  assert "\n" not in str(err.value)
+
+
+def test_single_block_moe_layer_must_be_mlp_only():
+  with pytest.raises(ValueError, match="layer 0 of kind 'M'"):
+    ModelConfig(layer_pattern="M-", num_layers=2, block_style="single", **MOE, moe_layers=(0,))
