@@ -9,13 +9,27 @@ Supported `model_type`s and what they map to (`models.config` documents the swit
                           (`model.visual.*`) and the multi-token-prediction head (`mtp.*`) are
                           skipped. Text-only positions make its multimodal RoPE (mrope) the plain
                           1-D RoPE.
+  qwen3_5_moe_text,       Qwen3.5-MoE: as Qwen3.5, every layer's MLP being the sparse MoE block
+  qwen3_5_moe             (`models.moe`): `num_experts` experts of `moe_intermediate_size`,
+                          `num_experts_per_tok` of them per token (softmax router, weights
+                          renormalised), a shared expert of `shared_expert_intermediate_size`
+                          with its sigmoid gate. `qwen3_5_moe` is the published multimodal
+                          checkpoint (Qwen3.5-35B-A3B): as `qwen3_5`, its language model only.
   qwen3_next              Qwen3-Next: as Qwen3.5 (its fused `in_proj_qkvz` / `in_proj_ba` are
-                          split at load time); dense MLP layers only (`num_experts` = 0 or every
-                          layer in `mlp_only_layers`): the sparse MoE block is not supported.
+                          split at load time); with `num_experts` > 0, layer i's MLP is the MoE
+                          block of Qwen3.5-MoE (top-k weights renormalised iff `norm_topk_prob`)
+                          unless i is in `mlp_only_layers` or (i + 1) % `decoder_sparse_step` != 0.
+                          Its MTP head (`mtp.*`) is skipped.
   nemotron_h              Nemotron-H: one sublayer per layer (`block_style="single"`) from
                           `layers_block_type` (or the legacy `hybrid_override_pattern`):
                           "linear_attention"/M -> M, "full_attention"/* -> A (no RoPE),
-                          "mlp"/- -> - (relu2 MLP, no gate); "moe"/E is not supported.
+                          "mlp"/- -> - (relu2 MLP, no gate), "moe"/E -> a "-" layer whose MLP is
+                          the MoE block: `n_routed_experts` relu2 experts (no gate) of
+                          `moe_intermediate_size`, sigmoid router with `e_score_correction_bias`,
+                          grouped top-`num_experts_per_tok` (`n_group`, `topk_group`),
+                          `norm_topk_prob`, `routed_scaling_factor`, and a relu2 shared expert of
+                          `moe_shared_expert_intermediate_size` (Nemotron-3-Nano-30B-A3B); the
+                          latent MoE projection (`moe_latent_size`) is not supported.
                           Mamba2's time step is bounded below by `time_step_min`.
   gemma3_text, gemma3     Gemma 3: "sliding_attention" -> S (window `sliding_window`),
                           "full_attention" -> A; sandwich norms, (1 + w) RMSNorms, q/k norm,
@@ -27,7 +41,7 @@ The cache groups follow from the layer letters as vLLM derives its KV-cache grou
 (`ModelConfig.cache_groups`: full attention, sliding window with its window, recurrent).
 
 Anything a config asks for that we do not implement raises one `ValueError` naming the field and
-its value (e.g. `attention_bias=True`, a MoE layer, `attn_logit_softcapping`).
+its value (e.g. `attention_bias=True`, `moe_latent_size`, `attn_logit_softcapping`).
 """
 
 from __future__ import annotations
@@ -44,6 +58,8 @@ from models.config import ModelConfig
 SUPPORTED_MODEL_TYPES = (
   "qwen3_5",
   "qwen3_5_text",
+  "qwen3_5_moe",
+  "qwen3_5_moe_text",
   "qwen3_next",
   "nemotron_h",
   "gemma3",
@@ -52,6 +68,7 @@ SUPPORTED_MODEL_TYPES = (
 # Multimodal wrappers: (text model type, prefix of the language model's tensors, skipped parts).
 _MULTIMODAL = {
   "qwen3_5": ("qwen3_5_text", "model.language_model.", ("model.visual.", "mtp.")),
+  "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.", ("model.visual.", "mtp.")),
   "gemma3": (
     "gemma3_text",
     "model.language_model.",
@@ -59,6 +76,8 @@ _MULTIMODAL = {
   ),
 }
 _NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+# Text models whose checkpoints may carry a multi-token-prediction head (`mtp.*`, not loaded).
+_HAS_MTP = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "nemotron_h")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +85,8 @@ class HFArchitecture:
   """What `from_hf_config` derives from a checkpoint's config.
 
   Attributes:
-    model_type: the text model's type (`qwen3_5_text`, `qwen3_next`, `nemotron_h`,
-      `gemma3_text`); the family of the weight names (`models.hf_weights`).
+    model_type: the text model's type (`qwen3_5_text`, `qwen3_5_moe_text`, `qwen3_next`,
+      `nemotron_h`, `gemma3_text`); the family of the weight names (`models.hf_weights`).
     config: our `ModelConfig`.
     prefixes: accepted prefixes of the decoder's tensor names (e.g. "model."); the LM head is
       `lm_head.weight` unless tied.
@@ -121,7 +140,7 @@ def from_hf_config(raw: Mapping[str, Any], *, dtype: str | None = None) -> HFArc
     prefixes = (prefix,)
     notes = (f"{model_type}: loading the language model only; skipped {', '.join(skipped)}",)
     model_type = text_type
-  if model_type in ("qwen3_5_text", "nemotron_h") and "mtp." not in skipped:
+  if model_type in _HAS_MTP and "mtp." not in skipped:
     skipped = (*skipped, "mtp.")  # the multi-token-prediction head: not part of the decoder
   if model_type == "nemotron_h":
     prefixes = ("backbone.", "model.")
@@ -190,11 +209,21 @@ def _rope_default(params: Mapping[str, Any], field: str) -> None:
     )
 
 
-def _common(raw: Mapping[str, Any], eps_field: str) -> dict[str, Any]:
+def _common(raw: Mapping[str, Any], eps_field: str, moe: Mapping[str, Any]) -> dict[str, Any]:
+  """The shared fields; `moe`: what `_qwen_moe` / `_nemotron_moe` read ({} without MoE layers).
+
+  `intermediate_size` (the dense MLP's width) is only required when some layer has a dense MLP:
+  a model whose every MLP is sparse (Qwen3.5-MoE, which has no such field) takes the experts'
+  width there, unused.
+  """
+  dense = not moe or len(moe["moe_layers"]) < moe["_ffn_layers"]
+  mlp_hidden = _get(raw, "intermediate_size", None if dense else moe.get("moe_hidden"))
+  if mlp_hidden is None:
+    raise ValueError("config field intermediate_size is required")
   return dict(
     vocab_size=int(_get(raw, "vocab_size", required=True)),
     d_model=int(_get(raw, "hidden_size", required=True)),
-    mlp_hidden=int(_get(raw, "intermediate_size", required=True)),
+    mlp_hidden=int(mlp_hidden),
     num_heads=int(_get(raw, "num_attention_heads", 1)),
     num_kv_heads=int(_get(raw, "num_key_value_heads", _get(raw, "num_attention_heads", 1))),
     head_dim=_head_dim(raw) if "num_attention_heads" in raw else 16,
@@ -219,20 +248,52 @@ def _layer_letters(types: Any, mapping: Mapping[str, str], field: str) -> str:
 # ---- per model type ----
 
 
+def _int_field(raw: Mapping[str, Any], field: str, default: int | None = None) -> int:
+  """`raw[field]` as an integer >= 0 (`default` when absent; required without one)."""
+  value = _get(raw, field, default, required=default is None)
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"config field {field} must be an integer >= 0, got {value!r}")
+  return value
+
+
+def _qwen_moe(raw: Mapping[str, Any], n_layers: int) -> dict[str, Any]:
+  """The MoE fields of Qwen3.5-MoE (every layer sparse) / Qwen3-Next (`num_experts` > 0: the
+  layers chosen by `decoder_sparse_step` and `mlp_only_layers`); {} when every MLP is dense."""
+  if raw["model_type"] == "qwen3_5_moe_text":
+    layers = tuple(range(n_layers))
+  else:
+    if _int_field(raw, "num_experts", 0) == 0:
+      return {}
+    step = _int_field(raw, "decoder_sparse_step", 1)
+    if step < 1:
+      raise ValueError(f"config field decoder_sparse_step must be >= 1, got {step}")
+    dense = raw.get("mlp_only_layers") or []
+    if not isinstance(dense, (list, tuple)):
+      raise ValueError(
+        f"config field mlp_only_layers must be a list of layer indices, got {dense!r}"
+      )
+    layers = tuple(i for i in range(n_layers) if i not in set(dense) and (i + 1) % step == 0)
+    if not layers:
+      return {}
+  shared = _int_field(raw, "shared_expert_intermediate_size", 0)
+  return dict(
+    moe_layers=layers,
+    moe_num_experts=_int_field(raw, "num_experts"),
+    moe_top_k=_int_field(raw, "num_experts_per_tok"),
+    moe_hidden=_int_field(raw, "moe_intermediate_size"),
+    moe_shared_hidden=shared,
+    moe_shared_gate=shared > 0,
+    moe_router="softmax",
+    # Qwen3.5-MoE's router always renormalises (its config has no norm_topk_prob).
+    moe_norm_topk=bool(raw.get("norm_topk_prob", True)),
+    _ffn_layers=n_layers,
+  )
+
+
 def _qwen(raw: Mapping[str, Any]) -> dict[str, Any]:
-  """Qwen3.5 text / Qwen3-Next (dense MLP)."""
+  """Qwen3.5 text / Qwen3.5-MoE text / Qwen3-Next (dense or sparse MoE MLPs)."""
   _unsupported(raw, "attention_bias", (False, None))
   _unsupported(raw, "hidden_act", ("silu", None))
-  if raw["model_type"] == "qwen3_next" and int(raw.get("num_experts") or 0) > 0:
-    n = int(_get(raw, "num_hidden_layers", required=True))
-    step = int(raw.get("decoder_sparse_step") or 1)
-    dense = set(raw.get("mlp_only_layers") or [])
-    moe = [i for i in range(n) if i not in dense and (i + 1) % step == 0]
-    if moe:
-      raise ValueError(
-        f"config field num_experts={raw['num_experts']} makes layers {moe} sparse MoE, which is "
-        "not supported (supported: num_experts=0 or every layer in mlp_only_layers)"
-      )
   n_layers = int(_get(raw, "num_hidden_layers", required=True))
   types = raw.get("layer_types")
   if types is None:  # transformers' default: every full_attention_interval-th layer is full
@@ -243,10 +304,12 @@ def _qwen(raw: Mapping[str, Any]) -> dict[str, Any]:
   pattern = _layer_letters(types, {"linear_attention": "G", "full_attention": "A"}, "layer_types")
   rope = _rope(raw)
   _rope_default(rope, "rope_parameters")
-  kw = _common(raw, "rms_norm_eps")
+  moe = _qwen_moe(raw, len(pattern))
+  kw = _common(raw, "rms_norm_eps", moe)
   rotary = int(kw["head_dim"] * float(rope.get("partial_rotary_factor", 1.0)))
   return dict(
     kw,
+    **_moe_kwargs(moe),
     layer_pattern=pattern,
     num_layers=len(pattern),
     rope_theta=float(rope.get("rope_theta", 10000.0)),
@@ -262,8 +325,40 @@ def _qwen(raw: Mapping[str, Any]) -> dict[str, Any]:
   )
 
 
+def _moe_kwargs(moe: Mapping[str, Any]) -> dict[str, Any]:
+  """The `ModelConfig` fields of `moe` (its private counts dropped)."""
+  return {k: v for k, v in moe.items() if not k.startswith("_")}
+
+
+def _nemotron_moe(raw: Mapping[str, Any], types: list[str]) -> dict[str, Any]:
+  """The MoE fields of Nemotron-H's "moe" layers; {} without any."""
+  layers = tuple(i for i, t in enumerate(types) if t == "moe")
+  if not layers:
+    return {}
+  _unsupported(raw, "moe_latent_size", (None,))
+  scaling = _get(raw, "routed_scaling_factor", 1.0)
+  if isinstance(scaling, bool) or not isinstance(scaling, (int, float)):
+    raise ValueError(f"config field routed_scaling_factor must be a number, got {scaling!r}")
+  experts = "n_routed_experts"  # transformers' name; `num_local_experts` is its alias
+  if raw.get(experts) is None and raw.get("num_local_experts") is not None:
+    experts = "num_local_experts"
+  return dict(
+    moe_layers=layers,
+    moe_num_experts=_int_field(raw, experts),
+    moe_top_k=_int_field(raw, "num_experts_per_tok"),
+    moe_hidden=_int_field(raw, "moe_intermediate_size"),
+    moe_shared_hidden=_int_field(raw, "moe_shared_expert_intermediate_size"),
+    moe_router="sigmoid",
+    moe_norm_topk=bool(raw.get("norm_topk_prob", True)),
+    moe_n_group=_int_field(raw, "n_group", 1),
+    moe_topk_group=_int_field(raw, "topk_group", 1),
+    moe_scaling=float(scaling),
+    _ffn_layers=sum(t in ("mlp", "moe") for t in types),
+  )
+
+
 def _nemotron_h(raw: Mapping[str, Any]) -> dict[str, Any]:
-  """Nemotron-H (dense: Mamba2, attention and relu2 MLP layers)."""
+  """Nemotron-H (Mamba2, attention, relu2 MLP and sparse MoE layers)."""
   for field in ("attention_bias", "mlp_bias", "use_bias", "mamba_proj_bias"):
     _unsupported(raw, field, (False, None))
   _unsupported(raw, "mamba_hidden_act", ("silu", None))
@@ -278,17 +373,14 @@ def _nemotron_h(raw: Mapping[str, Any]) -> dict[str, Any]:
     if bad:
       raise ValueError(f"config field hybrid_override_pattern has unknown letters {bad}")
     types = [_NEMOTRON_PATTERN[c] for c in pat]
-  mapping = {"linear_attention": "M", "full_attention": "A", "mlp": "-"}
-  if isinstance(types, (list, tuple)) and "moe" in types:
-    raise ValueError(
-      f"config field {field} has MoE layers ('moe' / 'E'), which are not supported "
-      "(supported: linear_attention, full_attention, mlp)"
-    )
+  mapping = {"linear_attention": "M", "full_attention": "A", "mlp": "-", "moe": "-"}
   pattern = _layer_letters(types, mapping, field)
   _unsupported(raw, "use_conv_bias", (True, None))
-  kw = _common(raw, "layer_norm_epsilon")
+  moe = _nemotron_moe(raw, list(types))
+  kw = _common(raw, "layer_norm_epsilon", moe)
   return dict(
     kw,
+    **_moe_kwargs(moe),
     layer_pattern=pattern,
     num_layers=len(pattern),
     block_style="single",
@@ -328,7 +420,7 @@ def _gemma3(raw: Mapping[str, Any]) -> dict[str, Any]:
     factor = float(full["factor"])
   else:
     _rope_default(full, "rope_parameters.full_attention")
-  kw = _common(raw, "rms_norm_eps")
+  kw = _common(raw, "rms_norm_eps", {})
   kw["tie_word_embeddings"] = bool(_get(raw, "tie_word_embeddings", True))
   scalar = _get(raw, "query_pre_attn_scalar", kw["head_dim"])
   softcap = raw.get("final_logit_softcapping")
@@ -352,6 +444,7 @@ def _gemma3(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 _BUILDERS = {
   "qwen3_5_text": _qwen,
+  "qwen3_5_moe_text": _qwen,
   "qwen3_next": _qwen,
   "nemotron_h": _nemotron_h,
   "gemma3_text": _gemma3,

@@ -11,12 +11,20 @@ that turns that tensor into our layout:
 * Qwen3-Next's fused projections: `in_proj_qkvz` [H_k * (2 d_k + 2 r d_v), d] holds, per key
   head, [q | k | v (r heads) | z (r heads)] (r = H_v / H_k) and `in_proj_ba` [H_k * 2r, d] holds
   [b | a] per key head: split into Qwen3.5's separate in_proj_qkv / in_proj_z / in_proj_b /
-  in_proj_a (value head h then belongs to key head h // r in both).
-Everything else (norm weights, A_log, dt_bias, D, conv bias, embeddings) is copied as is.
+  in_proj_a (value head h then belongs to key head h // r in both);
+* sparse MoE experts (`models.moe.MoE`: w_gate / w_up [E, d, I], w_down [E, I, d]): the
+  per-expert tensors `experts.{e}.{gate,up,down}_proj.weight` ([I, d] / [d, I], what
+  `save_pretrained` writes and the published checkpoints hold) transposed and stacked over e, or
+  the fused layout of transformers 5's modules (`save_pretrained(save_original_format=False)`):
+  Qwen's `experts.gate_up_proj` [E, 2I, d] ([gate | up] rows) and `experts.down_proj` [E, d, I],
+  Nemotron-H's `experts.up_proj` [E, I, d] and `experts.down_proj` [E, d, I]; the router
+  `gate.weight` [E, d] transposed.
+Everything else (norm weights, A_log, dt_bias, D, conv bias, embeddings, the router's
+`e_score_correction_bias`) is copied as is.
 
-Names follow transformers 5's modeling files (`Qwen3_5ForCausalLM`, `Qwen3NextForCausalLM`,
-`NemotronHForCausalLM`, `Gemma3ForCausalLM`); the LM head is "lm_head.weight" (top level) unless
-the embeddings are tied.
+Names follow transformers 5's modeling files (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`,
+`Qwen3NextForCausalLM`, `NemotronHForCausalLM`, `Gemma3ForCausalLM`); the LM head is
+"lm_head.weight" (top level) unless the embeddings are tied.
 """
 
 from __future__ import annotations
@@ -44,12 +52,34 @@ def _conv(w):
   return w.reshape(w.shape[0], w.shape[-1])
 
 
+def _stack_t(ws):
+  """Per-expert torch weights [out, in] (a list over experts) -> our [E, in, out]."""
+  return jnp.stack([_t(w) for w in ws])
+
+
+def _experts_t(w):
+  """A fused expert tensor [E, out, in] -> our [E, in, out]."""
+  return jnp.swapaxes(w, 1, 2)
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """One parameter's origin: the checkpoint tensor `name` and `transform` (tensor -> ours)."""
+  """One parameter's origin: the checkpoint tensor(s) and how they become ours.
 
-  name: str
+  Attributes:
+    name: a tensor name, or a tuple of names (e.g. one per expert) read together.
+    transform: tensor -> our layout (a list of the tensors, in `name`'s order, for a tuple).
+    alternative: another layout of the same parameter, read when the checkpoint lacks one of
+      `name`'s tensors (the fused experts of transformers 5's in-memory modules).
+  """
+
+  name: str | tuple[str, ...]
   transform: Callable = _same
+  alternative: Source | None = None
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return self.name if isinstance(self.name, tuple) else (self.name,)
 
 
 def weight_map(arch: HFArchitecture) -> dict[str, Source]:
@@ -62,14 +92,15 @@ def weight_map(arch: HFArchitecture) -> dict[str, Source]:
   out["final_norm.weight"] = Source(names["final_norm"])
   if not cfg.tie_word_embeddings:
     out["lm_head.kernel"] = Source(LM_HEAD, _t)
-  for i, kind in enumerate(cfg.layer_kinds):
-    for ours, src in family(cfg, kind, f"{names['layers']}.{i}").items():
+  for i, (kind, ffn) in enumerate(zip(cfg.layer_kinds, cfg.layer_ffn, strict=True)):
+    for ours, src in family(cfg, kind, ffn, f"{names['layers']}.{i}").items():
       out[f"blocks.{i}.{ours}"] = src
   return out
 
 
 _NAMES = {
   "qwen3_5_text": dict(embed="embed_tokens.weight", final_norm="norm.weight", layers="layers"),
+  "qwen3_5_moe_text": dict(embed="embed_tokens.weight", final_norm="norm.weight", layers="layers"),
   "qwen3_next": dict(embed="embed_tokens.weight", final_norm="norm.weight", layers="layers"),
   "gemma3_text": dict(embed="embed_tokens.weight", final_norm="norm.weight", layers="layers"),
   "nemotron_h": dict(embed="embeddings.weight", final_norm="norm_f.weight", layers="layers"),
@@ -81,6 +112,42 @@ def _mlp(prefix: str, gated: bool = True) -> dict[str, Source]:
   out["mlp.down.kernel"] = Source(f"{prefix}.down_proj.weight", _t)
   if gated:
     out["mlp.gate.kernel"] = Source(f"{prefix}.gate_proj.weight", _t)
+  return out
+
+
+def _moe(cfg, prefix: str, shared: str) -> dict[str, Source]:
+  """The MoE block under `prefix` (Qwen's `mlp`, Nemotron-H's `mixer`); `shared`: the shared
+  expert's module name (Qwen `shared_expert`, Nemotron-H `shared_experts`)."""
+  e, i = cfg.moe_num_experts, cfg.moe_hidden
+  experts = f"{prefix}.experts"
+
+  def per_expert(proj: str) -> tuple[str, ...]:
+    return tuple(f"{experts}.{j}.{proj}.weight" for j in range(e))
+
+  fused_down = Source(f"{experts}.down_proj", _experts_t)
+  out = {
+    "mlp.router.kernel": Source(f"{prefix}.gate.weight", _t),
+    "mlp.w_down": Source(per_expert("down_proj"), _stack_t, fused_down),
+  }
+  if cfg.mlp_gated:  # Qwen: fused [gate | up] rows
+    gate_up = f"{experts}.gate_up_proj"
+    out["mlp.w_gate"] = Source(
+      per_expert("gate_proj"), _stack_t, Source(gate_up, lambda w: _experts_t(w[:, :i]))
+    )
+    out["mlp.w_up"] = Source(
+      per_expert("up_proj"), _stack_t, Source(gate_up, lambda w: _experts_t(w[:, i:]))
+    )
+  else:  # Nemotron-H: up only
+    out["mlp.w_up"] = Source(
+      per_expert("up_proj"), _stack_t, Source(f"{experts}.up_proj", _experts_t)
+    )
+  if cfg.moe_router == "sigmoid":
+    out["mlp.score_bias"] = Source(f"{prefix}.gate.e_score_correction_bias")
+  if cfg.moe_shared_hidden:
+    for ours, src in _mlp(f"{prefix}.{shared}", gated=cfg.mlp_gated).items():
+      out[ours.replace("mlp.", "mlp.shared.", 1)] = src
+  if cfg.moe_shared_gate:
+    out["mlp.shared_gate.kernel"] = Source(f"{prefix}.{shared}_gate.weight", _t)
   return out
 
 
@@ -136,11 +203,11 @@ def _gdn(cfg, prefix: str, fused: bool) -> dict[str, Source]:
   return out
 
 
-def _qwen(cfg, kind: str, prefix: str, *, fused: bool) -> dict[str, Source]:
+def _qwen(cfg, kind: str, ffn: str, prefix: str, *, fused: bool) -> dict[str, Source]:
   out = {
     "mixer_norm.weight": Source(f"{prefix}.input_layernorm.weight"),
     "mlp_norm.weight": Source(f"{prefix}.post_attention_layernorm.weight"),
-    **_mlp(f"{prefix}.mlp"),
+    **(_moe(cfg, f"{prefix}.mlp", "shared_expert") if ffn == "moe" else _mlp(f"{prefix}.mlp")),
   }
   if kind == "G":
     out.update(_gdn(cfg, f"{prefix}.linear_attn", fused))
@@ -149,10 +216,12 @@ def _qwen(cfg, kind: str, prefix: str, *, fused: bool) -> dict[str, Source]:
   return out
 
 
-def _nemotron_h(cfg, kind: str, prefix: str) -> dict[str, Source]:
+def _nemotron_h(cfg, kind: str, ffn: str | None, prefix: str) -> dict[str, Source]:
   out = {"mixer_norm.weight": Source(f"{prefix}.norm.weight")}
   mixer = f"{prefix}.mixer"
-  if kind == MLP_ONLY:
+  if ffn == "moe":
+    out.update(_moe(cfg, mixer, "shared_experts"))
+  elif kind == MLP_ONLY:
     out.update(_mlp(mixer, gated=False))
   elif kind == "A":
     out.update(_attention(mixer, qk_norm=False))
@@ -172,7 +241,7 @@ def _nemotron_h(cfg, kind: str, prefix: str) -> dict[str, Source]:
   return out
 
 
-def _gemma3(cfg, kind: str, prefix: str) -> dict[str, Source]:
+def _gemma3(cfg, kind: str, ffn: str, prefix: str) -> dict[str, Source]:
   return {
     "mixer_norm.weight": Source(f"{prefix}.input_layernorm.weight"),
     "post_mixer_norm.weight": Source(f"{prefix}.post_attention_layernorm.weight"),
@@ -184,8 +253,9 @@ def _gemma3(cfg, kind: str, prefix: str) -> dict[str, Source]:
 
 
 _FAMILIES = {
-  "qwen3_5_text": lambda cfg, kind, prefix: _qwen(cfg, kind, prefix, fused=False),
-  "qwen3_next": lambda cfg, kind, prefix: _qwen(cfg, kind, prefix, fused=True),
+  "qwen3_5_text": lambda cfg, kind, ffn, prefix: _qwen(cfg, kind, ffn, prefix, fused=False),
+  "qwen3_5_moe_text": lambda cfg, kind, ffn, prefix: _qwen(cfg, kind, ffn, prefix, fused=False),
+  "qwen3_next": lambda cfg, kind, ffn, prefix: _qwen(cfg, kind, ffn, prefix, fused=True),
   "nemotron_h": _nemotron_h,
   "gemma3_text": _gemma3,
 }

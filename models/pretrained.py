@@ -4,7 +4,9 @@ A directory holds `config.json` and the weights as `*.safetensors`: one file, or
 by `model.safetensors.index.json` (its "weight_map": tensor name -> file). The config becomes
 our `ModelConfig` (`models.hf_config`), each parameter is read with the `safetensors` library,
 laid out as ours (`models.hf_weights`) and cast to the parameter's dtype (`dtype`, with the
-recurrent decay parameters A_log, dt_bias and D always fp32, as `HybridLM` keeps them).
+recurrent decay parameters A_log, dt_bias and D, and the sigmoid MoE router's weights and bias,
+always fp32, as `HybridLM` keeps them). A parameter with two layouts (a MoE's experts: one tensor
+per expert, or transformers 5's fused tensors) is read from whichever the checkpoint holds.
 
 Every problem is one `ValueError` line naming what is wrong: an unsupported `model_type` or
 config field, a missing tensor, an unexpected tensor (outside the skipped vision tower / MTP
@@ -24,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,10 +78,10 @@ def load_pretrained(model_dir: str | os.PathLike, *, dtype: str | None = None) -
     raise AssertionError(f"weight map and model disagree: {sorted(set(shapes) ^ set(sources))}")
   values, used = {}, set()
   for path, want in shapes.items():
-    src = sources[path]
-    name = src.name if src.name == hf_weights.LM_HEAD else prefix + src.name
-    used.add(name)
-    values[path] = _convert(tensors.get(name), src.transform, name, path, want)
+    src = _layout(sources[path], prefix, tensors.names)
+    names = [_full_name(n, prefix) for n in src.names]
+    used.update(names)
+    values[path] = _convert([tensors.get(n) for n in names], src, names, path, want)
   extra = sorted(n for n in tensors.names - used if not n.startswith(arch.skipped))
   if extra:
     more = f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""
@@ -156,20 +157,39 @@ def _decoder_prefix(arch: hf_config.HFArchitecture, names: set[str]) -> str:
   )
 
 
-def _convert(tensor: jax.Array, transform: Callable, name: str, path: str, want: Any) -> jax.Array:
-  if not jnp.issubdtype(tensor.dtype, jnp.floating):
-    raise ValueError(
-      f"tensor {name!r} has dtype {tensor.dtype}; only float tensors are supported "
-      "(float32, bfloat16, float16; no quantised checkpoints)"
-    )
+def _full_name(name: str, prefix: str) -> str:
+  return name if name == hf_weights.LM_HEAD else prefix + name
+
+
+def _layout(src: hf_weights.Source, prefix: str, names: set[str]) -> hf_weights.Source:
+  """`src`, or its alternative layout when the checkpoint lacks one of `src`'s tensors and
+  holds all of the alternative's (else `src`, whose first missing tensor is then the error)."""
+  alt = src.alternative
+  if alt is None or all(_full_name(n, prefix) in names for n in src.names):
+    return src
+  return alt if all(_full_name(n, prefix) in names for n in alt.names) else src
+
+
+def _convert(
+  tensors: list[jax.Array], src: hf_weights.Source, names: list[str], path: str, want: Any
+) -> jax.Array:
+  """`src.transform` of the tensors (one, or the list of a multi-tensor source), checked."""
+  for name, tensor in zip(names, tensors, strict=True):
+    if not jnp.issubdtype(tensor.dtype, jnp.floating):
+      raise ValueError(
+        f"tensor {name!r} has dtype {tensor.dtype}; only float tensors are supported "
+        "(float32, bfloat16, float16; no quantised checkpoints)"
+      )
   try:
-    value = transform(tensor)
+    value = src.transform(list(tensors) if isinstance(src.name, tuple) else tensors[0])
   except (ValueError, TypeError):
     value = None
   if value is None or tuple(value.shape) != tuple(want.shape):
+    # name the odd one out of stacked tensors, else the first
+    odd = next((j for j, t in enumerate(tensors) if t.shape != tensors[0].shape), 0)
     raise ValueError(
-      f"tensor {name!r} has shape {tuple(tensor.shape)}, which does not fit our {path} of shape "
-      f"{tuple(want.shape)} for this config.json"
+      f"tensor {names[odd]!r} has shape {tuple(tensors[odd].shape)}, which does not fit our "
+      f"{path} of shape {tuple(want.shape)} for this config.json"
     )
   return value.astype(want.dtype)
 

@@ -1,9 +1,12 @@
 """Heads-sharded placement of the model's parameters and caches on a `jax.sharding.Mesh`.
 
 One mesh axis (named "model", or the mesh's only axis) splits attention KV heads, GDN value
-heads and Mamba2 heads; everything else (embeddings, norms, MLPs, conv states, step inputs) is
-replicated. The jitted step then runs under GSPMD propagation (mesh axes are made `Auto`), so
-the sharding changes where work happens, never what is computed.
+heads and Mamba2 heads, and the sparse MoE experts along their width I (tensor parallel inside
+every expert: w_gate / w_up [E, d, I] by columns, w_down [E, I, d] by rows, so each device holds
+a slice of every expert and no token moves between devices); everything else (embeddings, norms,
+MLPs, MoE routers and shared experts, conv states, step inputs) is replicated. The jitted step
+then runs under GSPMD propagation (mesh axes are made `Auto`), so the sharding changes where work
+happens, never what is computed.
 
 On XLA:CPU with virtual devices, start the process with the environment variable NPROC
 larger than the number of devices (e.g. NPROC=32 for 8): the CPU client runs every device's
@@ -37,6 +40,8 @@ AXIS = "model"
 # Parameter path suffixes whose kernels are split along heads: (module name, spec).
 _COLUMN = ("q_proj", "k_proj", "v_proj", "in_proj_z")  # [d, heads * dim]: split outputs
 _ROW = ("o_proj", "out_proj")  # [heads * dim, d]: split inputs
+_EXPERT_COLUMN = ("w_gate", "w_up")  # MoE experts [E, d, I]: split I
+_EXPERT_ROW = ("w_down",)  # [E, I, d]: split I
 
 
 def heads_mesh(num_devices: int | None = None) -> Mesh:
@@ -65,7 +70,8 @@ def as_auto(mesh: Mesh) -> Mesh:
 
 
 def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
-  """Raises ValueError naming the field when the mesh axis size does not divide the heads."""
+  """Raises ValueError naming the field when the mesh axis size does not divide the heads
+  (or the MoE experts' width)."""
   if not isinstance(mesh, Mesh):
     raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
   n = mesh.shape[_axis(mesh)]
@@ -76,6 +82,8 @@ def check_mesh(cfg: ModelConfig, mesh: Mesh) -> None:
     fields += ["gdn_num_k_heads", "gdn_num_v_heads"]
   if cfg.count("M"):
     fields += ["mamba_num_heads"]
+  if cfg.moe_layers:
+    fields += ["moe_hidden"]
   for f in fields:
     v = getattr(cfg, f)
     if v % n:
@@ -112,6 +120,11 @@ def cpu_deadlock_risk(cfg: ModelConfig, mesh: Mesh) -> str | None:
 
 def _param_spec(path, leaf, axis: str) -> P:
   names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  if getattr(leaf, "ndim", 0) == 3:
+    if any(n in _EXPERT_COLUMN for n in names):
+      return P(None, None, axis)
+    if any(n in _EXPERT_ROW for n in names):
+      return P(None, axis, None)
   if getattr(leaf, "ndim", 0) == 2 and "kernel" in names:
     if any(n in _COLUMN for n in names):
       return P(None, axis)

@@ -1,11 +1,14 @@
 """Our architectures against `transformers`, output for output (the model side's oracle).
 
-For each supported `model_type`, a tiny random checkpoint built and saved by `transformers`
-itself (`hf_checkpoints`) is loaded with `models.pretrained` and run on a 216-token prompt
-in two chunks (64 + 152 tokens: across the kernels' 64-token chunk and, for Gemma 3, many
-24-token sliding windows): logits within 1e-4 relative of `transformers`' uncached forward pass,
-and 16 greedy tokens served by `Engine.from_pretrained` with prefix caching on equal
-`transformers`' greedy continuation. Skips without the `hf` extra (transformers + CPU torch).
+For each supported `model_type` (and the sparse MoE variants of Qwen3-Next and Nemotron-H), a
+tiny random checkpoint built and saved by `transformers` itself (`hf_checkpoints`) is loaded with
+`models.pretrained` and run on a 216-token prompt in two chunks (64 + 152 tokens: across the
+kernels' 64-token chunk and, for Gemma 3, many 24-token sliding windows): logits within 1e-4
+relative of `transformers`' uncached forward pass, and 16 greedy tokens served by
+`Engine.from_pretrained` with prefix caching on equal `transformers`' greedy continuation. For the
+MoE checkpoints, `transformers`' own routers spread the prompt's tokens over every expert (so
+the parity covers real routing, not one expert). Skips without the `hf` extra (transformers + CPU
+torch).
 """
 
 from __future__ import annotations
@@ -81,3 +84,24 @@ def test_multimodal_qwen3_5_loads_the_language_model_only(checkpoints):
   assert loaded.arch.model_type == "qwen3_5_text"
   assert loaded.arch.skipped == ("model.visual.", "mtp.")
   assert any("skipped" in note for note in loaded.arch.notes)
+
+
+def test_multimodal_qwen3_5_moe_loads_the_language_model_only(checkpoints):
+  _, directory = checkpoints["qwen3_5_moe"]
+  loaded = load_pretrained(directory)
+  assert loaded.arch.model_type == "qwen3_5_moe_text"
+  assert loaded.arch.skipped == ("model.visual.", "mtp.")
+  assert loaded.config.moe_layers == (0, 1, 2, 3) and loaded.config.moe_shared_gate
+
+
+@pytest.mark.parametrize("model_type", hf_checkpoints.MOE_MODEL_TYPES)
+def test_moe_routing_is_spread_over_the_experts(checkpoints, model_type):
+  reference, directory = checkpoints[model_type]
+  cfg = load_pretrained(directory).config
+  picked = hf_checkpoints.reference_routing(reference, _prompt())
+  assert len(picked) == len(cfg.moe_layers)
+  for experts in picked:
+    assert experts.shape == (PROMPT_LEN, cfg.moe_top_k)
+    share = np.bincount(experts.ravel(), minlength=cfg.moe_num_experts) / experts.size
+    # every expert serves tokens, none more than twice its even share
+    assert share.min() > 0 and share.max() < 2 / cfg.moe_num_experts, share

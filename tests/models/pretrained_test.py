@@ -219,9 +219,3 @@ def test_bad_checkpoint_is_one_clear_error(qwen_dir, tmp_path, case):
   with pytest.raises(ValueError, match=message) as err:
     Engine.from_pretrained(broken)
   assert "\n" not in str(err.value)
-
-
-def test_moe_qwen3_next_is_refused_naming_the_field():
-  raw = {"model_type": "qwen3_next", "num_hidden_layers": 4, "num_experts": 8}
-  with pytest.raises(ValueError, match="num_experts=8 makes layers"):
-    hf_config.from_hf_config(raw)
