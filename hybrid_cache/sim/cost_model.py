@@ -12,10 +12,16 @@ Two FLOP conventions:
     query and a sigmoid gate of Hq d each; the gate's elementwise product is not counted, as no
     norm or activation is; g = 1 otherwise);
     MLP: 2 L D d_ff * mlp_matrices;
+    sparse MoE layer (active parameters only: the router, the k routed experts a token runs,
+    the shared expert and its gate): 2 L D (E + k I m + S m + g), E = `moe_experts`,
+    k = `moe_top_k`, I = `moe_d_ff`, S = `moe_shared_d_ff` (0 = none), m = `moe_matrices`
+    (3 SwiGLU, 2 relu2), g = 1 with Qwen's shared-expert gate (`moe_shared_gate`) else 0;
+    the routing itself (softmax / sigmoid, top-k) is not counted, as no activation is;
     GDN: 2 L D (conv_dim + Hv dv + 2 Hv) + 2 L Hv dv D + 2 K conv_dim L + 6 L Hv dk dv;
     Mamba2: 2 L D (2 d_inner + 2 G N + H) + 2 L d_inner D + 2 K conv_dim L + 6 L H P N.
   State of one GDN layer: Hv dk dv * state_bytes + (K - 1) conv_dim * conv_bytes;
   Mamba2: H P N * state_bytes + (K - 1) (d_inner + 2 G N) * conv_bytes.
+  MoE layers hold no cache: KV and state bytes do not depend on them.
 
 TTFT: Marconi's fitted Jamba-1.5-Mini prefill line, TTFT_ms(L) = 17.81 + 0.05296 s with
 s = 50 floor(L / 50) + 50 capped at 31,950 (`ttft_ms`). Configs may set their own line (every
@@ -39,7 +45,7 @@ state = 2,146,304 B (524 tokens of one layer's KV), so B = 528 with a = 16 (the 
 vLLM #40696) and 576 with FlashInfer's 64-token checkpoint alignment (Hopper, align mode).
 
 Presets in `MODELS`; `hf_cost_model.py` builds a `CostModel` from a Hugging Face
-`config.json` (Qwen3.5 / Qwen3-Next, Nemotron-H, Gemma 3).
+`config.json` (Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, Nemotron-H, Gemma 3).
 
 Example (Marconi's default 7B hybrid)::
 
@@ -68,7 +74,11 @@ class CostModel:
     d_model: hidden size D.
     n_attn: full-attention layers; n_swa: sliding-window layers (window `swa_window`).
     n_recurrent: recurrent layers of kind `recurrent` ("marconi_ssm", "gdn", "mamba2").
-    n_mlp: MLP layers (d_ff wide, `mlp_matrices` weight matrices each).
+    n_mlp: dense MLP layers (d_ff wide, `mlp_matrices` weight matrices each).
+    n_moe: sparse MoE layers (their feed-forward; Qwen3.5-MoE, Qwen3-Next, Nemotron-H "E"),
+      each `moe_flops`: moe_experts routed experts of moe_d_ff, moe_top_k per token, a shared
+      expert of moe_shared_d_ff (0 = none; gated when moe_shared_gate), moe_matrices weight
+      matrices per expert. 0 and unset in every preset.
     q_heads, kv_heads, head_dim: attention shapes; kv_dtype_bytes: bytes per KV element.
     attn_output_gate: the attention's q projection also emits an output gate of Hq head_dim
       (Qwen3.5, Qwen3-Next): counted in the projection FLOPs (module docstring). The presets
@@ -109,6 +119,13 @@ class CostModel:
   ttft_intercept_ms: float = 17.81
   ttft_slope_ms: float = 0.05296
   vllm_checkpoint_alignment: int = 1  # the recurrent layers' prefill checkpoint alignment
+  n_moe: int = 0
+  moe_experts: int = 0
+  moe_top_k: int = 0
+  moe_d_ff: int = 0
+  moe_shared_d_ff: int = 0
+  moe_shared_gate: bool = False
+  moe_matrices: int = 3
 
   # ---- bytes ----
   @property
@@ -199,6 +216,17 @@ class CostModel:
       return 16 * L * self.d_model**2
     return 2 * L * self.d_model * self.d_ff * self.mlp_matrices
 
+  def moe_flops(self, L):
+    """One sparse MoE layer over L tokens, active parameters only (module docstring)."""
+    m = self.moe_matrices
+    per_token = (
+      self.moe_experts
+      + self.moe_top_k * self.moe_d_ff * m
+      + self.moe_shared_d_ff * m
+      + int(self.moe_shared_gate)
+    )
+    return 2 * L * self.d_model * per_token
+
   def recurrent_flops(self, L):
     """One recurrent layer over L tokens (linear in L)."""
     d = self.d_model
@@ -227,6 +255,7 @@ class CostModel:
       + self.n_attn * self.attn_flops(L)
       + self.n_swa * self.swa_flops(L)
       + self.n_mlp * self.mlp_flops(L)
+      + self.n_moe * self.moe_flops(L)
     )
 
   def ttft_ms(self, L):

@@ -4,23 +4,28 @@ Reads the fields of transformers 5's configs with the same meaning as the engine
 (`models/hf_config.py`, the authority on which field means what; not imported: the simulator
 never imports `models/`). Each supported `model_type` maps to layer counts and shapes:
 
-  qwen3_5_text, qwen3_next, qwen3_5 (multimodal: its `text_config`)
+  qwen3_5_text, qwen3_5_moe_text, qwen3_next, qwen3_5 / qwen3_5_moe (multimodal: `text_config`)
       `layer_types`: "linear_attention" -> GDN, "full_attention" -> attention; without it every
-      `full_attention_interval`-th layer (default 4) is full. Every layer also has a dense SwiGLU
-      MLP of `intermediate_size` (3 matrices). Attention: `num_attention_heads` Hq,
+      `full_attention_interval`-th layer (default 4) is full. Every layer also has a feed-forward:
+      a dense SwiGLU MLP of `intermediate_size` (3 matrices, n_mlp), or a sparse MoE (n_moe):
+      every layer of Qwen3.5-MoE; with Qwen3-Next's `num_experts` > 0 every layer i not in
+      `mlp_only_layers` with (i + 1) % `decoder_sparse_step` == 0 (the engine loader's rule). A MoE
+      layer: a router over `num_experts`, `num_experts_per_tok` SwiGLU experts of
+      `moe_intermediate_size`, a shared SwiGLU expert of `shared_expert_intermediate_size` with its
+      sigmoid gate (a D -> 1 projection). Attention: `num_attention_heads` Hq,
       `num_key_value_heads` Hkv, `head_dim` (default hidden_size // Hq), with an output gate
       (q_proj emits 2 Hq head_dim: `CostModel.attn_output_gate`). GDN: `linear_num_key_heads`
       Hk, `linear_num_value_heads` Hv, `linear_key_head_dim` dk, `linear_value_head_dim` dv,
-      `linear_conv_kernel_dim` K (default 4); conv_dim = 2 Hk dk + Hv dv. Qwen3-Next with sparse
-      MoE layers (`num_experts` > 0 on a layer not in `mlp_only_layers` with
-      (i + 1) % `decoder_sparse_step` == 0) raises ValueError naming `num_experts`, as the
-      engine's loader does: the cost model has one MLP width.
+      `linear_conv_kernel_dim` K (default 4); conv_dim = 2 Hk dk + Hv dv.
   nemotron_h
-      `layers_block_type` ("linear_attention" -> Mamba2, "full_attention", "mlp") or the legacy
-      `hybrid_override_pattern` (M, *, -); "moe" / E raises ValueError naming the field. Each
-      layer is one sublayer: n_mlp counts the "mlp" layers alone, each a relu2 MLP without gate
-      (2 matrices of `intermediate_size`). Mamba2: `mamba_num_heads` H, `mamba_head_dim` P,
-      `ssm_state_size` N, `n_groups` G (default 1), `conv_kernel` K (default 4); d_inner = H P.
+      `layers_block_type` ("linear_attention" -> Mamba2, "full_attention", "mlp", "moe") or the
+      legacy `hybrid_override_pattern` (M, *, -, E). Each layer is one sublayer: n_mlp counts the
+      "mlp" layers alone, each a relu2 MLP without gate (2 matrices of `intermediate_size`); n_moe
+      the "moe" layers: a router over `n_routed_experts`, `num_experts_per_tok` relu2 experts of
+      `moe_intermediate_size` (2 matrices) and a relu2 shared expert of
+      `moe_shared_expert_intermediate_size` (no gate; `moe_latent_size` raises ValueError).
+      Mamba2: `mamba_num_heads` H, `mamba_head_dim` P, `ssm_state_size` N, `n_groups` G
+      (default 1), `conv_kernel` K (default 4); d_inner = H P.
       Attention without output gate; `head_dim` (else the legacy `attention_head_dim`, else
       hidden_size // Hq).
   gemma3_text, gemma3 (multimodal: its `text_config`)
@@ -28,15 +33,16 @@ never imports `models/`). Each supported `model_type` maps to layer counts and s
       it every `sliding_window_pattern`-th layer (default 6) is full. A GeGLU MLP of
       `intermediate_size` in every layer (3 matrices); no recurrent layers.
 
-FLOPs then follow `cost_model`'s "generic" formulas. Bytes: KV and conv state elements take the
-config's `dtype` (or `torch_dtype`): bfloat16 / float16 -> 2 bytes, float32 -> 4; absent -> 2
-(bfloat16, what the published checkpoints declare and the presets assume). The recurrent (SSM)
-state is fp32 (4 bytes), vLLM's choice for these models (its Qwen3.5 and NemotronH config hooks
-set `mamba_ssm_cache_dtype` float32), unless the config says otherwise: `mamba_ssm_dtype`
-(Qwen) / `mamba_ssm_cache_dtype` (Nemotron-H), "auto" meaning the model dtype. The TTFT line
-stays Marconi's (as every preset: an assumption). GDN models declare vLLM's 64-token
-checkpoint alignment (FlashInfer's GDN prefill on Hopper), as the `qwen3_5_like` preset;
-Mamba2 declares none (1).
+FLOPs then follow `cost_model`'s "generic" formulas (a MoE layer: its active parameters only;
+`intermediate_size` is required only when some layer has a dense MLP). Bytes: KV and conv state
+elements take the config's `dtype` (or `torch_dtype`): bfloat16 / float16 -> 2 bytes, float32 ->
+4; absent -> 2 (bfloat16, what the published checkpoints declare and the presets assume); MoE
+layers hold none. The recurrent (SSM) state is fp32 (4 bytes), vLLM's choice for these models
+(its Qwen3.5 and NemotronH config hooks set `mamba_ssm_cache_dtype` float32), unless the config
+says otherwise: `mamba_ssm_dtype` (Qwen) / `mamba_ssm_cache_dtype` (Nemotron-H), "auto" meaning
+the model dtype. The TTFT line stays Marconi's (as every preset: an assumption). GDN models
+declare vLLM's 64-token checkpoint alignment (FlashInfer's GDN prefill on Hopper), as the
+`qwen3_5_like` preset; Mamba2 declares none (1).
 
 Example::
 
@@ -59,12 +65,19 @@ from hybrid_cache.sim.cost_model import CostModel
 SUPPORTED_MODEL_TYPES = (
   "qwen3_5",
   "qwen3_5_text",
+  "qwen3_5_moe",
+  "qwen3_5_moe_text",
   "qwen3_next",
   "nemotron_h",
   "gemma3",
   "gemma3_text",
 )
-_MULTIMODAL = {"qwen3_5": "qwen3_5_text", "gemma3": "gemma3_text"}  # wrapper -> text_config type
+# wrapper -> text_config type
+_MULTIMODAL = {
+  "qwen3_5": "qwen3_5_text",
+  "qwen3_5_moe": "qwen3_5_moe_text",
+  "gemma3": "gemma3_text",
+}
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _DEFAULT_DTYPE = "bfloat16"
 _GDN_CHECKPOINT_ALIGNMENT = 64  # FlashInfer's GDN prefill (Hopper), as `qwen3_5_like`
@@ -187,30 +200,70 @@ def _attention(raw: Mapping[str, Any], head_dim_fields: tuple[str, ...]) -> dict
 # ---- per model type ----
 
 
-def _qwen(raw: Mapping[str, Any], name: str) -> CostModel:
-  """Qwen3.5 text / Qwen3-Next with dense MLPs: GDN + gated full attention, SwiGLU everywhere."""
+def _qwen_moe_layers(raw: Mapping[str, Any], n: int) -> int:
+  """How many of the n layers are sparse MoE (module docstring)."""
+  if raw["model_type"] == "qwen3_5_moe_text":
+    return n
   experts = raw.get("num_experts") or 0
-  if raw["model_type"] == "qwen3_next" and (not isinstance(experts, int) or experts > 0):
-    n = _int(raw, "num_hidden_layers")
-    step = _int(raw, "decoder_sparse_step", 1)
-    dense = set(raw.get("mlp_only_layers") or [])
-    moe = [i for i in range(n) if i not in dense and (i + 1) % step == 0]
-    if moe:
-      raise ValueError(
-        f"config field num_experts={raw['num_experts']} makes layers {moe} sparse MoE, which the "
-        "cost model does not support (supported: num_experts=0 or every layer in mlp_only_layers)"
-      )
+  if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+    raise ValueError(f"config field num_experts must be an integer >= 0, got {experts!r}")
+  if experts == 0:
+    return 0
+  step = _int(raw, "decoder_sparse_step", 1)
+  dense = raw.get("mlp_only_layers") or []
+  if not isinstance(dense, (list, tuple)):
+    raise ValueError(f"config field mlp_only_layers must be a list of layer indices, got {dense!r}")
+  return sum(i not in set(dense) and (i + 1) % step == 0 for i in range(n))
+
+
+def _moe(
+  raw: Mapping[str, Any], n_moe: int, *, experts: str, shared: str, gate: bool, matrices: int
+) -> dict[str, Any]:
+  """The MoE fields of a `CostModel` with `n_moe` MoE layers ({} when 0).
+
+  Args:
+    experts / shared: the config fields of the routed expert count and the shared expert's
+      width (0 = no shared expert).
+    gate: the shared expert has Qwen's sigmoid gate; matrices: weight matrices per expert.
+  """
+  if not n_moe:
+    return {}
+  shared_d_ff = 0 if raw.get(shared) == 0 else _int(raw, shared)
+  return dict(
+    n_moe=n_moe,
+    moe_experts=_int(raw, experts),
+    moe_top_k=_int(raw, "num_experts_per_tok"),
+    moe_d_ff=_int(raw, "moe_intermediate_size"),
+    moe_shared_d_ff=shared_d_ff,
+    moe_shared_gate=gate and shared_d_ff > 0,
+    moe_matrices=matrices,
+  )
+
+
+def _qwen(raw: Mapping[str, Any], name: str) -> CostModel:
+  """Qwen3.5 text / Qwen3.5-MoE / Qwen3-Next: GDN + gated full attention, a SwiGLU MLP or a
+  sparse MoE of SwiGLU experts in every layer."""
   if raw.get("layer_types") is None:
     types = _every_nth(raw, _int(raw, "full_attention_interval", 4), "linear_attention")
   else:
     types = _layer_types(raw, "layer_types", ("linear_attention", "full_attention"))
+  n_moe = _qwen_moe_layers(raw, len(types))
+  n_mlp = len(types) - n_moe
   model_bytes = _model_bytes(raw)
   return CostModel(
     name=name,
     d_model=_int(raw, "hidden_size"),
     n_attn=types.count("full_attention"),
     n_recurrent=types.count("linear_attention"),
-    n_mlp=len(types),
+    n_mlp=n_mlp,
+    **_moe(
+      raw,
+      n_moe,
+      experts="num_experts",
+      shared="shared_expert_intermediate_size",
+      gate=True,
+      matrices=3,
+    ),
     recurrent="gdn",
     **_attention(raw, ("head_dim",)),
     attn_output_gate=True,
@@ -222,15 +275,16 @@ def _qwen(raw: Mapping[str, Any], name: str) -> CostModel:
     conv_kernel=_int(raw, "linear_conv_kernel_dim", 4),
     state_dtype_bytes=_dtype_bytes(raw, "mamba_ssm_dtype", 4),
     conv_dtype_bytes=model_bytes,
-    d_ff=_int(raw, "intermediate_size"),
+    d_ff=_int(raw, "intermediate_size") if n_mlp else 0,
     mlp_matrices=3,
     vllm_checkpoint_alignment=_GDN_CHECKPOINT_ALIGNMENT,
   )
 
 
 def _nemotron_h(raw: Mapping[str, Any], name: str) -> CostModel:
-  """Nemotron-H: one sublayer per layer (Mamba2, attention or a relu2 MLP of 2 matrices)."""
-  allowed = ("linear_attention", "full_attention", "mlp")
+  """Nemotron-H: one sublayer per layer (Mamba2, attention, a relu2 MLP of 2 matrices or a
+  sparse MoE of relu2 experts)."""
+  allowed = ("linear_attention", "full_attention", "mlp", "moe")
   field = "layers_block_type"
   if raw.get(field) is None and isinstance(raw.get("hybrid_override_pattern"), str):
     field = "hybrid_override_pattern"
@@ -243,12 +297,16 @@ def _nemotron_h(raw: Mapping[str, Any], name: str) -> CostModel:
       "config field layers_block_type (or hybrid_override_pattern) is required for model_type "
       "'nemotron_h'"
     )
-  if isinstance(raw[field], (list, tuple)) and "moe" in raw[field]:
-    raise ValueError(
-      f"config field {field} has MoE layers ('moe' / 'E'), which the cost model does not "
-      f"support (supported: {allowed})"
-    )
   types = _layer_types(raw, field, allowed)
+  n_moe = types.count("moe")
+  if n_moe and raw.get("moe_latent_size") is not None:
+    raise ValueError(
+      f"config field moe_latent_size={raw['moe_latent_size']!r} is not supported (supported: "
+      "[None])"
+    )
+  experts = "n_routed_experts"  # transformers' name; `num_local_experts` is its alias
+  if raw.get(experts) is None and raw.get("num_local_experts") is not None:
+    experts = "num_local_experts"
   model_bytes = _model_bytes(raw)
   return CostModel(
     name=name,
@@ -256,6 +314,14 @@ def _nemotron_h(raw: Mapping[str, Any], name: str) -> CostModel:
     n_attn=types.count("full_attention"),
     n_recurrent=types.count("linear_attention"),
     n_mlp=types.count("mlp"),
+    **_moe(
+      raw,
+      n_moe,
+      experts=experts,
+      shared="moe_shared_expert_intermediate_size",
+      gate=False,
+      matrices=2,
+    ),
     recurrent="mamba2",
     **_attention(raw, ("head_dim", "attention_head_dim")),
     kv_dtype_bytes=model_bytes,
@@ -266,7 +332,7 @@ def _nemotron_h(raw: Mapping[str, Any], name: str) -> CostModel:
     conv_kernel=_int(raw, "conv_kernel", 4),
     state_dtype_bytes=_dtype_bytes(raw, "mamba_ssm_cache_dtype", 4),
     conv_dtype_bytes=model_bytes,
-    d_ff=_int(raw, "intermediate_size"),
+    d_ff=_int(raw, "intermediate_size") if "mlp" in types else 0,
     mlp_matrices=2,
   )
 
@@ -299,6 +365,7 @@ def _gemma3(raw: Mapping[str, Any], name: str) -> CostModel:
 
 _BUILDERS = {
   "qwen3_5_text": _qwen,
+  "qwen3_5_moe_text": _qwen,
   "qwen3_next": _qwen,
   "nemotron_h": _nemotron_h,
   "gemma3_text": _gemma3,

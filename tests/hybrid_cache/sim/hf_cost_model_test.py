@@ -48,6 +48,28 @@ NEMOTRON = {
   "conv_kernel": 4,
   "dtype": "float32",
 }
+# Qwen3.5-MoE text: GDN, A, GDN, A; every layer a MoE of 8 SwiGLU experts (top 2) of 16, a
+# gated shared expert of 24; no dense MLP (no intermediate_size, as the real config).
+QWEN_MOE = {
+  **{k: v for k, v in QWEN.items() if k != "intermediate_size"},
+  "model_type": "qwen3_5_moe_text",
+  "num_experts": 8,
+  "num_experts_per_tok": 2,
+  "moe_intermediate_size": 16,
+  "shared_expert_intermediate_size": 24,
+}
+# Nemotron-H: M E * - E (1 Mamba2, 1 attention, 1 MLP, 2 MoE layers of 8 relu2 experts, top 3).
+NEMOTRON_MOE = {
+  **NEMOTRON,
+  "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp", "moe"],
+  "n_routed_experts": 8,
+  "num_experts_per_tok": 3,
+  "moe_intermediate_size": 16,
+  "moe_shared_expert_intermediate_size": 40,
+  "n_group": 2,
+  "topk_group": 1,
+  "routed_scaling_factor": 2.5,
+}
 # Gemma 3 text: S S A S S A (window 16).
 GEMMA = {
   "model_type": "gemma3_text",
@@ -116,6 +138,63 @@ def test_nemotron_h_hand_count():
   assert m.prefill_flops(L) == 2 * mamba + attn + 2 * mlp == 6_707_200
 
 
+def test_qwen3_5_moe_hand_count():
+  m = cost_model_from_hf_config(QWEN_MOE)
+  dense = cost_model_from_hf_config(QWEN)
+  assert (m.n_recurrent, m.n_attn, m.n_mlp, m.n_moe) == (2, 2, 0, 4)
+  # MoE holds no cache: KV and state bytes are the dense model's.
+  assert (m.kv_bytes_per_token, m.state_bytes) == (dense.kv_bytes_per_token, dense.state_bytes)
+  L = 100
+  # Per token: router 32 -> 8; 2 experts x 3 matrices 32 x 16; shared 3 x 32 x 24; its gate
+  # 32 -> 1. The 6 unused experts cost nothing.
+  moe = 2 * L * 32 * (8 + 2 * 3 * 16 + 3 * 24 + 1)
+  assert moe == 1_132_800
+  assert m.moe_flops(L) == moe
+  attn, gdn = dense.attn_flops(L), dense.recurrent_flops(L)  # the hand counts above
+  assert m.prefill_flops(L) == 2 * gdn + 2 * attn + 4 * moe == 12_467_200
+  wrapped = {"model_type": "qwen3_5_moe", "text_config": {**QWEN_MOE}}
+  assert cost_model_from_hf_config(wrapped, name="q") == dataclasses.replace(m, name="q")
+
+
+def test_qwen3_next_sparse_layers_follow_its_rule():
+  nxt = {
+    **QWEN_MOE,
+    "model_type": "qwen3_next",
+    "intermediate_size": 64,
+    "mlp_only_layers": [2],
+    "decoder_sparse_step": 1,
+  }
+  m = cost_model_from_hf_config(nxt)
+  assert (m.n_mlp, m.n_moe) == (1, 3)  # layer 2 dense
+  L = 100
+  assert m.prefill_flops(L) - cost_model_from_hf_config(QWEN_MOE).prefill_flops(L) == (
+    2 * L * 32 * 64 * 3 - 2 * L * 32 * (8 + 2 * 3 * 16 + 3 * 24 + 1)
+  )
+  every_2nd = cost_model_from_hf_config({**nxt, "mlp_only_layers": [], "decoder_sparse_step": 2})
+  assert (every_2nd.n_mlp, every_2nd.n_moe) == (2, 2)  # layers 1 and 3
+
+
+def test_nemotron_h_moe_hand_count():
+  m = cost_model_from_hf_config(NEMOTRON_MOE)
+  dense = cost_model_from_hf_config(NEMOTRON)
+  assert (m.n_recurrent, m.n_attn, m.n_mlp, m.n_moe) == (1, 1, 1, 2)
+  assert (m.kv_bytes_per_token, m.state_bytes) == (64, 3_200)  # one attention, one Mamba2 layer
+  L = 100
+  # Router 32 -> 8; 3 relu2 experts x 2 matrices 32 x 16; relu2 shared expert 2 x 32 x 40 (no
+  # gate). Groups, bias and scaling choose and weigh experts: no FLOPs counted for them.
+  moe = 2 * L * 32 * (8 + 3 * 2 * 16 + 2 * 40)
+  assert moe == 1_177_600
+  assert m.moe_flops(L) == moe
+  mamba, attn, mlp = dense.recurrent_flops(L), dense.attn_flops(L), dense.mlp_flops(L)
+  assert m.prefill_flops(L) == mamba + attn + mlp + 2 * moe == 6_604_800
+  legacy = {k: v for k, v in NEMOTRON_MOE.items() if k != "layers_block_type"}
+  legacy["hybrid_override_pattern"] = "ME*-E"
+  assert cost_model_from_hf_config(legacy) == m
+  without_mlp = {**NEMOTRON_MOE, "layers_block_type": ["linear_attention", "moe"]}
+  del without_mlp["intermediate_size"]  # not needed without a dense MLP layer
+  assert cost_model_from_hf_config(without_mlp).d_ff == 0
+
+
 def test_nemotron_h_legacy_pattern_and_ssm_dtype():
   legacy = {k: v for k, v in NEMOTRON.items() if k != "layers_block_type"}
   legacy["hybrid_override_pattern"] = "M-*-M"
@@ -151,8 +230,13 @@ def test_gemma3_hand_count():
     ({**QWEN, "linear_num_value_heads": None}, "config field linear_num_value_heads is required"),
     ({k: v for k, v in NEMOTRON.items() if k != "mamba_num_heads"}, "mamba_num_heads"),
     ({k: v for k, v in GEMMA.items() if k != "sliding_window"}, "sliding_window is required"),
-    ({**QWEN, "model_type": "qwen3_next", "num_experts": 8}, "config field num_experts=8"),
-    ({**NEMOTRON, "layers_block_type": ["moe"]}, "layers_block_type has MoE layers"),
+    ({**QWEN, "model_type": "qwen3_next", "num_experts": -1}, "config field num_experts must"),
+    (
+      {**QWEN, "model_type": "qwen3_next", "num_experts": 8},
+      "shared_expert_intermediate_size is required",
+    ),
+    ({**NEMOTRON_MOE, "moe_latent_size": 16}, "config field moe_latent_size=16 is not supported"),
+    ({**NEMOTRON_MOE, "moe_intermediate_size": None}, "moe_intermediate_size is required"),
     ({**QWEN, "dtype": "int8"}, "config field dtype='int8' is not supported"),
     ({**GEMMA, "num_hidden_layers": 3}, "has 6 layers, num_hidden_layers is 3"),
     ({"model_type": "gemma3"}, "text_config must be an object"),
@@ -230,6 +314,47 @@ def test_qwen3_5_like_matches_qwen3_5_4b_but_for_the_output_gate():
   assert m.prefill_flops(L) - preset.prefill_flops(L) == gate
 
 
+QWEN3_5_35B_A3B = {  # Qwen/Qwen3.5-35B-A3B config.json, text_config shape fields
+  "model_type": "qwen3_5_moe",
+  "tie_word_embeddings": False,
+  "text_config": {
+    "model_type": "qwen3_5_moe_text",
+    "full_attention_interval": 4,
+    "num_hidden_layers": 40,
+    "hidden_size": 2048,
+    "vocab_size": 248320,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "mamba_ssm_dtype": "float32",
+    "dtype": "bfloat16",
+  },
+}
+
+
+def test_qwen3_5_35b_a3b_counts_its_3b_active_parameters():
+  m = cost_model_from_hf_config(QWEN3_5_35B_A3B)
+  assert (m.n_recurrent, m.n_attn, m.n_mlp, m.n_moe) == (30, 10, 0, 40)
+  # One MoE layer per token: router 256 x 2048, 8 of the 256 experts (3 x 2048 x 512 each), the
+  # shared expert (3 x 2048 x 512) and its 2048 -> 1 gate.
+  assert m.moe_flops(1) == 2 * 2048 * (256 + 8 * 3 * 512 + 3 * 512 + 1) == 57_675_776
+  assert m.state_bytes_per_layer == 32 * 128 * 128 * 4 + 3 * 8192 * 2 == 2_146_304
+  assert m.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2 == 20_480
+  # "A3B": the decoder's FLOPs per token / 2 plus the LM head (248,320 x 2048) ~ 3.0e9 active
+  # parameters (the context-dependent attention term is 4 Hq d per token at L = 1).
+  active = m.prefill_flops(1) // 2 + 248_320 * 2048
+  assert 2.9e9 < active < 3.1e9, active
+
+
 def test_nemotron_h_like_matches_nemotron_h_8b():
   for preset in (get_model("nemotron_h_like"), get_model("nemotron_h_8b")):
     assert cost_model_from_hf_config(NEMOTRON_H_8B, name=preset.name) == preset
@@ -274,10 +399,11 @@ def _sim(capsys, *argv):
   return rc, out, err
 
 
-def test_cli_model_config_end_to_end(tmp_path, capsys):
-  cfg = tmp_path / "nemotron"
+@pytest.mark.parametrize("raw", [NEMOTRON, QWEN3_5_35B_A3B], ids=["nemotron_h", "qwen3_5_moe"])
+def test_cli_model_config_end_to_end(tmp_path, capsys, raw):
+  cfg = tmp_path / "model"
   cfg.mkdir()
-  (cfg / "config.json").write_text(json.dumps(NEMOTRON))
+  (cfg / "config.json").write_text(json.dumps(raw))
   trace = _trace(tmp_path)
   argv = ["--trace", trace, "--policy", "oracle", "--block-size", "2"]
   rc, out, err = _sim(capsys, *argv, "--model-config", str(cfg))
@@ -285,7 +411,7 @@ def test_cli_model_config_end_to_end(tmp_path, capsys):
   summary = json.loads(out)
   assert summary["model"] == str(cfg) and summary["requests"] == 2
   # The second request reuses 6 tokens (oracle, block 2): its saved FLOPs are the hand count's.
-  m = cost_model_from_hf_config(NEMOTRON)
+  m = cost_model_from_hf_config(raw)
   assert summary["flops_saved"] == m.prefill_flops(6)
 
 
