@@ -162,14 +162,16 @@ def cost_fields(
   # the MLP layers (`carries_mlp`)
   kind_of = [group_rules(g) for g in groups]
   count = collections.Counter(kind_of)
-  m_lin, _ = _lin_quad(model.mlp_flops)
+  m_lin, _ = _lin_quad(
+    lambda L: model.n_mlp * model.mlp_flops(L) + model.n_moe * model.moe_flops(L)
+  )
   lin, quad, own = [], [], []
   for g, k, mlp in zip(groups, kind_of, carries_mlp(kind_of)):
     share = 1.0 / count[k]
     lo, qu, b = k.layer_costs(model, g, block_size, share, _lin_quad)
     own.append(b)
     if mlp:
-      lo += model.n_mlp * m_lin
+      lo += m_lin  # the dense MLP and sparse MoE feed-forward layers
     lin.append(lo * share)
     quad.append(qu * share)
   if any(b <= 0 for b in own):

@@ -27,6 +27,7 @@ from typing import Any
 
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.config import GroupSpec
+from hybrid_cache.geometry import VllmGeometry
 from models.config import ModelConfig
 from models.config import get_preset
 from models.hybrid_lm import HybridLM
@@ -87,26 +88,38 @@ def resolve_model_config(model: str | ModelConfig | HybridLM) -> ModelConfig:
 def cache_config_for(
   model: str | ModelConfig | HybridLM,
   *,
-  mode: str = "align",
-  block_size: int = 16,
-  num_blocks: int = 256,
-  recurrent_block_size: int | None = None,
-  **policy: Any,
+  vllm_geometry: VllmGeometry | None = None,
+  **kwargs: Any,
 ) -> CacheConfig:
   """The `CacheConfig` whose groups match `model`'s layer pattern.
 
   Args:
     model: a preset name, a `ModelConfig` or a `HybridLM`.
-    mode: recurrent mode of the mamba group ("none" | "align" | "all").
-    block_size: tokens per block of the attention groups (the KV page), and of every group
-      unless `recurrent_block_size` is given.
-    num_blocks: blocks in the shared pool (block 0 is the null block).
-    recurrent_block_size: tokens per block of the mamba groups (None = `block_size`).
-    **policy: any other `CacheConfig` field (enable_prefix_caching, marconi_junction, pinning,
-      max_num_batched_tokens, max_model_len, retention_interval, ...). With `fine_keys` and
-      no `hash_block_size`, the hash block is the recurrent block (the checkpoint unit U of
-      profile `adaptive`, `hybrid_cache.profiles`).
+    vllm_geometry: vLLM 0.33's geometry for the model (`hybrid_cache.geometry.derive`):
+      its `cache_config_kwargs` (vLLM's blocks, retention, junction, budget) are the defaults,
+      which `kwargs` override one by one, as vLLM's flags do; a `block_size` given here also
+      sets the recurrent block unless `recurrent_block_size` is given too. None: the fields'
+      own defaults below.
+    **kwargs: `mode` (recurrent mode of the mamba group: "none" | "align" | "all", default
+      "align"), `block_size` (tokens per block of the attention groups, the KV page, and of
+      every group unless `recurrent_block_size` is given; default 16), `num_blocks` (blocks in
+      the shared pool, block 0 the null block; default 256), `recurrent_block_size` (tokens per
+      block of the mamba groups; None = `block_size`), and any other `CacheConfig` field
+      (enable_prefix_caching, marconi_junction, pinning, max_num_batched_tokens, max_model_len,
+      retention_interval, ...). With `fine_keys` and no `hash_block_size`, the hash block is the
+      recurrent block (the checkpoint unit U of profile `adaptive`, `hybrid_cache.profiles`).
   """
+  defaults: dict[str, Any] = {"mode": "align", "block_size": 16, "num_blocks": 256}
+  if vllm_geometry is not None:
+    defaults.update(vllm_geometry.cache_config_kwargs())
+    if "block_size" in kwargs:  # the user's block: recurrent and hash blocks follow it
+      defaults.pop("recurrent_block_size", None)
+      defaults.pop("hash_block_size", None)
+  policy = {**defaults, **kwargs}
+  mode = policy.pop("mode")
+  block_size = policy.pop("block_size")
+  num_blocks = policy.pop("num_blocks")
+  recurrent_block_size = policy.pop("recurrent_block_size", None)
   cfg = resolve_model_config(model)
   if "groups" in policy:
     raise ValueError("groups is derived from the model's layer_pattern; do not pass it")

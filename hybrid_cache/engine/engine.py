@@ -48,11 +48,13 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 
+from hybrid_cache import geometry
 from hybrid_cache.config import CacheConfig
 from hybrid_cache.core.groups import recurrent_slots
 from hybrid_cache.core.layout import layout
@@ -217,6 +219,7 @@ class Engine:
       cache = engine_sharding.shard_cache(cache, self.mesh)
     self.params, self.cache = params, cache
     self.tokenizer = None  # a tokenizers.Tokenizer (`from_pretrained`), for `generate_text`
+    self.vllm_geometry = None  # vLLM 0.33's geometry of the checkpoint (`from_pretrained`)
     self.stats = EngineStats()
     self._reqs: dict[str, RequestState] = {}
     self._waiting: collections.deque[str] = collections.deque()
@@ -239,9 +242,18 @@ class Engine:
     decode_kernels: bool = True,
     drafter: Drafter | None = None,
     numerics: str | None = None,
+    target: str = geometry.DEFAULT_TARGET,
+    vllm_flags: Mapping[str, Any] | None = None,
     **cache_kwargs: Any,
   ) -> Engine:
     """An engine serving the Hugging Face checkpoint in `model_dir` (`models.pretrained`).
+
+    The cache is the one vLLM 0.33 builds for this checkpoint on `target` with `vllm_flags`
+    (`hybrid_cache.geometry.derive` on its config.json: vLLM's attention and Mamba blocks,
+    retention interval 0, the shared-prefix junction, vLLM's step budget), logged as one line
+    and kept in `engine.vllm_geometry`; `cache_kwargs` override it field by field
+    (`engine.config.cache_config_for`). The pool keeps its own size (`num_blocks`, default
+    256): vLLM's block count assumes a GPU's memory.
 
     Args:
       model_dir: config.json + *.safetensors (one file or an index of shards) of a supported
@@ -250,6 +262,8 @@ class Engine:
       numerics: "exact" (fp32) or "serving" (bf16), as for `Engine`; sets `dtype`.
       mesh, implementation, cache_manager, max_num_seqs, token_buckets, seq_buckets,
         decode_kernels, drafter: as for `Engine`.
+      target: the GPU whose geometry vLLM would build (`hybrid_cache.geometry.TARGETS`).
+      vllm_flags: vLLM serving flags under vLLM's names (`hybrid_cache.geometry.VllmFlags`).
       **cache_kwargs: the keyword arguments of `cache_config_for` (enable_prefix_caching, mode,
         block_size, num_blocks, recurrent_block_size, max_model_len, max_num_batched_tokens,
         marconi_junction, retention_interval, ...); the cache groups come from the config's
@@ -268,9 +282,11 @@ class Engine:
     loaded = load_pretrained(model_dir, dtype=dtype)
     for note in loaded.arch.notes:
       logging.info("%s", note)
+    vllm_geometry = geometry.derive(model_dir, target, vllm_flags)
+    logging.info("%s", vllm_geometry.summary())
     engine = cls(
       loaded.model,
-      engine_config.cache_config_for(loaded.config, **cache_kwargs),
+      engine_config.cache_config_for(loaded.config, vllm_geometry=vllm_geometry, **cache_kwargs),
       mesh=mesh,
       implementation=implementation,
       cache_manager=cache_manager,
@@ -281,6 +297,7 @@ class Engine:
       drafter=drafter,
     )
     engine.tokenizer = loaded.tokenizer
+    engine.vllm_geometry = vllm_geometry
     return engine
 
   def generate_text(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:

@@ -60,6 +60,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from hybrid_cache import profiles
 from hybrid_cache.geometry.flags import VllmFlags
 from hybrid_cache.geometry.model_layers import ModelLayers
 from hybrid_cache.geometry.model_layers import model_layers_from_config
@@ -201,6 +202,25 @@ class VllmGeometry:
       f"prefix caching {'on' if self.enable_prefix_caching else 'off'}"
     )
     return ", ".join(parts)
+
+  def cache_config_kwargs(self) -> dict[str, Any]:
+    """The cache core's `CacheConfig` fields that serve this geometry as vLLM 0.33 does:
+    `profiles.VLLM_DEFAULT` with vLLM's blocks (`block_size` the attention block,
+    `recurrent_block_size` the Mamba block in align mode), its retention interval, prefix
+    caching, step budget and, with partial hits, its hash block. Groups and the pool size are
+    the caller's (`engine.config.cache_config_for(model, vllm_geometry=...)`)."""
+    kw = dict(profiles.VLLM_DEFAULT)
+    align = self.mamba_block_size is not None and self.mamba_cache_mode == "align"
+    kw.update(
+      mode="align" if align or self.mamba_block_size is None else "none",
+      block_size=self.block_size,
+      recurrent_block_size=self.mamba_block_size if align else None,
+      retention_interval=self.prefix_cache_retention_interval,
+      enable_prefix_caching=self.enable_prefix_caching,
+      max_num_batched_tokens=self.max_num_batched_tokens,
+      hash_block_size=self.hash_block_size if self.partial_hits else None,
+    )
+    return kw
 
   def to_dict(self) -> dict[str, Any]:
     """JSON-ready fields (the target by name, flags as given)."""

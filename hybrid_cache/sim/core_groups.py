@@ -147,7 +147,8 @@ def eviction_costs(model: CostModel, groups, block_size: int, layout: str = "mod
       else:
         v = model.n_recurrent * model.recurrent_flops(L)
       v = v if n_kind == 1 else v / n_kind
-      return float(v + (model.n_mlp * model.mlp_flops(L) if mlp_here else 0))
+      ffn = model.n_mlp * model.mlp_flops(L) + model.n_moe * model.moe_flops(L)
+      return float(v + (ffn if mlp_here else 0))
 
     q = (f(2) - 2 * f(1)) / 2
     lin.append(f(1) - q)

@@ -433,3 +433,21 @@ def test_cli_model_config_errors_are_one_line(tmp_path, capsys, extra, needles):
   assert len(lines) == 1, err
   for needle in needles:
     assert needle in lines[0], (needle, lines[0])
+
+
+def test_flop_aware_weights_count_the_moe_layers():
+  """The core's FLOP-aware eviction weights (`alpha_tuning.cost_fields`, `core_groups.
+  eviction_costs`) carry the MoE layers' FLOPs with the group that carries the feed-forward."""
+  from hybrid_cache.config import GroupSpec
+  from hybrid_cache.core.alpha_tuning import cost_fields
+  from hybrid_cache.sim.core_groups import eviction_costs
+
+  moe = cost_model_from_hf_config(QWEN3_5_35B_A3B)
+  dense = dataclasses.replace(moe, n_moe=0)
+  groups = (GroupSpec("mamba", mode="align"), GroupSpec("full"))
+  per_token = moe.n_moe * moe.moe_flops(1)
+  for fields in (cost_fields, eviction_costs):
+    a = fields(moe, groups, 64)["eviction_flops_linear"]
+    b = fields(dense, groups, 64)["eviction_flops_linear"]
+    assert a[0] == pytest.approx(b[0])  # the recurrent group: no feed-forward
+    assert a[1] - b[1] == pytest.approx(per_token, rel=1e-9)
