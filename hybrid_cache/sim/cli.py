@@ -129,6 +129,11 @@ def _vllm_geometry(args):
   if p.kind != "core" or profiles.get(p.name).unit_pages:
     return None
   flags = args.vllm_flags or geometry_lib.VllmFlags()
+  if flags.enable_mamba_shared_prefix_checkpoint:
+    raise ValueError(
+      "vllm flag enable_mamba_shared_prefix_checkpoint is not modelled by the cache core "
+      "(supported: false)"
+    )
   if args.hash_block_size is not None:
     flags = dataclasses.replace(flags, prefix_match_unit=args.hash_block_size)
   return geometry_lib.derive(args.model_config, args.target, flags)
