@@ -211,7 +211,8 @@ def execute(
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise ConfigError(f"--workdir {workdir!r}: cannot create ({e.strerror or e})") from e
-  logging.info("Config:\n%s", gin.config_str())
+  # the config itself is logged once it has run: a bad binding is one error line, not a dump
+  logging.info("Running %s (%s) into %s", selector, ", ".join(gin_files), workdir)
   start = time.perf_counter()
   configured = gin.get_configurable(run_experiment)
   try:
@@ -226,8 +227,10 @@ def execute(
   results.setdefault("total_wall_s", time.perf_counter() - start)
   results["gin_files"] = list(gin_files)
   results["gin_bindings"] = list(gin_bindings)
+  operative = gin.operative_config_str()
+  logging.info("Operative config:\n%s", operative)
   with open(os.path.join(workdir, "config.gin"), "w") as f:
-    f.write(gin.operative_config_str())
+    f.write(operative)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=1, sort_keys=True)
   logging.info("Wrote %s", workdir)

@@ -132,3 +132,24 @@ def test_subprocess_one_line(arg, needle):
   assert r.returncode == 2 and r.stdout == ""
   assert r.stderr.count("\n") == 1 and r.stderr.startswith("error:"), r.stderr
   assert needle in r.stderr
+
+
+def test_subprocess_unknown_binding_prints_no_config():
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.run",
+      f"--gin_file={QUICKSTART}",
+      "--gin_bindings=quickstart.run.no_such_param = 3",
+      "--workdir=/tmp/hybrid_cache_run_errors_test",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=120,
+  )
+  assert r.returncode == 2 and r.stdout == ""
+  errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "no_such_param" in errors[0], r.stderr
+  assert "Parameters for" not in r.stderr and "quickstart.run.prefix_len" not in r.stderr
