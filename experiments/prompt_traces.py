@@ -8,9 +8,15 @@ not change what the cache hits).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
+from hybrid_cache.sim import cli as sim_cli
 from hybrid_cache.sim import trace as trace_lib
+
+CONFIG_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "hf"
+)
 
 
 def tokenize(prompts: Sequence[str], tokenizer: str) -> list[list[int]]:
@@ -42,3 +48,21 @@ def write_trace(token_lists: Sequence[Sequence[int]], max_tokens: int, path: str
     out = range(top + i * max_tokens, top + (i + 1) * max_tokens)
     requests.append(trace_lib.token_request(tokens, list(out), session_id=i))
   trace_lib.write_marconi(trace_lib.Trace(tuple(requests)), path)
+
+
+def replay_on_vllm_geometry(
+  path: str, config: str, target: str, policy: str, capacity_bytes: float
+) -> dict:
+  """The simulator's summary of the Marconi JSONL at `path` under `policy`, on the cache vLLM
+  0.33 builds for `configs/hf/<config>` on `target` (`--model-config`, no `--block-size`)."""
+  return sim_cli.run(
+    [
+      f"--trace={path}",
+      "--format=marconi",
+      f"--model-config={os.path.join(CONFIG_DIR, config)}",
+      f"--target={target}",
+      f"--policy={policy}",
+      f"--capacity-bytes={capacity_bytes}",
+      "--no-oracle",
+    ]
+  )

@@ -18,13 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments import plotting
+from experiments.prompt_traces import replay_on_vllm_geometry
 from experiments.prompt_traces import tokenize
 from experiments.prompt_traces import write_trace
-from hybrid_cache.sim import cli as sim_cli
 
-CONFIG_DIR = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "hf"
-)
 PREFIX = (
   "You are an expert school principal, skilled in effectively managing "
   "faculty and staff. Draft 10-15 questions for a potential first grade "
@@ -61,17 +58,7 @@ def run(
     write_trace([tokens, tokens], max_tokens, path)
     for target in targets:
       for arm, policy in ARMS.items():
-        s = sim_cli.run(
-          [
-            f"--trace={path}",
-            "--format=marconi",
-            f"--model-config={os.path.join(CONFIG_DIR, config)}",
-            f"--target={target}",
-            f"--policy={policy}",
-            f"--capacity-bytes={capacity_bytes}",
-            "--no-oracle",
-          ]
-        )
+        s = replay_on_vllm_geometry(path, config, target, policy, capacity_bytes)
         rows.append(
           {
             "config": config,

@@ -37,14 +37,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments import plotting
+from experiments.prompt_traces import replay_on_vllm_geometry
 from experiments.prompt_traces import shared_prefix
 from experiments.prompt_traces import tokenize
 from experiments.prompt_traces import write_trace
-from hybrid_cache.sim import cli as sim_cli
 
-CONFIG_DIR = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "hf"
-)
 SYSTEM_TEXT = (
   "You are a meticulous assistant for a research team that studies prefix caching in the serving "
   "systems of large language models. Answer every question precisely and briefly, cite the "
@@ -107,17 +104,7 @@ def run(
   for config in configs:
     for target in targets:
       for arm in arms:
-        s = sim_cli.run(
-          [
-            f"--trace={path}",
-            "--format=marconi",
-            f"--model-config={os.path.join(CONFIG_DIR, config)}",
-            f"--target={target}",
-            f"--policy={ARMS[arm]}",
-            f"--capacity-bytes={capacity_bytes}",
-            "--no-oracle",
-          ]
-        )
+        s = replay_on_vllm_geometry(path, config, target, ARMS[arm], capacity_bytes)
         rows.append(
           {
             "config": config,

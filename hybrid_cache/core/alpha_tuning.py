@@ -162,9 +162,12 @@ def cost_fields(
   # the MLP layers (`carries_mlp`)
   kind_of = [group_rules(g) for g in groups]
   count = collections.Counter(kind_of)
-  m_lin, _ = _lin_quad(
-    lambda L: model.n_mlp * model.mlp_flops(L) + model.n_moe * model.moe_flops(L)
-  )
+  n_moe = getattr(model, "n_moe", 0)  # a duck-typed model without MoE layers need not say so
+
+  def ffn_flops(L):
+    return model.n_mlp * model.mlp_flops(L) + (n_moe * model.moe_flops(L) if n_moe else 0)
+
+  m_lin, _ = _lin_quad(ffn_flops)
   lin, quad, own = [], [], []
   for g, k, mlp in zip(groups, kind_of, carries_mlp(kind_of)):
     share = 1.0 / count[k]
