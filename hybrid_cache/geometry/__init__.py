@@ -3,8 +3,8 @@
 The one place that knows how vLLM builds a hybrid model's cache from its Hugging Face config, the
 GPU and the serving flags (block sizes, groups, pages, budgets; `derive.py` has the rules and
 their vLLM sources). The simulator (`--model-config` without `--block-size`), the engine
-(`Engine.from_pretrained` without cache arguments) and the experiments use it; `to_cache_config`
-turns a geometry into the cache core's `CacheConfig`.
+(`Engine.from_pretrained` without cache arguments) and the experiments use it;
+`VllmGeometry.cache_config_kwargs` turns a geometry into the cache core's `CacheConfig` fields.
 """
 
 from hybrid_cache.geometry.derive import VllmGeometry
