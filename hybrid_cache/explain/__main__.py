@@ -52,9 +52,7 @@ def main(argv: list[str] | None = None) -> int:
   except SystemExit as e:
     return e.code if isinstance(e.code, int) else cli_util.USAGE_ERROR
   try:
-    flags = None if args.vllm_flags is None else args.vllm_flags.engine_args()
-    if args.vllm_flags is not None and args.vllm_flags.usage_context != "llm":
-      flags["usage_context"] = args.vllm_flags.usage_context
+    flags = None if args.vllm_flags is None else args.vllm_flags.changed()
     result = explain(
       TraceArgs(args.trace, args.format, args.limit, args.max_input, args.seed),
       args.model_config,

@@ -135,29 +135,15 @@ def explain(
   capacity_bytes: float = 40e9,
 ) -> dict[str, Any]:
   """The per-request explanation and the recoveries (module docstring)."""
-  flags = geometry_lib.VllmFlags.from_mapping(vllm_flags)
-  g = geometry_lib.derive(model_config, target, flags)
-  args = sim_cli.build_parser().parse_args(
-    [
-      f"--trace={trace_args.trace}",
-      f"--format={trace_args.format}",
-      "--model=marconi_7b",
-      "--capacity-bytes=1",
-      "--policy=vllm_default",
-      f"--seed={trace_args.seed}",
-      *([f"--limit={trace_args.limit}"] if trace_args.limit is not None else []),
-      *([f"--max-input={trace_args.max_input}"] if trace_args.max_input is not None else []),
-    ]
-  )
-  trace = _load_trace(args)
+  g = geometry_lib.derive(model_config, target, vllm_flags)
+  trace = _load_trace(trace_args)  # the simulator's loader reads these same option names
   inputs = np.array([r.num_input_tokens for r in trace.requests], dtype=np.int64)
   bound = np.minimum(oracle_matched(trace), inputs - 1).clip(min=0)
   unbounded = max(_unbounded_capacity(g, trace), capacity_bytes)
   u = match_unit(g.block_size)
-  fl = vllm_flags or None
   pmu = {**(vllm_flags or {}), "prefix_match_unit": u}
 
-  def replay(policy, capacity, flags_=fl):
+  def replay(policy, capacity, flags_=vllm_flags or None):
     return _replay(trace_args, model_config, target, flags_, policy, capacity)
 
   a0, s0 = replay("vllm_default", capacity_bytes)

@@ -226,7 +226,7 @@ class VllmGeometry:
     """JSON-ready fields (the target by name, flags as given)."""
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     out["target"] = self.target.name
-    out["flags"] = self.flags.engine_args() | {"usage_context": self.flags.usage_context}
+    out["flags"] = self.flags.changed()
     out["groups"] = [dataclasses.asdict(g) for g in self.groups]
     out["attention_backends"] = dict(self.attention_backends)
     out["partial_hits"] = self.partial_hits
@@ -506,18 +506,12 @@ def _groups(
   """`unify_kv_cache_spec_page_size` + `_get_kv_cache_groups_uniform_page_size` (module
   docstring, step 4)."""
   largest = max(page for *_, page in specs)
-  unified = []
+  buckets: dict[tuple, list[int]] = {}
   for layer, kind, block, page in specs:  # smaller pages: a larger block if it divides, else padded
     if page != largest and kind != "mamba" and largest % page == 0:
-      block, page = block * (largest // page), largest
-    unified.append((layer, kind, block, largest))
-  buckets: dict[tuple, list[int]] = {}
-  for layer, kind, block, page in unified:
-    buckets.setdefault((kind, block, page), []).append(layer)
-  if len(buckets) == 1:  # a uniform spec: one group of every layer
-    sizes = [len(next(iter(buckets.values())))]
-  else:
-    sizes = [len(v) for v in buckets.values()]
+      block *= largest // page
+    buckets.setdefault((kind, block, largest), []).append(layer)
+  sizes = [len(v) for v in buckets.values()]  # one bucket (a uniform spec): one group
   fewest, most = min(sizes), max(sizes)
   size = most if most < 1.5 * fewest else fewest
   groups = []

@@ -168,12 +168,10 @@ class VllmFlags:
       raise ValueError(f"unknown vLLM flag(s) {unknown} (supported: {sorted(names)})")
     return cls(**values)
 
-  def engine_args(self) -> dict[str, Any]:
-    """The fields that differ from vLLM's defaults, as `EngineArgs` keyword arguments."""
+  def changed(self) -> dict[str, Any]:
+    """The fields that differ from vLLM's defaults, by name (`from_mapping` takes it back)."""
     out = {}
     for f in dataclasses.fields(self):
-      if f.name == "usage_context":
-        continue
       value = getattr(self, f.name)
       if value != f.default:
         out[f.name] = dict(value) if isinstance(value, Mapping) else value
