@@ -37,6 +37,7 @@ import json
 import os
 import sys
 import traceback
+from dataclasses import replace
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
@@ -45,6 +46,7 @@ import vllm.platforms as platforms  # noqa: E402
 _CPU = platforms.current_platform
 
 import torch  # noqa: E402
+import vllm.model_executor.layers.attention.attention as attention  # noqa: E402
 import vllm.model_executor.layers.mamba.abstract as mamba_abstract  # noqa: E402
 import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn_module  # noqa: E402
 import vllm.model_executor.models.gemma3  # noqa: E402,F401
@@ -193,8 +195,6 @@ def _kv_cache_specs(vc, kinds, backends, model_cls, gdn_backend):
         dtype=kv_dtype,
         sliding_window=text.sliding_window,
       ).real_page_size_bytes
-      import vllm.model_executor.layers.attention.attention as attention
-
       block = attention._largest_kernel_block_within(
         backend, per_token, per_token * cc.block_size, cc.block_size
       )
@@ -217,8 +217,6 @@ def _kv_cache_specs(vc, kinds, backends, model_cls, gdn_backend):
           num_speculative_blocks=vc.num_speculative_tokens,
         )
         if kind == "gdn" and gdn_exports:
-          from dataclasses import replace
-
           grid = mamba_abstract.get_mamba_prefill_checkpoint_grid(vc)
           mamba = replace(mamba, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=grid)
       specs[name] = mamba
